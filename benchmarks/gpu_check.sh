@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# GPU check: build for the local GPU, run the CUDA tests and the GPU benchmarks, write a markdown report.
+#
+#   benchmarks/gpu_check.sh REPORT.md
+#
+# Meant for a machine with an NVIDIA GPU and no registry access: it uses the torch, nvcc, cmake, ninja and
+# pybind11 already installed, plus any wheels carried in .whl/ (nvidia-cutlass for the CUDA headers).
+# Budget: under 8 minutes on an H200. Every step runs even if an earlier one fails; the report says which.
+set -uo pipefail
+report=${1:?usage: benchmarks/gpu_check.sh REPORT.md}
+cd "$(dirname "$0")/.."
+mkdir -p "$(dirname "$report")"
+log=$(mktemp -d)
+start=$(date +%s)
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/av_site .whl/*.whl \
+    && export PYTHONPATH=/tmp/av_site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+cap=$(python3 -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}{n}')" 2>/dev/null || echo "")
+case "$cap" in
+  90) arch=90a ;;
+  100) arch=100a ;;
+  103) arch=103a ;;
+  "") arch=90a ;;
+  *) arch=$cap ;;
+esac
+
+status() { if [ "$1" -eq 0 ]; then echo "ok"; else echo "FAILED (exit $1)"; fi; }
+
+# 1. build for the local GPU only (fast), with register/smem/spill report
+AV_CUDA_ARCHS=$arch AV_PTXAS_VERBOSE=1 MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -v -e . \
+  >"$log/build.txt" 2>&1
+build_rc=$?
+grep -E "ptxas info|spill|Compiling entry" "$log/build.txt" | sed 's/^ *//' >"$log/ptxas.txt" || true
+
+# 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too)
+timeout 300 python3 -m pytest tests -q -m cuda -p no:cacheprovider >"$log/cuda_tests.txt" 2>&1
+cuda_rc=$?
+timeout 180 python3 -m pytest tests -q -x -m "not cuda" -p no:cacheprovider >"$log/cpu_tests.txt" 2>&1
+cpu_rc=$?
+
+# 3. benchmarks
+timeout 150 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
+  --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
+bench_rc=$?
+
+{
+  echo "# GPU check: $(date -u +%Y-%m-%d)"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "- device: $(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null | head -1)"
+  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "- CUDA compiler: $(nvcc --version 2>/dev/null | tail -1)"
+  echo "- torch: $(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)"
+  echo "- built for: sm_$arch; commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo
+  echo "| step | result |"
+  echo "|---|---|"
+  echo "| build | $(status $build_rc) |"
+  echo "| CUDA tests | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
+  echo "| CPU tests | $(status $cpu_rc): $(tail -1 "$log/cpu_tests.txt") |"
+  echo "| planner benchmark | $(status $bench_rc) |"
+  echo
+  echo "## Kernel resources (ptxas)"
+  echo
+  echo '```'
+  cat "$log/ptxas.txt"
+  echo '```'
+  echo
+  if [ -s "$log/bench_planner.md" ]; then cat "$log/bench_planner.md"; else echo '```'; tail -40 "$log/bench_planner.txt"; echo '```'; fi
+  echo
+  if [ $cuda_rc -ne 0 ]; then
+    echo "## CUDA test failures"
+    echo
+    echo '```'
+    grep -E "^(FAILED|ERROR)|Error|assert" "$log/cuda_tests.txt" | head -60
+    echo '```'
+  fi
+  if [ $build_rc -ne 0 ]; then
+    echo "## Build log (tail)"
+    echo
+    echo '```'
+    tail -60 "$log/build.txt"
+    echo '```'
+  fi
+  echo
+  echo "Total time: $(( $(date +%s) - start )) s"
+} >"$report"
+cp "$log"/*.txt "$log"/*.json "$(dirname "$report")"/ 2>/dev/null || true
+echo "report written to $report"
+[ $build_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ]

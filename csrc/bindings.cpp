@@ -1,0 +1,192 @@
+// The only file that knows Python. Every function takes raw pointers (as integers), sizes and a
+// stream, so the module never links libtorch: the Python layer validates tensors and passes
+// tensor.data_ptr(). Device dispatch: `on_cuda` selects the CUDA launcher, else the C++ CPU kernel.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "adaptive_verify/cuda_api.h"
+#include "adaptive_verify/planner/cpu.h"
+
+namespace py = pybind11;
+using namespace adaptive_verify;
+
+#ifndef AV_CUDA_ARCHS
+#define AV_CUDA_ARCHS ""
+#endif
+#ifndef AV_CUDA_COMPILER_VERSION
+#define AV_CUDA_COMPILER_VERSION ""
+#endif
+#ifndef AV_CPU_ONLY_REASON
+#define AV_CPU_ONLY_REASON ""
+#endif
+
+namespace {
+
+template <typename T>
+T* ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+constexpr int kNoCuda = -1;  // status when a CUDA call reaches a CPU-only build
+
+py::dict build_info() {
+  py::dict d;
+#ifdef AV_WITH_CUDA
+  d["with_cuda"] = true;
+  d["cuda_archs"] = std::string(AV_CUDA_ARCHS);
+  d["cuda_compiler_version"] = std::string(AV_CUDA_COMPILER_VERSION);
+  d["cuda_runtime_version"] = cuda_runtime_version();
+#else
+  d["with_cuda"] = false;
+  d["cuda_archs"] = std::string();
+  d["cuda_compiler_version"] = std::string();
+  d["cuda_runtime_version"] = 0;
+#endif
+  d["cpu_only_reason"] = std::string(AV_CPU_ONLY_REASON);
+  d["compiler"] = std::string(__VERSION__);
+  return d;
+}
+
+py::tuple device_count() {
+#ifdef AV_WITH_CUDA
+  int err = 0;
+  const int n = cuda_device_count(&err);
+  return py::make_tuple(n, err == 0 ? std::string() : std::string(cuda_error_string(err)));
+#else
+  return py::make_tuple(0, std::string("built without CUDA"));
+#endif
+}
+
+std::string error_string(int status) {
+#ifdef AV_WITH_CUDA
+  return cuda_error_string(status);
+#else
+  return status == kNoCuda ? "adaptive_verify was built without CUDA" : "unknown error";
+#endif
+}
+
+int prefix_survival(bool on_cuda, uintptr_t stream, uintptr_t conf, int64_t conf_stride, uintptr_t drafts,
+                    int32_t R, int32_t K, uintptr_t survival, uintptr_t error_counts) {
+  planner::SurvivalParams p;
+  p.conf = ptr<const float>(conf);
+  p.conf_stride = conf_stride;
+  p.drafts = ptr<const int32_t>(drafts);
+  p.num_reqs = R;
+  p.max_drafts = K;
+  p.survival = ptr<float>(survival);
+  p.error_counts = ptr<int32_t>(error_counts);
+  if (!on_cuda) return planner::prefix_survival_cpu(p);
+#ifdef AV_WITH_CUDA
+  return planner::prefix_survival_cuda(p, reinterpret_cast<void*>(stream));
+#else
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
+// The planner takes ~40 scalars. pybind11 converts each positional argument separately (~15 us for 41
+// of them, more than the kernel itself), so Python packs them into one little-endian buffer of 64-bit
+// words with struct.Struct(PLAN_FORMAT) and we decode it here: ~1 us per call in total.
+// Word order (keep in sync with planner.py _PLAN_STRUCT): see kPlanFields.
+constexpr const char* kPlanFields =
+    "on_cuda stream survival survival_stride drafts num_reqs max_drafts mode fixed_budget budget_in "
+    "min_verify max_verify extra_tokens extra_emitting budget_cap verify_cost verify_cost_len draft_cost "
+    "context_lens block_table block_table_stride max_blocks block_size anchor_tokens draft_tokens "
+    "draft_tokens_stride token_offset num_reqs_padded num_tokens_padded verify_lens budget_out "
+    "expected_tokens num_tokens query_start_loc seq_lens token_req positions slot_mapping input_ids "
+    "error_counts workspace";
+constexpr int kPlanWords = 41;
+constexpr int kDraftCostWord = 17;  // the one float64 word
+
+int plan(py::bytes packed) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(packed.ptr(), &data, &size) != 0 || size != kPlanWords * 8)
+    throw std::invalid_argument("adaptive_verify._C.plan: packed arguments have the wrong size");
+  int64_t w[kPlanWords];
+  std::memcpy(w, data, sizeof(w));
+  double draft_cost;
+  std::memcpy(&draft_cost, &w[kDraftCostWord], sizeof(draft_cost));
+  auto u = [&](int i) { return uintptr_t(w[i]); };
+  planner::Params p;
+  const bool on_cuda = w[0] != 0;
+  const uintptr_t stream = u(1);
+  p.survival = ptr<const float>(u(2));
+  p.survival_stride = w[3];
+  p.drafts = ptr<const int32_t>(u(4));
+  p.num_reqs = int32_t(w[5]);
+  p.max_drafts = int32_t(w[6]);
+  p.mode = int32_t(w[7]);
+  p.fixed_budget = w[8];
+  p.budget_in = ptr<const int32_t>(u(9));
+  p.min_verify = int32_t(w[10]);
+  p.max_verify = int32_t(w[11]);
+  p.extra_tokens = w[12];
+  p.extra_emitting = w[13];
+  p.budget_cap = w[14];
+  p.verify_cost = ptr<const float>(u(15));
+  p.verify_cost_len = w[16];
+  p.draft_cost = float(draft_cost);  // rounded to float32 exactly as the torch reference does
+  p.context_lens = ptr<const int32_t>(u(18));
+  p.block_table = ptr<const int32_t>(u(19));
+  p.block_table_stride = w[20];
+  p.max_blocks = int32_t(w[21]);
+  p.block_size = int32_t(w[22]);
+  p.anchor_tokens = ptr<const int32_t>(u(23));
+  p.draft_tokens = ptr<const int32_t>(u(24));
+  p.draft_tokens_stride = w[25];
+  p.token_offset = w[26];
+  p.num_reqs_padded = int32_t(w[27]);
+  p.num_tokens_padded = w[28];
+  p.verify_lens = ptr<int32_t>(u(29));
+  p.budget_out = ptr<int32_t>(u(30));
+  p.expected_tokens = ptr<float>(u(31));
+  p.num_tokens = ptr<int32_t>(u(32));
+  p.query_start_loc = ptr<int32_t>(u(33));
+  p.seq_lens = ptr<int32_t>(u(34));
+  p.token_req = ptr<int32_t>(u(35));
+  p.positions = ptr<int32_t>(u(36));
+  p.slot_mapping = ptr<int64_t>(u(37));
+  p.input_ids = ptr<int32_t>(u(38));
+  p.error_counts = ptr<int32_t>(u(39));
+  p.workspace = ptr<uint64_t>(u(40));
+  if (!on_cuda) return planner::plan_cpu(p);
+#ifdef AV_WITH_CUDA
+  return planner::plan_cuda(p, reinterpret_cast<void*>(stream));
+#else
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
+int64_t plan_workspace_keys(int64_t R, int64_t K) {
+#ifdef AV_WITH_CUDA
+  return planner::cuda_workspace_keys(R, K);
+#else
+  (void)R;
+  (void)K;
+  return 0;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "adaptive_verify kernels (torch-free; pointers in, status codes out)";
+  m.def("build_info", &build_info);
+  m.def("device_count", &device_count);
+  m.def("error_string", &error_string);
+  m.def("prefix_survival", &prefix_survival);
+  m.def("plan", &plan);
+  m.attr("PLAN_FIELDS") = kPlanFields;
+  m.def("plan_workspace_keys", &plan_workspace_keys);
+  m.attr("STATUS_OK") = int(kOk);
+  m.attr("STATUS_DRAFTS_OUT_OF_RANGE") = int(kErrDraftsOutOfRange);
+  m.attr("STATUS_BLOCK_TABLE_TOO_SHORT") = int(kErrBlockTableTooShort);
+  m.attr("STATUS_BAD_ARGUMENT") = int(kErrBadArgument);
+  m.attr("NUM_ERROR_COUNTERS") = int(kNumErrorCounters);
+}

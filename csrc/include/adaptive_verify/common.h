@@ -1,0 +1,55 @@
+// Torch-free definitions shared by every area: host/device qualifiers, status codes and the
+// indices of the device error counters.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define AV_HD __host__ __device__ __forceinline__
+#else
+#define AV_HD inline
+#endif
+
+namespace adaptive_verify {
+
+// Status returned by CPU kernels (CUDA launchers return cudaError_t as int). The Python layer turns
+// each into an error that names the offending argument.
+enum Status : int {
+  kOk = 0,
+  kErrDraftsOutOfRange = 1,     // drafts[r] outside [0, K]
+  kErrBlockTableTooShort = 2,   // a position's block index is >= max_blocks (or a position is < 0)
+  kErrBadArgument = 3,          // a size or mode the host should have rejected
+};
+
+// Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
+// checked without a host sync are made safe on the device and counted here; the Python layer names
+// them in adaptive_verify.error_counts(). Keep in sync with python/adaptive_verify/errors.py.
+enum ErrorCounter : int {
+  kCountNanSurvival = 0,        // NaN confidence/survival of a drafted position (treated as 0)
+  kCountDraftsOutOfRange = 1,   // drafts[r] outside [0, K] on the device (clamped)
+  kCountSlotOutOfRange = 2,     // position beyond the block table (slot written as -1)
+  kNumErrorCounters = 16,
+};
+
+AV_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+#endif
+}
+
+AV_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+#endif
+}
+
+}  // namespace adaptive_verify

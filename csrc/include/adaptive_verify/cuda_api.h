@@ -1,0 +1,21 @@
+// Host-compiler view of the CUDA launchers: plain C++ signatures (no CUDA headers), so bindings.cpp
+// builds the same way with or without nvcc. Each returns a cudaError_t as int (0 = success).
+#pragma once
+
+#include <cstdint>
+
+#include "adaptive_verify/planner/params.h"
+
+namespace adaptive_verify {
+
+int cuda_device_count(int* error);  // number of usable devices; *error = cudaError_t of the query
+const char* cuda_error_string(int error);
+int cuda_runtime_version();
+
+namespace planner {
+int prefix_survival_cuda(const SurvivalParams& p, void* stream);
+int plan_cuda(const Params& p, void* stream);
+int64_t cuda_workspace_keys(int64_t num_reqs, int64_t max_drafts);
+}  // namespace planner
+
+}  // namespace adaptive_verify

@@ -1,0 +1,85 @@
+// Arguments of the verification planner, as raw pointers and sizes (no torch types), shared by the
+// C++ CPU kernel and the CUDA kernel. The Python layer (python/adaptive_verify/planner.py) validates
+// every tensor and fills this struct; nullable pointers mark optional inputs/outputs.
+#pragma once
+
+#include <cstdint>
+
+#include "adaptive_verify/common.h"
+
+namespace adaptive_verify {
+namespace planner {
+
+enum Mode : int32_t {
+  kGreedy = 0,  // paper Algorithm 1: admit while Theta strictly improves
+  kGlobal = 1,  // argmax of Theta over [B_min, B_max] (ties: smallest B). Not lossless when live.
+  kFixed = 2,   // budget given by the caller (host int or device 0-d tensor), clamped to [B_min, B_max]
+  kAll = 3,     // B = B_max: verify every candidate (fixed-k baseline)
+};
+
+struct Params {
+  // ---- candidates ----
+  const float* survival = nullptr;  // [R, K] float32, row stride survival_stride, last dim contiguous
+  int64_t survival_stride = 0;
+  const int32_t* drafts = nullptr;  // [R] int32, drafts[r] in [0, K]
+  int32_t num_reqs = 0;             // R
+  int32_t max_drafts = 0;           // K (1..32)
+
+  // ---- budget ----
+  int32_t mode = kGreedy;
+  int64_t fixed_budget = 0;            // kFixed with budget_in == nullptr
+  const int32_t* budget_in = nullptr;  // kFixed: 0-d int32 tensor on the kernel's device
+  int32_t min_verify = 0;              // forced drafts per request
+  int32_t max_verify = 0;              // cap per request (<= K)
+  int64_t extra_tokens = 0;            // non-draft tokens in the same step (prefill chunks)
+  int64_t extra_emitting = 0;          // prefill requests that sample this step
+  int64_t budget_cap = 0;              // capacity - R - extra_tokens (>= 0): most drafts that fit
+
+  // ---- cost: step_cost(R, n) = draft_cost + verify_cost[n] ----
+  const float* verify_cost = nullptr;  // [verify_cost_len] float32 ms, indexed by total tokens n
+  int64_t verify_cost_len = 0;
+  float draft_cost = 0.f;              // draft_ms(R), a host scalar because R is a shape
+
+  // ---- metadata inputs (nullable) ----
+  const int32_t* context_lens = nullptr;  // [R]
+  const int32_t* block_table = nullptr;   // [R, max_blocks], row stride block_table_stride
+  int64_t block_table_stride = 0;
+  int32_t max_blocks = 0;
+  int32_t block_size = 0;
+  const int32_t* anchor_tokens = nullptr;  // [R]
+  const int32_t* draft_tokens = nullptr;   // [R, K], row stride draft_tokens_stride
+  int64_t draft_tokens_stride = 0;
+  int64_t token_offset = 0;
+  int32_t num_reqs_padded = 0;    // R_pad >= R
+  int64_t num_tokens_padded = 0;  // T_pad >= R + budget_cap
+
+  // ---- outputs (nullable except budget_out) ----
+  int32_t* verify_lens = nullptr;      // [R_pad]
+  int32_t* budget_out = nullptr;       // 0-d
+  float* expected_tokens = nullptr;    // 0-d
+  int32_t* num_tokens = nullptr;       // 0-d
+  int32_t* query_start_loc = nullptr;  // [R_pad + 1]
+  int32_t* seq_lens = nullptr;         // [R_pad]       (needs context_lens)
+  int32_t* token_req = nullptr;        // [T_pad]
+  int32_t* positions = nullptr;        // [T_pad]       (needs context_lens)
+  int64_t* slot_mapping = nullptr;     // [T_pad]       (needs context_lens, block_table)
+  int32_t* input_ids = nullptr;        // [T_pad]       (needs anchor_tokens, draft_tokens)
+  int32_t* error_counts = nullptr;     // [kNumErrorCounters] on the kernel's device
+
+  // CUDA only: global scratch of next_pow2(R*K) uint64 keys when they do not fit shared memory.
+  uint64_t* workspace = nullptr;
+};
+
+// prefix_survival: a[r, j] = prod_{i<=j} clamp(conf[r, i], 0, 1) for j < drafts[r], else 0.
+struct SurvivalParams {
+  const float* conf = nullptr;  // [R, K], row stride conf_stride
+  int64_t conf_stride = 0;
+  const int32_t* drafts = nullptr;  // [R]
+  int32_t num_reqs = 0;
+  int32_t max_drafts = 0;
+  float* survival = nullptr;  // [R, K] contiguous
+  int32_t* error_counts = nullptr;
+};
+
+}  // namespace planner
+}  // namespace adaptive_verify

@@ -1,0 +1,26 @@
+"""adaptive_verify: adaptive verification for speculative decoding.
+
+Each decode step verifies only the drafts most likely to survive, with a budget sized so that expected
+emitted tokens per millisecond of step time is highest. Ops take and return torch tensors; CUDA tensors
+run the CUDA kernels, CPU tensors the C++ CPU kernels. ``adaptive_verify.reference`` holds the readable
+torch oracle of every op.
+"""
+from ._ext import build_info, cuda_available
+from .cost import CostTable
+from .errors import error_counts, reset_error_counts
+from .planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
+from . import library as _library  # noqa: F401  (registers the torch.library custom ops)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CostTable",
+    "VerifyPlan",
+    "build_info",
+    "choose_budget",
+    "cuda_available",
+    "error_counts",
+    "plan_verification",
+    "prefix_survival",
+    "reset_error_counts",
+]

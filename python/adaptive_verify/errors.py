@@ -1,0 +1,52 @@
+"""Device error counters.
+
+Values that cannot be checked without a host synchronisation (NaN confidences, ids or drafts out of
+range on a CUDA tensor) are given a documented safe behaviour by the kernels and counted in an int32
+buffer on their device. Read the counts whenever a sync is acceptable (for example once per N steps)::
+
+    adaptive_verify.error_counts("cuda")   # {'nan_survival': 0, 'drafts_out_of_range': 0, ...}
+
+Create the buffer before capturing a CUDA graph (any op call does it), so the capture does not allocate.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._ext import _C
+
+# Slot names, in the order of csrc/include/adaptive_verify/common.h (ErrorCounter).
+COUNTER_NAMES = (
+    "nan_survival",  # NaN confidence/survival of a drafted position: treated as 0, never verified
+    "drafts_out_of_range",  # drafts[r] outside [0, K] on CUDA: clamped (the CPU raises ValueError)
+    "slot_out_of_range",  # position beyond the block table on CUDA: slot -1 (the CPU raises ValueError)
+)
+
+_buffers: dict[torch.device, torch.Tensor] = {}
+
+
+def _key(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def error_buffer(device) -> torch.Tensor:
+    """The int32 [NUM_ERROR_COUNTERS] counter buffer of ``device`` (created on first use)."""
+    key = _key(device)
+    buf = _buffers.get(key)
+    if buf is None:
+        buf = torch.zeros(_C.NUM_ERROR_COUNTERS, dtype=torch.int32, device=key)
+        _buffers[key] = buf
+    return buf
+
+
+def error_counts(device="cpu") -> dict[str, int]:
+    """Counts of each safely-handled bad value seen on ``device`` since the last reset (syncs)."""
+    values = error_buffer(device).tolist()
+    return {name: values[i] for i, name in enumerate(COUNTER_NAMES)}
+
+
+def reset_error_counts(device="cpu") -> None:
+    """Zeroes the counters of ``device`` (asynchronously on CUDA)."""
+    error_buffer(device).zero_()

@@ -1,0 +1,105 @@
+"""The extension's build contract: torch-free, importable without a GPU, honest about CUDA."""
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import _ext
+
+
+def _extension_path() -> pathlib.Path:
+    return pathlib.Path(_ext._C.__file__)
+
+
+def _needed_libraries(path: pathlib.Path) -> list[str]:
+    """DT_NEEDED entries of an ELF shared object, read with the standard library only."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF", f"{path} is not an ELF file"
+    assert data[4] == 2 and data[5] == 1, "expected a 64-bit little-endian ELF"
+    e_shoff, = struct.unpack_from("<Q", data, 0x28)
+    e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+    needed = []
+    for _name, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
+        if sh_type != 6:  # SHT_DYNAMIC
+            continue
+        strtab = sections[link]
+        str_off = strtab[4]
+        for i in range(size // entsize):
+            tag, val = struct.unpack_from("<qQ", data, offset + i * entsize)
+            if tag == 0:
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", str_off + val)
+                needed.append(data[str_off + val:end].decode())
+    return needed
+
+
+def test_extension_does_not_link_torch():
+    needed = _needed_libraries(_extension_path())
+    assert needed, "could not read the extension's dynamic section"
+    bad = [lib for lib in needed if "torch" in lib or "c10" in lib]
+    assert not bad, f"_C must not link libtorch/libc10, but needs {bad}"
+    # CUDA is linked statically (cudart_static), so the module imports without the CUDA toolkit.
+    assert not any(lib.startswith("libcudart") for lib in needed), needed
+
+
+def test_extension_imports_without_torch():
+    """The module is torch-free: it imports in a fresh interpreter that never imports torch."""
+    code = (
+        "import importlib.util, sys;"
+        f"spec = importlib.util.spec_from_file_location('_C', {str(_extension_path())!r});"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        "assert 'torch' not in sys.modules; print(m.build_info()['with_cuda'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("True", "False")
+
+
+def test_build_info_and_cuda_available_agree():
+    info = av.build_info()
+    for key in ("with_cuda", "cuda_archs", "cuda_compiler_version", "cuda_unusable_reason", "compiler"):
+        assert key in info, key
+    if info["with_cuda"]:
+        assert info["cuda_archs"], "a CUDA build must say which architectures it targets"
+        assert info["cuda_compiler_version"]
+    else:
+        assert info["cpu_only_reason"], "a CPU-only build must say why"
+    if av.cuda_available():
+        assert info["cuda_unusable_reason"] == ""
+        assert torch.cuda.is_available()
+    else:
+        assert info["cuda_unusable_reason"], "cuda_available() is False, so build_info must say why"
+
+
+def test_unsupported_device_gives_clear_error():
+    fake = torch.empty(2, 3, device="meta")
+    import pytest
+
+    with pytest.raises(ValueError, match="survival"):
+        av.plan_verification(fake, torch.zeros(2, dtype=torch.int32, device="meta"), mode="all")
+
+
+def test_cuda_was_compiled_when_required():
+    """CI sets AV_REQUIRE_CUDA_BUILD=1 where nvcc exists: the CUDA sources must then have been compiled."""
+    import os
+
+    if os.environ.get("AV_REQUIRE_CUDA_BUILD") != "1":
+        import pytest
+
+        pytest.skip("AV_REQUIRE_CUDA_BUILD is not set")
+    info = av.build_info()
+    assert info["with_cuda"], f"expected a CUDA build, got CPU-only: {info['cpu_only_reason']}"
+    assert info["cuda_archs"]
+
+
+def test_packed_plan_arguments_match_the_extension():
+    """planner.py packs the planner's scalars in the order csrc/bindings.cpp decodes them."""
+    from adaptive_verify import planner
+
+    assert len(_ext._C.PLAN_FIELDS.split()) * 8 == planner._PLAN_STRUCT.size

@@ -1,0 +1,447 @@
+"""Tests for adaptive_verify.cost: hand-computed costs on small tables, errors, dense arrays, JSON, profiler."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+try:
+    from adaptive_verify import cost
+except ImportError:
+    # cost.py imports nothing from the package, so it can be tested before the package is importable.
+    _path = pathlib.Path(__file__).resolve().parents[1] / "python" / "adaptive_verify" / "cost.py"
+    _spec = importlib.util.spec_from_file_location("adaptive_verify_cost", _path)
+    cost = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = cost
+    _spec.loader.exec_module(cost)
+
+CostTable = cost.CostTable
+
+
+def staircase_table(**kwargs):
+    # graph sizes 8/16/32 measured exactly; eager points at 64 and 128.
+    return CostTable.from_points(
+        {8: 1.0, 16: 2.0, 32: 4.0, 64: 10.0, 128: 16.0}, graph_sizes=[8, 16, 32], max_tokens=256, **kwargs
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# verify curve
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_envelope_removes_dip():
+    t = CostTable.from_points({10: 1.0, 20: 3.0, 30: 2.0, 40: 5.0})
+    # envelope: 1, 3, 3, 5
+    assert t.verify_cost(30) == 3.0
+    assert t.verify_cost(25) == 3.0  # not 2.5: the dip at 30 is gone
+    assert t.verify_cost(35) == 4.0
+    assert t.verify_cost(15) == 2.0
+    assert t.verify_ms == {10: 1.0, 20: 3.0, 30: 2.0, 40: 5.0}  # the raw points are kept as measured
+
+
+def test_no_graph_sizes_interpolates_and_extrapolates():
+    t = CostTable.from_points({2: 1.0, 4: 3.0})
+    assert [t.verify_cost(n) for n in range(7)] == [1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert CostTable.from_points({4: 2.5}).verify_cost(1000) == 2.5  # one point: flat both ways
+
+
+def test_staircase_cliff_and_extrapolation():
+    t = staircase_table()
+    expected = {
+        0: 1.0, 1: 1.0, 8: 1.0,  # padded up to graph size 8
+        9: 2.0, 16: 2.0,
+        17: 4.0, 32: 4.0,
+        33: 10.0, 48: 10.0, 63: 10.0,  # past the cliff: first eager point, no interpolation from 32
+        64: 10.0, 96: 13.0, 128: 16.0,
+        192: 22.0, 256: 28.0,  # slope of the last two eager points: 6 ms / 64 tokens
+    }
+    assert {n: t.verify_cost(n) for n in expected} == expected
+
+
+def test_graph_size_between_points_is_interpolated():
+    t = CostTable.from_points({8: 1.0, 16: 2.0, 32: 4.0, 64: 10.0}, graph_sizes=[8, 16, 24, 32])
+    assert t.verify_cost(17) == t.verify_cost(24) == 3.0
+
+
+def test_graph_size_past_last_graph_point_is_extrapolated():
+    # graph-region points 8 and 16 (slope 2/8); graph size 32 = 3 + 2 * 16 / 8 = 7
+    t = CostTable.from_points({8: 1.0, 16: 3.0, 100: 20.0}, graph_sizes=[8, 16, 32])
+    assert [t.verify_cost(n) for n in (16, 17, 32, 33, 100)] == [3.0, 7.0, 7.0, 20.0, 20.0]
+    # one graph-region point: flat
+    t = CostTable.from_points({8: 2.0, 64: 5.0}, graph_sizes=[8, 16])
+    assert [t.verify_cost(n) for n in (9, 16, 17)] == [2.0, 2.0, 5.0]
+
+
+def test_no_point_in_graph_region_uses_first_point():
+    t = CostTable.from_points({16: 3.0, 32: 5.0}, graph_sizes=[4, 8])
+    assert [t.verify_cost(n) for n in (0, 4, 8, 12, 16, 24, 48)] == [3.0, 3.0, 3.0, 3.0, 3.0, 4.0, 7.0]
+
+
+def test_no_eager_point_extrapolates_graph_region():
+    t = CostTable.from_points({8: 1.0, 16: 2.0, 32: 4.0}, graph_sizes=[8, 16, 32])
+    assert [t.verify_cost(n) for n in (32, 33, 48)] == [4.0, 4.125, 6.0]
+
+
+def test_running_max_across_cliff():
+    # graph size 32 extrapolates to 7.0, above the first eager point (5.0): the result must not dip.
+    t = CostTable.from_points({8: 1.0, 16: 3.0, 40: 5.0, 80: 9.0}, graph_sizes=[8, 16, 32])
+    assert [t.verify_cost(n) for n in (32, 33, 40, 60, 70, 80)] == [7.0, 7.0, 7.0, 7.0, 8.0, 9.0]
+
+
+def test_n_above_max_tokens_raises():
+    t = staircase_table()
+    with pytest.raises(ValueError, match=r"^n=257 exceeds max_tokens=256"):
+        t.verify_cost(257)
+    with pytest.raises(ValueError, match=r"^n=257"):
+        t.step_cost(1, 257)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# draft curve and step cost
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_draft_dict_envelope_and_extrapolation():
+    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 5: 1.5, 9: 1.0})
+    # envelope 0.5, 1.5, 1.5: flat below, linear between, extrapolation of a flat tail stays flat
+    assert [t.draft_cost(r) for r in (0, 1, 3, 5, 7, 9, 13)] == [0.5, 0.5, 1.0, 1.5, 1.5, 1.5, 1.5]
+    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 5: 1.5})
+    assert t.draft_cost(9) == 2.5
+
+
+def test_draft_constant_and_step_cost():
+    t = staircase_table(draft_ms=0.25)
+    assert t.draft_cost(0) == t.draft_cost(1000) == 0.25
+    assert t.step_cost(4, 96) == 13.25
+    t = CostTable.from_points({1: 1.0, 3: 2.0}, draft_ms={2: 0.5, 4: 1.5})
+    assert t.step_cost(3, 2) == 1.0 + 1.5
+    assert isinstance(t.step_cost(3, 2), float)
+    assert CostTable.from_points({1: 1.0}).draft_cost(7) == 0.0  # default: no drafter cost
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dense arrays
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_verify_array_matches_scalar_as_float32_and_is_cached():
+    # values that are not float32-exact, so the rounding is exercised
+    t = CostTable.from_points({3: 0.1, 7: 0.3, 20: 0.7, 50: 1.1}, draft_ms={1: 0.01, 9: 0.23}, graph_sizes=[3, 7])
+    a = t.verify_array(60)
+    assert a.dtype == torch.float32 and a.device.type == "cpu" and a.shape == (61,)
+    expected = torch.tensor([t.verify_cost(n) for n in range(61)], dtype=torch.float64).to(torch.float32)
+    assert torch.equal(a, expected)
+    assert t.verify_array(60) is a  # same max_n: same view object
+    b = t.verify_array(10)
+    assert b.shape == (11,) and b.data_ptr() == a.data_ptr()  # a slice of the cached tensor
+    assert t.verify_array(60).data_ptr() == a.data_ptr()
+
+    big = t.verify_array(5000)  # grows: new storage, same values where both are defined
+    assert big.shape == (5001,)
+    assert torch.equal(big[:61], expected)
+    assert big[5000].item() == torch.tensor(t.verify_cost(5000), dtype=torch.float32).item()
+    assert torch.equal(a, expected)  # the replaced tensor is still alive and unchanged
+
+    d = t.draft_array(12)
+    assert torch.equal(d, torch.tensor([t.draft_cost(r) for r in range(13)], dtype=torch.float64).to(torch.float32))
+    assert t.draft_array(12) is d
+
+
+def test_verify_array_clamped_to_max_tokens():
+    t = staircase_table()
+    a = t.verify_array(1000)
+    assert a.shape == (257,)
+    assert a[256].item() == 28.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dense_arrays_on_cuda_and_cuda_event_profile():
+    t = CostTable.from_points({3: 0.1, 7: 0.3, 20: 0.7}, draft_ms={1: 0.01, 9: 0.23}, graph_sizes=[3, 7])
+    a = t.verify_array(100, device="cuda")
+    assert a.device.type == "cuda" and torch.equal(a.cpu(), t.verify_array(100))
+    assert t.verify_array(100, device=torch.device("cuda", torch.cuda.current_device())) is a  # "cuda" == "cuda:i"
+    assert torch.equal(t.draft_array(5, device="cuda").cpu(), t.draft_array(5))
+
+    x = torch.randn(256, 256, device="cuda")
+    p = CostTable.profile(lambda n: x[:n] @ x, [16, 256], reps=3, warmup=1, device="cuda")
+    assert all(ms > 0 for ms in p.verify_ms.values())
+    assert p.metadata["measured"].endswith("cuda events")
+    assert p.metadata["device"] == torch.cuda.get_device_name()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# JSON
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_json_round_trip(tmp_path):
+    meta = {
+        "device": "NVIDIA H200",
+        "model": "deepseek-v4-flash",
+        "dtype": "bfloat16",
+        "date": "2026-05-01T12:00:00+00:00",
+        "measured": "median of 5 reps after 2 warmup, cuda events",
+        "notes": {"tp": 8, "ep": [1, 2], "unicode": "µs"},
+    }
+    t = CostTable.from_points(
+        {1: 0.1 + 0.2, 8: 1 / 3, 64: 2.0000000000000004, 100: 7.0},
+        draft_ms={1: 0.05, 16: math.pi},
+        graph_sizes=[1, 2, 4, 8, 64],
+        max_tokens=4096,
+        metadata=meta,
+    )
+    path = tmp_path / "cost.json"
+    t.to_json(path)
+    assert json.loads(path.read_text())["format_version"] == 1
+    u = CostTable.from_json(path)
+    assert u == t
+    assert u.verify_ms == t.verify_ms and u.draft_ms == t.draft_ms
+    assert u.graph_sizes == (1, 2, 4, 8, 64) and u.max_tokens == 4096
+    assert dict(u.metadata) == meta
+    assert [u.verify_cost(n) for n in range(0, 4097, 37)] == [t.verify_cost(n) for n in range(0, 4097, 37)]
+
+    t = CostTable.from_points({3: 1.5}, draft_ms=0.125)  # constant drafter, unbounded, no graphs
+    t.to_json(path)
+    u = CostTable.from_json(path)
+    assert u == t and u.draft_ms == 0.125 and u.max_tokens is None and u.graph_sizes == ()
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.update(format_version=2), "format_version=2 is not supported"),
+        (lambda d: d.pop("format_version"), "format_version missing"),
+        (lambda d: d.update(graph_size=[8]), r"unknown keys \['graph_size'\]"),
+        (lambda d: d.update(verify_ms=[[8, 1.0], [8, 2.0]]), "verify_ms: duplicate count 8"),
+    ],
+)
+def test_json_rejects_bad_files(tmp_path, edit, match):
+    data = staircase_table().to_dict()
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match):
+        CostTable.from_json(path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# argument errors: each names its argument first
+# ----------------------------------------------------------------------------------------------------------
+
+V = {1: 1.0}
+
+BAD_FROM_POINTS = [
+    (dict(verify_ms={}), ValueError, "verify_ms"),
+    (dict(verify_ms={16: 1.0, 8: 0.5}), ValueError, "verify_ms"),
+    (dict(verify_ms={0: 1.0}), ValueError, "verify_ms"),
+    (dict(verify_ms={-4: 1.0}), ValueError, "verify_ms"),
+    (dict(verify_ms={1: 0.0}), ValueError, "verify_ms"),
+    (dict(verify_ms={1: -1.0}), ValueError, "verify_ms"),
+    (dict(verify_ms={1: math.nan}), ValueError, "verify_ms"),
+    (dict(verify_ms={1: math.inf}), ValueError, "verify_ms"),
+    (dict(verify_ms={1.5: 1.0}), TypeError, "verify_ms"),
+    (dict(verify_ms={True: 1.0}), TypeError, "verify_ms"),
+    (dict(verify_ms={1: "1.0"}), TypeError, "verify_ms"),
+    (dict(verify_ms=[(1, 1.0)]), TypeError, "verify_ms"),
+    (dict(verify_ms=V, draft_ms={1: -0.1}), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms={1: math.nan}), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms={2: 0.1, 1: 0.2}), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms={0: 0.1}), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms={}), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms=-1.0), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms=math.inf), ValueError, "draft_ms"),
+    (dict(verify_ms=V, draft_ms="0.5"), TypeError, "draft_ms"),
+    (dict(verify_ms=V, graph_sizes=[0, 8]), ValueError, "graph_sizes"),
+    (dict(verify_ms=V, graph_sizes=[8, 8]), ValueError, "graph_sizes"),
+    (dict(verify_ms=V, graph_sizes=[16, 8]), ValueError, "graph_sizes"),
+    (dict(verify_ms=V, graph_sizes=[8.0]), TypeError, "graph_sizes"),
+    (dict(verify_ms=V, graph_sizes="8"), TypeError, "graph_sizes"),
+    (dict(verify_ms=V, max_tokens=0), ValueError, "max_tokens"),
+    (dict(verify_ms=V, graph_sizes=[8, 32], max_tokens=16), ValueError, "max_tokens"),
+    (dict(verify_ms=V, max_tokens=1.5), TypeError, "max_tokens"),
+    (dict(verify_ms=V, metadata=[("device", "x")]), TypeError, "metadata"),
+    (dict(verify_ms=V, metadata={1: "x"}), TypeError, "metadata"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, name", BAD_FROM_POINTS)
+def test_from_points_errors_name_argument(kwargs, exc, name):
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        CostTable.from_points(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "call, exc, name",
+    [
+        (lambda t: t.verify_cost(-1), ValueError, "n"),
+        (lambda t: t.verify_cost(1.0), TypeError, "n"),
+        (lambda t: t.draft_cost(-1), ValueError, "r"),
+        (lambda t: t.step_cost(-1, 4), ValueError, "r"),
+        (lambda t: t.step_cost(1, -4), ValueError, "n"),
+        (lambda t: t.verify_array(-1), ValueError, "max_n"),
+        (lambda t: t.draft_array(-1), ValueError, "max_r"),
+        (lambda t: t.draft_array(2.0), TypeError, "max_r"),
+    ],
+)
+def test_method_errors_name_argument(call, exc, name):
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        call(staircase_table())
+
+
+def _noop(_):
+    pass
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        (dict(step_fn=None), TypeError, "step_fn"),
+        (dict(token_counts=[]), ValueError, "token_counts"),
+        (dict(token_counts=[4, 2]), ValueError, "token_counts"),
+        (dict(reps=0), ValueError, "reps"),
+        (dict(warmup=-1), ValueError, "warmup"),
+        (dict(draft_fn=_noop), ValueError, "request_counts"),
+        (dict(request_counts=[1]), ValueError, "draft_fn"),
+        (dict(draft_fn=_noop, request_counts=[0]), ValueError, "request_counts"),
+        (dict(graph_sizes=[8, 4]), ValueError, "graph_sizes"),
+        (dict(max_tokens=0), ValueError, "max_tokens"),
+    ],
+)
+def test_profile_errors_name_argument(kwargs, exc, name):
+    calls = []
+    args = dict(step_fn=calls.append, token_counts=[1, 2], device="cpu") | kwargs
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        CostTable.profile(**args)
+    assert calls == []  # arguments are checked before anything is timed
+
+
+ROOFLINE = dict(
+    hbm_gbps=1000.0, tflops=1000.0, weight_bytes=1e10, active_params=5e9, kv_bytes_per_token=1000.0, context_len=1000
+)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        (dict(hbm_gbps=0.0), ValueError, "hbm_gbps"),
+        (dict(tflops=-1.0), ValueError, "tflops"),
+        (dict(weight_bytes=math.nan), ValueError, "weight_bytes"),
+        (dict(active_params=0), ValueError, "active_params"),
+        (dict(kv_bytes_per_token=-1.0), ValueError, "kv_bytes_per_token"),
+        (dict(context_len=-1), ValueError, "context_len"),
+        (dict(context_len=10.5), TypeError, "context_len"),
+        (dict(overhead_ms=-0.1), ValueError, "overhead_ms"),
+        (dict(token_counts=[8, 8]), ValueError, "token_counts"),
+        (dict(hbm_gbps="fast"), TypeError, "hbm_gbps"),
+    ],
+)
+def test_roofline_errors_name_argument(kwargs, exc, name):
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        CostTable.roofline(**(ROOFLINE | kwargs))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# profiler
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_profile_takes_median_after_warmup(monkeypatch):
+    now = [0]
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
+    # per count: two warmup durations (huge, must be ignored), then three timed ones; median = middle one
+    verify_ns = {4: [10**9, 10**9, 3_000_000, 1_000_000, 2_000_000], 8: [10**9, 10**9, 2_500_000, 9_000_000, 4_000_000]}
+    draft_ns = {1: [10**9, 10**9, 200_000, 100_000, 300_000], 2: [10**9, 10**9, 700_000, 500_000, 600_000]}
+    calls = []
+
+    def step(table):
+        def fn(x):
+            calls.append(x)
+            now[0] += table[x].pop(0)
+
+        return fn
+
+    t = CostTable.profile(
+        step(verify_ns), [4, 8], draft_fn=step(draft_ns), request_counts=[1, 2],
+        graph_sizes=[4, 8], reps=3, warmup=2, max_tokens=64, metadata={"model": "toy"}, device="cpu",
+    )
+    assert calls == [4] * 5 + [8] * 5 + [1] * 5 + [2] * 5
+    assert t.verify_ms == {4: 2.0, 8: 4.0}
+    assert t.draft_ms == {1: 0.2, 2: 0.6}
+    assert t.graph_sizes == (4, 8) and t.max_tokens == 64
+    assert t.metadata["model"] == "toy" and t.metadata["source"] == "profile"
+    assert t.metadata["measured"] == "median of 3 reps after 2 warmup, perf_counter_ns"
+    assert t.metadata["device"].startswith("cpu")
+    assert "drafter" not in t.metadata
+
+
+def test_profile_real_clock_without_drafter():
+    t = CostTable.profile(lambda n: sum(range(1000 * n)), [1, 4], reps=1, warmup=0, device="cpu")
+    assert all(ms > 0 for ms in t.verify_ms.values())
+    assert t.draft_ms == 0.0 and "draft cost 0" in t.metadata["drafter"]
+    assert t.verify_cost(4) >= t.verify_cost(1) > 0
+    assert "T" in t.metadata["date"]  # ISO 8601
+
+
+# ----------------------------------------------------------------------------------------------------------
+# roofline
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_roofline_memory_then_compute_bound():
+    # memory: 10 ms of weights + 0.001 ms KV per token; compute: 0.01 ms per token; crossover ~1111 tokens
+    t = CostTable.roofline(**ROOFLINE, overhead_ms=0.5)
+    assert t.verify_cost(1) == pytest.approx(0.5 + 10.001)
+    assert t.verify_cost(64) == pytest.approx(0.5 + 10.064)  # memory-bound: 64 tokens cost 0.6% more than 1
+    assert t.verify_cost(4096) == pytest.approx(0.5 + 40.96)
+    assert t.verify_cost(8192) == pytest.approx(0.5 + 81.92)  # compute-bound: linear in n
+    assert t.metadata["source"] == "roofline" and t.metadata["roofline"]["tflops"] == 1000.0
+    assert max(t.verify_ms) == 8192  # default token counts stop at 8192 when unbounded
+
+
+def test_roofline_staircase_with_graph_sizes():
+    t = CostTable.roofline(**ROOFLINE, graph_sizes=[1, 2, 4, 8, 16, 32], max_tokens=2048, draft_ms=0.25)
+    assert t.verify_cost(3) == t.verify_cost(4) == pytest.approx(10.004)
+    assert t.verify_cost(17) == t.verify_cost(32) > t.verify_cost(16)
+    assert t.verify_cost(33) == pytest.approx(10.033)  # largest graph size + 1 is a default token count
+    assert max(t.verify_ms) == 2048
+    assert t.step_cost(2, 3) == 0.25 + t.verify_cost(3)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# properties on random tables
+# ----------------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def tables(draw):
+    keys = sorted(draw(st.sets(st.integers(1, 200), min_size=1, max_size=6)))
+    values = draw(st.lists(st.floats(0.01, 50.0), min_size=len(keys), max_size=len(keys)))
+    sizes = sorted(draw(st.sets(st.integers(1, 150), max_size=5)))
+    return CostTable.from_points(dict(zip(keys, values)), graph_sizes=sizes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tables())
+def test_monotone_positive_staircase(t):
+    costs = [t.verify_cost(n) for n in range(301)]
+    assert all(c > 0 for c in costs)
+    assert all(a <= b for a, b in zip(costs, costs[1:]))
+    for n in range(301):
+        if t.graph_sizes and n <= t.graph_sizes[-1]:
+            g = next(g for g in t.graph_sizes if g >= n)
+            assert costs[n] == costs[g]
+    assert torch.equal(t.verify_array(300), torch.tensor(costs, dtype=torch.float64).to(torch.float32))
+
+
+def test_repr_is_short_and_useful():
+    r = repr(staircase_table(metadata={"device": "NVIDIA H200"}))
+    assert r.startswith("CostTable(") and "graph_sizes=[8, 16, 32]" in r and "max_tokens=256" in r
+    assert "NVIDIA H200" in r and len(r) < 200

@@ -1,0 +1,152 @@
+"""CUDA planner == C++ CPU planner, exactly; graph capture and replay. Skipped without a GPU."""
+import warnings
+
+import pytest
+import torch
+
+import adaptive_verify as av
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
+]
+
+FIELDS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req", "seq_lens",
+          "positions", "slot_mapping", "input_ids")
+
+
+def _cost_table():
+    return av.CostTable.from_points(
+        {1: 4.0, 64: 4.4, 256: 5.5, 1024: 9.0, 4096: 30.0, 32768: 200.0},
+        draft_ms={1: 0.5, 256: 1.0, 4096: 4.0},
+        graph_sizes=[8, 16, 32, 64, 128, 256, 512],
+    )
+
+
+def _problem(R, K, seed, *, ties=False, nan=False, block_size=16):
+    g = torch.Generator().manual_seed(seed)
+    conf = torch.rand(R, K, generator=g) * 0.6 + 0.4
+    if ties:
+        conf = (conf * 4).round() / 4
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    survival = av.prefix_survival(conf, drafts)
+    if nan and R > 2:
+        survival[1, 0] = float("nan")
+    ctx = torch.randint(0, 3000, (R,), generator=g, dtype=torch.int32)
+    max_blocks = (3000 + K + 1) // block_size + 2
+    block_table = torch.randint(0, 100000, (R, max_blocks), generator=g, dtype=torch.int32)
+    anchor = torch.randint(0, 150000, (R,), generator=g, dtype=torch.int32)
+    draft_tokens = torch.randint(0, 150000, (R, K), generator=g, dtype=torch.int32)
+    return dict(survival=survival, drafts=drafts, context_lens=ctx, block_table=block_table, block_size=block_size,
+                anchor_tokens=anchor, draft_tokens=draft_tokens)
+
+
+def _to(d, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+
+def _plan(prob, ct, **kw):
+    rest = {k: v for k, v in prob.items() if k not in ("survival", "drafts")}
+    return av.plan_verification(prob["survival"], prob["drafts"], ct, **kw, **rest)
+
+
+def _assert_same(a, b, what):
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        if x is None or y is None:
+            assert x is None and y is None, (what, f)
+            continue
+        assert torch.equal(x.cpu(), y.cpu()), f"{what}: field {f} differs"
+
+
+@pytest.mark.parametrize("R,K", [(1, 1), (7, 3), (83, 7), (256, 8), (300, 16), (1024, 16), (1200, 16), (5000, 4)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_cuda_matches_cpu(R, K, mode):
+    ct = _cost_table()
+    for seed, ties, nan in [(0, False, False), (1, True, False), (2, False, True)]:
+        prob = _problem(R, K, seed + 17 * R, ties=ties, nan=nan)
+        kw = dict(mode=mode, min_verify=1 if K > 1 else 0, extra_tokens=3, extra_emitting=2, token_offset=5,
+                  num_reqs_padded=R + 5, num_tokens_padded=R + R * K + 11)
+        if mode == "fixed":
+            kw["budget"] = (R * K) // 3
+        gp = _to(prob, "cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # mode="global" warns that it is not lossless live
+            cpu = _plan(prob, ct, **kw)
+            gpu = _plan(gp, ct, **kw)
+        _assert_same(cpu, gpu, f"R={R} K={K} mode={mode} seed={seed}")
+        if mode in ("greedy", "global", "all"):
+            b_cpu = av.choose_budget(prob["survival"], prob["drafts"], ct, mode=mode)
+            b_gpu = av.choose_budget(gp["survival"], gp["drafts"], ct, mode=mode)
+            assert int(b_cpu) == int(b_gpu)
+
+
+def test_prefix_survival_cuda_matches_cpu():
+    for R, K in [(1, 1), (33, 5), (1000, 32)]:
+        g = torch.Generator().manual_seed(R)
+        conf = torch.rand(R, K, generator=g) * 1.4 - 0.2  # out of [0, 1] on purpose
+        conf[0, 0] = float("nan")
+        drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+        assert torch.equal(av.prefix_survival(conf, drafts), av.prefix_survival(conf.cuda(), drafts.cuda()).cpu())
+
+
+def test_device_errors_are_counted_not_raised():
+    av.reset_error_counts("cuda")
+    s = torch.rand(4, 3, device="cuda")
+    s[2, 0] = float("nan")
+    drafts = torch.tensor([3, 9, 3, -1], dtype=torch.int32, device="cuda")  # 9 and -1 out of [0, 3]
+    ctx = torch.tensor([0, 0, 0, 40], dtype=torch.int32, device="cuda")
+    bt = torch.zeros(4, 1, dtype=torch.int32, device="cuda")  # 16 positions per request only
+    plan = av.plan_verification(s, drafts, mode="all", context_lens=ctx, block_table=bt, block_size=16)
+    counts = av.error_counts("cuda")
+    assert counts["nan_survival"] == 1
+    assert counts["drafts_out_of_range"] == 2
+    assert counts["slot_out_of_range"] == 1  # request 3's anchor at position 40
+    assert plan.verify_lens.tolist() == [3, 3, 0, 0]  # clamped to K; NaN row never verified
+    assert plan.slot_mapping[plan.query_start_loc[3]].item() == -1
+
+
+@pytest.mark.parametrize("mode", ["greedy", "fixed"])
+def test_cuda_graph_capture_and_replay(mode):
+    R, K, Rp, Tp = 64, 8, 72, 64 * 9 + 8
+    ct = _cost_table()
+    first = _to(_problem(R, K, 3), "cuda")
+    second = _to(_problem(R, K, 4), "cuda")
+    bufs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in first.items()}
+    budget = torch.tensor(100, dtype=torch.int32, device="cuda")
+    out = av.VerifyPlan.allocate(Rp, Tp, "cuda", positions=True, slot_mapping=True, input_ids=True)
+    kw = dict(mode=mode, num_reqs_padded=Rp, num_tokens_padded=Tp, out=out)
+    if mode == "fixed":
+        kw["budget"] = budget
+
+    def step():
+        return _plan(bufs, ct, **kw)
+
+    step()  # warm up: cost arrays, error buffer and the kernel's shared-memory opt-in exist before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for prob, b in ((second, 37), (first, 250)):
+        for k, v in prob.items():
+            if isinstance(v, torch.Tensor):
+                bufs[k].copy_(v)
+        budget.fill_(b)
+        for t in (out.verify_lens, out.query_start_loc, out.token_req, out.slot_mapping, out.input_ids):
+            t.fill_(-7)  # poison: replay must rewrite every element
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = {f: getattr(out, f).clone() for f in FIELDS}
+        eager = _plan(prob, ct, **{**kw, "out": None, **({"budget": b} if mode == "fixed" else {})})
+        for f in FIELDS:
+            assert torch.equal(replayed[f], getattr(eager, f)), f"replay differs from eager in {f}"
+
+
+def test_repeated_runs_are_identical():
+    """A race shows up as a result that changes between identical runs."""
+    prob = _to(_problem(1024, 16, 9, ties=True), "cuda")
+    ct = _cost_table()
+    ref = _plan(prob, ct)
+    for _ in range(20):
+        again = _plan(prob, ct)
+        _assert_same(ref, again, "repeat")
