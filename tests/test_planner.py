@@ -172,16 +172,16 @@ def gen_survival(rng, R, K, style, nan_rate):
         conf = rng.uniform(0.0, 1.0, size=(R, K)).astype(np.float32)
         quant = rng.random((R, K)) < 0.5
         conf[quant] = rng.choice(QUANT_LEVELS, size=int(quant.sum()))
-        conf = np.cumprod(conf, axis=1, dtype=np.float32)
+        values = ref.prefix_survival(torch.from_numpy(conf), torch.full((R,), K, dtype=torch.int32)).numpy()
     elif style == "raw":  # arbitrary values: non-monotone rows, out of [0, 1], -0.0, inf, denormals
-        conf = rng.uniform(-0.2, 1.2, size=(R, K)).astype(np.float32)
+        values = rng.uniform(-0.2, 1.2, size=(R, K)).astype(np.float32)
         special = rng.random((R, K)) < 0.3
-        conf[special] = rng.choice(RAW_SPECIALS, size=int(special.sum()))
+        values[special] = rng.choice(RAW_SPECIALS, size=int(special.sum()))
     else:  # "ties": few distinct values
-        conf = rng.choice(np.array([0.0, 0.5, 1.0, 0.125], dtype=np.float32), size=(R, K))
+        values = rng.choice(np.array([0.0, 0.5, 1.0, 0.125], dtype=np.float32), size=(R, K))
     if nan_rate:
-        conf[rng.random((R, K)) < nan_rate] = np.nan
-    return torch.from_numpy(np.ascontiguousarray(conf))
+        values[rng.random((R, K)) < nan_rate] = np.nan
+    return torch.from_numpy(np.ascontiguousarray(values))
 
 
 def gen_cost_table(rng, max_tokens_floor):
@@ -502,6 +502,33 @@ def test_hand_global_ties_pick_smallest_budget():
         assert plan.verify_lens.tolist() == [1, 1] and int(plan.budget) == 2
         plan = av.plan_verification(survival, i32([0, 3]), table, mode=mode, min_verify=2)
         assert plan.verify_lens.tolist() == [0, 2] and int(plan.budget) == 2
+
+
+def test_hand_theta_exact_arithmetic_decides_a_tie():
+    # R = 1024 requests, one candidate s with s * 2**32 = 2**19 + 0.75. Costs: float32(0.1) + v0 rounds to
+    # exactly 1.0 and float32(0.1) + v1 to 1 + 2**-23 in float32, so with P(1) = trunc(s * 2**32) = 2**19,
+    # Theta(1) = (2**42 + 2**19) / (1 + 2**-23) = 2**42 = Theta(0): a tie, B = 0 in greedy and global.
+    # Rounding P to nearest, or summing the cost in float64, would make Theta(1) larger and choose B = 1.
+    R = 1024
+    v0 = float(np.nextafter(np.float32(0.9), np.float32(1)))
+    v1 = float(np.float32(0.9000001))
+    draft = np.float32(0.1)
+    assert np.float32(draft + np.float32(v0)) == 1.0 and np.float32(draft + np.float32(v1)) == np.float32(1 + 2**-23)
+    table = av.CostTable.from_points({R: v0, R + 1: v1}, draft_ms=0.1)
+    drafts = torch.zeros(R, dtype=torch.int32)
+    drafts[0] = 1
+    for s, want in ((2.0**-13 + 3 * 2.0**-34, 0), (2.0**-13 + 2.0**-32, 1)):
+        survival = torch.zeros(R, 1)
+        survival[0, 0] = s
+        assert float(survival[0, 0]) * FIXED_ONE == 2**19 + (0.75 if want == 0 else 1)
+        cands, _ = model_candidates(survival, drafts, 0, 1)
+        theta = model_theta(R, 0, 0, table, model_prefix(cands))
+        assert algorithm1(theta, 0, 1) == brute_force_argmax(theta, 0, 1) == want
+        for mode in ("greedy", "global"):
+            plan = av.plan_verification(survival, drafts, table, mode=mode)
+            assert int(plan.budget) == want and int(plan.verify_lens[0]) == want, (s, mode)
+            assert int(av.choose_budget(survival, drafts, table, mode=mode)) == want
+            assert int(ref.choose_budget(survival, drafts, table, mode=mode)) == want
 
 
 @pytest.mark.parametrize("budget,lens", [(0, [0, 0]), (1, [1, 0]), (2, [1, 1]), (3, [2, 1]), (4, [2, 2]),

@@ -189,7 +189,7 @@ int plan_cpu(const Params& p) {
   *p.budget_out = int32_t(budget);
   if (p.expected_tokens)
     *p.expected_tokens = float(double((uint64_t(R) << 32) + prefix) / kFixedOne);
-  if (!p.verify_lens) return kOk;  // choose_budget: budget only
+  if (!p.write_plan) return kOk;  // choose_budget: budget only
 
   // A request's verified drafts are its candidates ranked before the threshold key.
   const uint64_t threshold = budget < n_cand ? order.at(budget) : kNoCandidate;

@@ -43,8 +43,8 @@ from .cost import CostTable
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}
 # The planner's scalars travel to the extension as one buffer of 64-bit words (one pybind11 argument
-# instead of 41; see csrc/bindings.cpp PLAN_FIELDS): 17 ints, draft_cost as float64, 23 ints.
-_PLAN_STRUCT = struct.Struct("<17qd23q")
+# instead of 42; see csrc/bindings.cpp PLAN_FIELDS): 17 ints, draft_cost as float64, 24 ints.
+_PLAN_STRUCT = struct.Struct("<17qd24q")
 MAX_DRAFTS = 32
 MAX_REQS = (1 << 26) - 2
 _INT32_MAX = (1 << 31) - 1
@@ -278,7 +278,8 @@ def resolve_plan_args(
                 budget = budget.to(torch.int32)
             budget_in = _check_tensor("budget", budget, dtype=torch.int32, device=device, shape=())
         else:
-            fixed_budget = _check_int("budget", budget, lo=0)
+            # Clamped to [B_min, B_max] later anyway; capping here keeps huge ints packable as int64.
+            fixed_budget = min(_check_int("budget", budget, lo=0), 1 << 62)
     elif budget is not None:
         raise ValueError(f"budget is only used with mode='fixed', not mode={mode!r}")
 
@@ -394,6 +395,7 @@ def _launch_plan(a: PlanArgs, outs, budget_out: torch.Tensor, expected: torch.Te
         n = _C.plan_workspace_keys(a.R, a.K)
         if n:
             ws = torch.empty(n, dtype=torch.int64, device=a.device)
+    write_plan = outs is not None
     if outs is None:
         outs = {}
     get = outs.get if isinstance(outs, dict) else (lambda name: getattr(outs, name))
@@ -411,9 +413,9 @@ def _launch_plan(a: PlanArgs, outs, budget_out: torch.Tensor, expected: torch.Te
         _ptr(get("positions") if meta else None),
         _ptr(get("slot_mapping") if bt is not None else None),
         _ptr(get("input_ids") if a.anchor_tokens is not None else None),
-        error_counts.data_ptr(), _ptr(ws),
+        error_counts.data_ptr(), _ptr(ws), write_plan,
     ))
-    check_status(status, "plan_verification" if get("verify_lens") is not None else "choose_budget", a.device)
+    check_status(status, "plan_verification" if write_plan else "choose_budget", a.device)
 
 
 def _run_plan(a: PlanArgs, out: Optional[VerifyPlan], budget_out: torch.Tensor, expected: torch.Tensor):

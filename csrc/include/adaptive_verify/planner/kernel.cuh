@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const P
     if (p.expected_tokens != nullptr)
       *p.expected_tokens = float(double((uint64_t(R) << 32) + prefix) / kFixedOne);
   }
-  if (p.verify_lens == nullptr) return;  // choose_budget: budget only
+  if (!p.write_plan) return;  // choose_budget: budget only
 
   // ---- 4. allocation + per-request metadata: each thread owns a contiguous run of requests ----
   const int32_t rows = (R + nthreads - 1) / nthreads;

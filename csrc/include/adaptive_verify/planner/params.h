@@ -54,6 +54,9 @@ struct Params {
   int64_t num_tokens_padded = 0;  // T_pad >= R + budget_cap
 
   // ---- outputs (nullable except budget_out) ----
+  // 0: budget (and expected_tokens) only, as choose_budget; 1: also allocation and metadata. A flag rather
+  // than a null verify_lens, because an empty tensor's data pointer is null too.
+  int32_t write_plan = 0;
   int32_t* verify_lens = nullptr;      // [R_pad]
   int32_t* budget_out = nullptr;       // 0-d
   float* expected_tokens = nullptr;    // 0-d
