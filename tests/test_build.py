@@ -103,3 +103,38 @@ def test_packed_plan_arguments_match_the_extension():
     from adaptive_verify import planner
 
     assert len(_ext._C.PLAN_FIELDS.split()) * 8 == planner._PLAN_STRUCT.size
+
+
+def test_cpu_only_build_says_so_and_works(tmp_path):
+    """AV_CUDA=0 (and a machine without nvcc) gives a CPU-only build that says why, and still works."""
+    import os
+    import shutil
+
+    import pytest
+
+    pybind11 = pytest.importorskip("pybind11")
+    cmake = shutil.which("cmake")
+    if cmake is None or shutil.which("ninja") is None:
+        pytest.skip("cmake and ninja are needed (pip install '.[test]' brings them)")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, AV_CUDA="0")
+    cfg = subprocess.run(
+        [cmake, "-S", str(root), "-B", str(tmp_path / "build"), "-G", "Ninja", f"-DPython_EXECUTABLE={sys.executable}",
+         f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", f"-DAV_OUTPUT_DIR={tmp_path / 'out'}"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert cfg.returncode == 0, cfg.stderr
+    assert "building the C++ CPU kernels only (disabled by AV_CUDA=0)" in cfg.stderr + cfg.stdout
+    build = subprocess.run([cmake, "--build", str(tmp_path / "build")], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    code = (
+        "import importlib.util, glob;"
+        f"path = glob.glob({str(tmp_path / 'out' / '_C*.so')!r})[0];"
+        "spec = importlib.util.spec_from_file_location('_C', path);"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        "info = m.build_info(); assert not info['with_cuda'] and info['cpu_only_reason'] == 'disabled by AV_CUDA=0';"
+        "assert m.device_count() == (0, 'built without CUDA')"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr

@@ -67,6 +67,13 @@ class LazyOrder {
  public:
   // row_keys [R, K] with caps[r] candidates per row.
   void build(const uint64_t* row_keys, const int32_t* caps, int32_t R, int32_t K, int64_t n) {
+    small_ = n <= kSmall;
+    if (small_) {  // a few hundred keys: clearing and scanning 2048 buckets would cost more than sorting
+      keys_.clear();
+      for (int32_t r = 0; r < R; ++r) keys_.insert(keys_.end(), row_keys + size_t(r) * K, row_keys + size_t(r) * K + caps[r]);
+      std::sort(keys_.begin(), keys_.end());
+      return;
+    }
     std::memset(start_, 0, sizeof(start_));
     std::memset(sum_, 0, sizeof(sum_));
     keys_.resize(size_t(n));
@@ -91,6 +98,7 @@ class LazyOrder {
 
   // Key of rank i (i < n) in canonical order.
   uint64_t at(int64_t i) {
+    if (small_) return keys_[size_t(i)];
     while (int64_t(start_[sorted_buckets_]) <= i) {
       sort_range(keys_.data() + start_[sorted_buckets_], keys_.data() + start_[sorted_buckets_ + 1]);
       ++sorted_buckets_;
@@ -101,6 +109,10 @@ class LazyOrder {
   // P(b): fixed-point survival sum of ranks [0, b), sorting only the bucket that holds rank b.
   uint64_t prefix(int64_t b) {
     uint64_t total = 0;
+    if (small_) {
+      for (int64_t i = 0; i < b; ++i) total += to_fixed(key_survival(keys_[size_t(i)]));
+      return total;
+    }
     int bucket = 0;
     for (; bucket < kNumBuckets && int64_t(start_[bucket + 1]) <= b; ++bucket) total += sum_[bucket];
     if (bucket < kNumBuckets && int64_t(start_[bucket]) < b) {
@@ -116,6 +128,8 @@ class LazyOrder {
   uint32_t start_[kNumBuckets + 1];
   uint64_t sum_[kNumBuckets];
   int sorted_buckets_ = 0;
+  bool small_ = false;
+  static constexpr int64_t kSmall = 256;
 };
 
 struct Workspace {

@@ -16,7 +16,9 @@ from ._ext import _C
 
 # Slot names, in the order of csrc/include/adaptive_verify/common.h (ErrorCounter).
 COUNTER_NAMES = (
-    "nan_survival",  # NaN confidence/survival of a drafted position: treated as 0, never verified
+    # prefix_survival: each NaN confidence of a drafted position (it counts as 0);
+    # plan_verification / choose_budget: each request whose candidates a NaN survival cuts short.
+    "nan_survival",
     "drafts_out_of_range",  # drafts[r] outside [0, K] on CUDA: clamped (the CPU raises ValueError)
     "slot_out_of_range",  # position beyond the block table on CUDA: slot -1 (the CPU raises ValueError)
 )

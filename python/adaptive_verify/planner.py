@@ -17,13 +17,15 @@ Decisions where the design is silent (also in the docstrings below):
 - Survival is sanitised before ranking: clamped to [0, 1], then made non-increasing along each row by
   a running minimum, so the verified set is prefix-closed even for a caller's non-monotone input.
 - A NaN survival ends its request's candidates: that draft and every later one of the request are never
-  verified, in every mode, and each NaN is counted in ``error_counts()["nan_survival"]``.
+  verified, in every mode (forced ones too), and each request so cut is counted once in
+  ``error_counts()["nan_survival"]`` (NaNs past max_verify or past drafts[r] are never looked at).
 - Survival sums use 32.32 fixed point and Theta is compared in float64, so the CPU kernel, the CUDA
   kernel and the torch reference choose the same budget bit for bit (and so do tensor-parallel ranks).
 - A ``fixed`` budget is clamped to [B_min, B_max] (an earlier step's budget may exceed this step's
   candidates); the output ``budget`` is the clamped value, so ``verify_lens.sum() == budget`` always.
 - Capacity: B_max also respects ``num_tokens_padded - R`` (the token buffers must hold every token),
-  ``capacity - R - extra_tokens`` and ``cost_table.max_tokens - R - extra_tokens``.
+  ``capacity - R - extra_tokens`` and ``cost_table.max_tokens - R - extra_tokens``. Capacity wins over
+  ``min_verify``: B_min = min(forced candidates, B_max), the forced candidates kept in canonical order.
 - Token-level outputs (token_req, positions, slot_mapping, input_ids) hold this step's decode tokens
   starting at index 0; their global token index is ``token_offset + index``, which is what
   query_start_loc holds. ``num_tokens`` is ``token_offset + sum(q_len)`` (the end of the decode tokens).
@@ -274,8 +276,8 @@ def resolve_plan_args(
         if budget is None:
             raise ValueError("budget is required with mode='fixed' (a Python int or a 0-d int32 tensor)")
         if isinstance(budget, torch.Tensor):
-            if budget.dtype == torch.int64:
-                budget = budget.to(torch.int32)
+            if budget.dtype == torch.int64:  # clamp first (no sync) so a huge int64 cannot wrap around
+                budget = budget.clamp(0, _INT32_MAX).to(torch.int32)
             budget_in = _check_tensor("budget", budget, dtype=torch.int32, device=device, shape=())
         else:
             # Clamped to [B_min, B_max] later anyway; capping here keeps huge ints packable as int64.
@@ -520,7 +522,8 @@ def plan_verification(
         drafts: [R] int32 drafted tokens per request, in [0, K] (CPU: ValueError; CUDA: clamped, counted).
         cost_table: step costs; required for "greedy" and "global".
         mode: "greedy" (default, lossless), "global" (NOT lossless live; warns once), "fixed", "all".
-        budget: "fixed" only: a Python int or a 0-d int32 device tensor, clamped to [B_min, B_max].
+        budget: "fixed" only: a Python int or a 0-d int32 (or int64) device tensor, clamped to
+            [B_min, B_max].
         min_verify: forced drafts per request (ranked first). max_verify: cap per request (default K).
         extra_tokens: non-draft tokens in the step (prefill chunks); extra_emitting: prefill requests
             that sample this step (they add tokens to Theta's numerator).
@@ -531,7 +534,8 @@ def plan_verification(
             too short for the positions raises ValueError; on CUDA the slot is -1 and it is counted.
         anchor_tokens: [R] int32 last emitted token; draft_tokens: [R, >= max_verify] int32; enable input_ids.
         token_offset: global index of this step's first decode token (query_start_loc starts there).
-        num_reqs_padded: R_pad >= R (default R). num_tokens_padded: T_pad >= R (default R + B_max);
+        num_reqs_padded: R_pad >= R (default R). num_tokens_padded: T_pad >= R (default
+            R + min(R * max_verify, capacity - R - extra_tokens): room for every candidate that fits);
             the budget never exceeds T_pad - R.
         out: preallocated :class:`VerifyPlan` whose buffers are fully rewritten.
     """

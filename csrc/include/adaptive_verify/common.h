@@ -26,7 +26,7 @@ enum Status : int {
 // checked without a host sync are made safe on the device and counted here; the Python layer names
 // them in adaptive_verify.error_counts(). Keep in sync with python/adaptive_verify/errors.py.
 enum ErrorCounter : int {
-  kCountNanSurvival = 0,        // NaN confidence/survival of a drafted position (treated as 0)
+  kCountNanSurvival = 0,        // NaN confidence (prefix_survival) / request cut by a NaN survival (planner)
   kCountDraftsOutOfRange = 1,   // drafts[r] outside [0, K] on the device (clamped)
   kCountSlotOutOfRange = 2,     // position beyond the block table (slot written as -1)
   kNumErrorCounters = 16,
