@@ -50,17 +50,40 @@ inline uint32_t bucket_of(uint64_t key) {
   return uint32_t(key >> 63) * kBuckets + desc;
 }
 
-void sort_range(uint64_t* lo, uint64_t* hi) {
-  if (hi - lo > 24) {
+// Exact sort of one bucket. Keys in a bucket share the top bits of their fixed-point survival; big buckets
+// (skewed survivals pile up near 0 when K is large) are split further by the next 8 bits of it, most
+// significant first, so no distribution degrades to a comparison sort of thousands of keys. What is left
+// after the survival bits (exact ties) is ordered by the full key, i.e. position then request.
+void sort_range(uint64_t* lo, uint64_t* hi, int shift, uint64_t* scratch) {
+  const int64_t n = hi - lo;
+  if (n <= 24) {
+    for (uint64_t* i = lo + 1; i < hi; ++i) {  // insertion sort: buckets usually hold a handful of keys
+      const uint64_t v = *i;
+      uint64_t* j = i;
+      for (; j > lo && *(j - 1) > v; --j) *j = *(j - 1);
+      *j = v;
+    }
+    return;
+  }
+  if (shift < 0) {
     std::sort(lo, hi);
     return;
   }
-  for (uint64_t* i = lo + 1; i < hi; ++i) {  // insertion sort: buckets usually hold a handful of keys
-    const uint64_t v = *i;
-    uint64_t* j = i;
-    for (; j > lo && *(j - 1) > v; --j) *j = *(j - 1);
-    *j = v;
-  }
+  // Survival 1.0 is 2^32 in fixed point: clamp to 2^32 - 1 so its low bits sort above every s < 1
+  // (whose fixed point is at most 2^32 - 256).
+  auto digit = [shift](uint64_t key) {
+    const uint64_t q = to_fixed(key_survival(key));
+    return 255u - uint32_t(((q < 0xffffffffull ? q : 0xffffffffull) >> shift) & 255u);  // descending survival
+  };
+  uint32_t start[257] = {};
+  for (const uint64_t* k = lo; k < hi; ++k) ++start[digit(*k) + 1];
+  for (int d = 0; d < 256; ++d) start[d + 1] += start[d];
+  uint32_t fill[256];
+  std::memcpy(fill, start, sizeof(fill));
+  for (const uint64_t* k = lo; k < hi; ++k) scratch[fill[digit(*k)]++] = *k;
+  std::memcpy(lo, scratch, size_t(n) * sizeof(uint64_t));
+  for (int d = 0; d < 256; ++d)
+    if (start[d + 1] - start[d] > 1) sort_range(lo + start[d], lo + start[d + 1], shift - 8, scratch);
 }
 
 class LazyOrder {
@@ -78,6 +101,7 @@ class LazyOrder {
     std::memset(sum_, 0, sizeof(sum_));
     keys_.resize(size_t(n));
     bucket_.resize(size_t(n));
+    scratch_.resize(size_t(n));
     int64_t i = 0;
     for (int32_t r = 0; r < R; ++r)
       for (int32_t j = 0; j < caps[r]; ++j, ++i) {
@@ -100,7 +124,8 @@ class LazyOrder {
   uint64_t at(int64_t i) {
     if (small_) return keys_[size_t(i)];
     while (int64_t(start_[sorted_buckets_]) <= i) {
-      sort_range(keys_.data() + start_[sorted_buckets_], keys_.data() + start_[sorted_buckets_ + 1]);
+      sort_range(keys_.data() + start_[sorted_buckets_], keys_.data() + start_[sorted_buckets_ + 1],
+                 32 - kBucketBits - 8, scratch_.data());
       ++sorted_buckets_;
     }
     return keys_[size_t(i)];
@@ -124,7 +149,8 @@ class LazyOrder {
 
  private:
   std::vector<uint64_t> keys_;
-  std::vector<uint16_t> bucket_;  // bucket of each candidate, in row order
+  std::vector<uint16_t> bucket_;   // bucket of each candidate, in row order
+  std::vector<uint64_t> scratch_;  // for splitting big buckets
   uint32_t start_[kNumBuckets + 1];
   uint64_t sum_[kNumBuckets];
   int sorted_buckets_ = 0;
