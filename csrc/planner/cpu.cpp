@@ -65,7 +65,7 @@ void sort_range(uint64_t* lo, uint64_t* hi, int shift, uint64_t* scratch) {
     }
     return;
   }
-  if (shift < 0) {
+  if (shift < 0 || n <= 512) {  // below ~512 keys a comparison sort beats clearing 256 counters
     std::sort(lo, hi);
     return;
   }
