@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "adaptive_verify/confidence/cpu.h"
 #include "adaptive_verify/cuda_api.h"
 #include "adaptive_verify/planner/cpu.h"
 
@@ -164,6 +165,100 @@ int plan(py::bytes packed) {
 #endif
 }
 
+// ---- confidence area ----
+
+template <typename P, typename Cpu, typename Cuda>
+int run_on(bool on_cuda, uintptr_t stream, const P& p, Cpu cpu, Cuda cuda) {
+  if (!on_cuda) return cpu(p);
+#ifdef AV_WITH_CUDA
+  return cuda(p, reinterpret_cast<void*>(stream));
+#else
+  (void)stream;
+  (void)cuda;
+  return kNoCuda;
+#endif
+}
+
+#ifdef AV_WITH_CUDA
+#define AV_CUDA_FN(fn) fn
+#else
+#define AV_CUDA_FN(fn) nullptr
+#endif
+
+int confidence_op(bool on_cuda, uintptr_t stream, uintptr_t hidden, int64_t hidden_stride_r, int64_t hidden_stride_k,
+                  uintptr_t markov, int64_t markov_stride_r, int64_t markov_stride_k, int32_t dtype, uintptr_t weight,
+                  double bias, uintptr_t bias_ptr, uintptr_t temperature, int32_t R, int32_t K, int64_t H, int64_t Q,
+                  bool survival, uintptr_t out) {
+  confidence::ConfidenceParams p;
+  p.hidden = ptr<const void>(hidden);
+  p.hidden_stride_r = hidden_stride_r;
+  p.hidden_stride_k = hidden_stride_k;
+  p.markov = ptr<const void>(markov);
+  p.markov_stride_r = markov_stride_r;
+  p.markov_stride_k = markov_stride_k;
+  p.dtype = dtype;
+  p.weight = ptr<const float>(weight);
+  p.bias = float(bias);
+  p.bias_ptr = ptr<const float>(bias_ptr);
+  p.temperature = ptr<const float>(temperature);
+  p.num_reqs = R;
+  p.max_drafts = K;
+  p.hidden_size = H;
+  p.markov_size = Q;
+  p.survival = survival;
+  p.out = ptr<float>(out);
+  return run_on(on_cuda, stream, p, confidence::confidence_cpu, AV_CUDA_FN(confidence::confidence_cuda));
+}
+
+int confidence_from_logits_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t stride, int32_t dtype,
+                              uintptr_t temperature, int32_t R, int32_t K, bool survival, uintptr_t out) {
+  confidence::LogitParams p;
+  p.logits = ptr<const void>(logits);
+  p.logits_stride = stride;
+  p.dtype = dtype;
+  p.temperature = ptr<const float>(temperature);
+  p.num_reqs = R;
+  p.max_drafts = K;
+  p.survival = survival;
+  p.out = ptr<float>(out);
+  return run_on(on_cuda, stream, p, confidence::confidence_from_logits_cpu,
+                AV_CUDA_FN(confidence::confidence_from_logits_cuda));
+}
+
+int draft_margin_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t stride_r, int64_t stride_k,
+                    int32_t dtype, int32_t R, int32_t K, int64_t V, uintptr_t out, uintptr_t error_counts) {
+  confidence::MarginParams p;
+  p.logits = ptr<const void>(logits);
+  p.stride_r = stride_r;
+  p.stride_k = stride_k;
+  p.dtype = dtype;
+  p.num_reqs = R;
+  p.max_drafts = K;
+  p.vocab = V;
+  p.out = ptr<float>(out);
+  p.error_counts = ptr<int32_t>(error_counts);
+  return run_on(on_cuda, stream, p, confidence::draft_margin_cpu, AV_CUDA_FN(confidence::draft_margin_cuda));
+}
+
+int stats_update_op(bool on_cuda, uintptr_t stream, uintptr_t conf, int64_t conf_stride, uintptr_t verify_lens,
+                    uintptr_t num_accepted, int32_t R, int32_t K, int32_t num_positions, int32_t num_bins,
+                    uintptr_t trials, uintptr_t survivals, uintptr_t conf_sum, uintptr_t error_counts) {
+  confidence::StatsParams p;
+  p.conf = ptr<const float>(conf);
+  p.conf_stride = conf_stride;
+  p.verify_lens = ptr<const int32_t>(verify_lens);
+  p.num_accepted = ptr<const int32_t>(num_accepted);
+  p.num_reqs = R;
+  p.max_drafts = K;
+  p.num_positions = num_positions;
+  p.num_bins = num_bins;
+  p.trials = ptr<int64_t>(trials);
+  p.survivals = ptr<int64_t>(survivals);
+  p.conf_sum = ptr<int64_t>(conf_sum);
+  p.error_counts = ptr<int32_t>(error_counts);
+  return run_on(on_cuda, stream, p, confidence::stats_update_cpu, AV_CUDA_FN(confidence::stats_update_cuda));
+}
+
 int64_t plan_workspace_keys(int64_t R, int64_t K) {
 #ifdef AV_WITH_CUDA
   return planner::cuda_workspace_keys(R, K);
@@ -185,6 +280,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("plan", &plan);
   m.attr("PLAN_FIELDS") = kPlanFields;
   m.def("plan_workspace_keys", &plan_workspace_keys);
+  m.def("confidence", &confidence_op);
+  m.def("confidence_from_logits", &confidence_from_logits_op);
+  m.def("draft_margin", &draft_margin_op);
+  m.def("stats_update", &stats_update_op);
   m.attr("STATUS_OK") = int(kOk);
   m.attr("STATUS_DRAFTS_OUT_OF_RANGE") = int(kErrDraftsOutOfRange);
   m.attr("STATUS_BLOCK_TABLE_TOO_SHORT") = int(kErrBlockTableTooShort);

@@ -6,19 +6,25 @@ run the CUDA kernels, CPU tensors the C++ CPU kernels. ``adaptive_verify.referen
 torch oracle of every op.
 """
 from ._ext import build_info, cuda_available
+from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
+from .stats import AcceptanceStats
 from . import library as _library  # noqa: F401  (registers the torch.library custom ops)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcceptanceStats",
     "CostTable",
     "VerifyPlan",
     "build_info",
     "choose_budget",
+    "confidence",
+    "confidence_from_logits",
     "cuda_available",
+    "draft_margin",
     "error_counts",
     "plan_verification",
     "prefix_survival",

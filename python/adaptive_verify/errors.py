@@ -21,6 +21,8 @@ COUNTER_NAMES = (
     "nan_survival",
     "drafts_out_of_range",  # drafts[r] outside [0, K] on CUDA: clamped (the CPU raises ValueError)
     "slot_out_of_range",  # position beyond the block table on CUDA: slot -1 (the CPU raises ValueError)
+    "nan_logits",  # NaN draft logits: ignored by draft_margin
+    "nan_confidence",  # NaN confidences: skipped by AcceptanceStats.update (no trial recorded)
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

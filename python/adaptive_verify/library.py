@@ -95,3 +95,52 @@ def unpack_plan_args(survival, drafts, budget_in, verify_cost, context_lens, blo
         anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
         num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
     )
+
+
+# ---- confidence area ----
+# Import the launchers by name: the package attribute `confidence` is the public function, not the module.
+from .confidence import _launch_confidence, _launch_from_logits, _launch_margin  # noqa: E402
+from .stats import _launch_update  # noqa: E402
+
+
+@torch.library.custom_op("adaptive_verify::confidence_into", mutates_args=("out",))
+def confidence_into(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], markov: Optional[Tensor],
+                    temperature: Optional[Tensor], out: Tensor, bias_value: float, survival: bool) -> None:
+    _launch_confidence(hidden, weight, bias, markov, temperature, out, bias_value, survival)
+
+
+@confidence_into.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+@torch.library.custom_op("adaptive_verify::confidence_from_logits_into", mutates_args=("out",))
+def confidence_from_logits_into(logits: Tensor, temperature: Optional[Tensor], out: Tensor, survival: bool) -> None:
+    _launch_from_logits(logits, temperature, out, survival)
+
+
+@confidence_from_logits_into.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+@torch.library.custom_op("adaptive_verify::draft_margin_into", mutates_args=("out", "error_counts"))
+def draft_margin_into(draft_logits: Tensor, out: Tensor, error_counts: Tensor) -> None:
+    _launch_margin(draft_logits, out, error_counts)
+
+
+@draft_margin_into.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+@torch.library.custom_op("adaptive_verify::stats_update_",
+                         mutates_args=("trials", "survivals", "conf_fixed", "error_counts"))
+def stats_update_(conf: Tensor, verify_lens: Tensor, num_accepted: Tensor, trials: Tensor, survivals: Tensor,
+                  conf_fixed: Tensor, error_counts: Tensor) -> None:
+    _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, error_counts)
+
+
+@stats_update_.register_fake
+def _(*args, **kwargs):
+    return None

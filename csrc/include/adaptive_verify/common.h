@@ -29,6 +29,8 @@ enum ErrorCounter : int {
   kCountNanSurvival = 0,        // NaN confidence (prefix_survival) / request cut by a NaN survival (planner)
   kCountDraftsOutOfRange = 1,   // drafts[r] outside [0, K] on the device (clamped)
   kCountSlotOutOfRange = 2,     // position beyond the block table (slot written as -1)
+  kCountNanLogits = 3,          // NaN draft logits ignored by draft_margin
+  kCountNanConfidence = 4,      // NaN confidences skipped by AcceptanceStats.update
   kNumErrorCounters = 16,
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "adaptive_verify/confidence/params.h"
 #include "adaptive_verify/planner/params.h"
 
 namespace adaptive_verify {
@@ -17,5 +18,12 @@ int prefix_survival_cuda(const SurvivalParams& p, void* stream);
 int plan_cuda(const Params& p, void* stream);
 int64_t cuda_workspace_keys(int64_t num_reqs, int64_t max_drafts);
 }  // namespace planner
+
+namespace confidence {
+int confidence_cuda(const ConfidenceParams& p, void* stream);
+int confidence_from_logits_cuda(const LogitParams& p, void* stream);
+int draft_margin_cuda(const MarginParams& p, void* stream);
+int stats_update_cuda(const StatsParams& p, void* stream);
+}  // namespace confidence
 
 }  // namespace adaptive_verify

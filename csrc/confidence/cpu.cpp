@@ -1,0 +1,153 @@
+// C++ CPU kernels of the confidence area: fused confidence head, confidence from logits, draft margin
+// and binned acceptance statistics. Dot products use 8 independent fp32 accumulators (a fixed order, so
+// results are deterministic, and wide enough for the compiler to vectorise without -ffast-math).
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "adaptive_verify/confidence/cpu.h"
+#include "adaptive_verify/confidence/math.h"
+#include "adaptive_verify/dtype.h"
+
+namespace adaptive_verify {
+namespace confidence {
+namespace {
+
+template <typename T>
+float dot(const T* x, const float* w, int64_t n) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += to_float(x[i + l]) * w[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += to_float(x[i]) * w[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Runs fn(r) for r in [0, n) on up to hardware_concurrency threads when the work is large enough to pay
+// for thread start-up (~20 us); small problems (decode steps at small batch) stay on the caller's thread.
+template <typename Fn>
+void parallel_rows(int32_t n, int64_t work_per_row, Fn&& fn) {
+  const int64_t total = int64_t(n) * work_per_row;
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = total < (int64_t(1) << 20) ? 1 : int(std::min<int64_t>(hw, n));
+  if (threads <= 1) {
+    for (int32_t r = 0; r < n; ++r) fn(r);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int32_t r = t; r < n; r += threads) fn(r);
+    });
+  for (auto& th : pool) th.join();
+}
+
+template <typename T>
+void confidence_impl(const ConfidenceParams& p) {
+  const T* hidden = static_cast<const T*>(p.hidden);
+  const T* markov = static_cast<const T*>(p.markov);
+  const float bias = p.bias_ptr ? *p.bias_ptr : p.bias;
+  const int32_t K = p.max_drafts;
+  parallel_rows(p.num_reqs, int64_t(K) * (p.hidden_size + p.markov_size), [&](int32_t r) {
+    float* out = p.out + int64_t(r) * K;
+    float a = 1.f;
+    for (int32_t j = 0; j < K; ++j) {
+      float z = dot(hidden + r * p.hidden_stride_r + j * p.hidden_stride_k, p.weight, p.hidden_size);
+      if (markov)
+        z += dot(markov + r * p.markov_stride_r + j * p.markov_stride_k, p.weight + p.hidden_size, p.markov_size);
+      z += bias;
+      if (p.temperature) z /= p.temperature[j];
+      const float c = sigmoid(z);
+      a = p.survival ? a * c : c;
+      out[j] = a;
+    }
+  });
+}
+
+template <typename T>
+void from_logits_impl(const LogitParams& p) {
+  const T* logits = static_cast<const T*>(p.logits);
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    float* out = p.out + int64_t(r) * p.max_drafts;
+    float a = 1.f;
+    for (int32_t j = 0; j < p.max_drafts; ++j) {
+      float z = to_float(logits[r * p.logits_stride + j]);
+      if (p.temperature) z /= p.temperature[j];
+      const float c = sigmoid(z);
+      a = p.survival ? a * c : c;
+      out[j] = a;
+    }
+  }
+}
+
+template <typename T>
+int32_t margin_impl(const MarginParams& p) {
+  const T* logits = static_cast<const T*>(p.logits);
+  int32_t nan_count = 0;
+  for (int32_t r = 0; r < p.num_reqs; ++r)
+    for (int32_t j = 0; j < p.max_drafts; ++j) {
+      const T* row = logits + r * p.stride_r + j * p.stride_k;
+      Top2 t{-INFINITY, -INFINITY};
+      for (int64_t v = 0; v < p.vocab; ++v) {
+        const float x = to_float(row[v]);
+        if (x != x) {
+          ++nan_count;
+          continue;
+        }
+        t.push(x);
+      }
+      p.out[int64_t(r) * p.max_drafts + j] = t.first - t.second;
+    }
+  return nan_count;
+}
+
+template <typename Fn>
+int dispatch(int32_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: fn(float{}); return kOk;
+    case kFloat16: fn(half_t{}); return kOk;
+    case kBFloat16: fn(bf16_t{}); return kOk;
+    default: return kErrBadArgument;
+  }
+}
+
+}  // namespace
+
+int confidence_cpu(const ConfidenceParams& p) {
+  return dispatch(p.dtype, [&](auto tag) { confidence_impl<decltype(tag)>(p); });
+}
+
+int confidence_from_logits_cpu(const LogitParams& p) {
+  return dispatch(p.dtype, [&](auto tag) { from_logits_impl<decltype(tag)>(p); });
+}
+
+int draft_margin_cpu(const MarginParams& p) {
+  int32_t nan_count = 0;
+  const int status = dispatch(p.dtype, [&](auto tag) { nan_count = margin_impl<decltype(tag)>(p); });
+  if (nan_count && p.error_counts) p.error_counts[kCountNanLogits] += nan_count;
+  return status;
+}
+
+int stats_update_cpu(const StatsParams& p) {
+  int32_t nan_count = 0;
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int32_t verified = p.verify_lens[r], accepted = p.num_accepted[r];
+    for (int32_t j = 0; j < p.max_drafts && j < verified && j <= accepted; ++j) {
+      const float c = p.conf[r * p.conf_stride + j];
+      if (c != c) {
+        ++nan_count;
+        continue;
+      }
+      const int64_t cell = int64_t(j) * p.num_bins + bin_of(c, p.num_bins);
+      p.trials[cell] += 1;
+      p.survivals[cell] += j < accepted;
+      p.conf_sum[cell] += conf_fixed(c);
+    }
+  }
+  if (nan_count && p.error_counts) p.error_counts[kCountNanConfidence] += nan_count;
+  return kOk;
+}
+
+}  // namespace confidence
+}  // namespace adaptive_verify

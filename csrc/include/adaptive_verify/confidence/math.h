@@ -1,0 +1,50 @@
+// Per-element arithmetic of the confidence ops shared by the CPU and CUDA kernels.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "adaptive_verify/common.h"
+
+namespace adaptive_verify {
+namespace confidence {
+
+AV_HD float sigmoid(float x) {
+#if defined(__CUDA_ARCH__)
+  return 1.f / (1.f + expf(-x));
+#else
+  return 1.f / (1.f + std::exp(-x));
+#endif
+}
+
+// Bin of a confidence among num_bins equal-width bins of [0, 1]; values outside are clamped.
+AV_HD int32_t bin_of(float c, int32_t num_bins) {
+  int32_t b = int32_t(c * float(num_bins));
+  return b < 0 ? 0 : (b >= num_bins ? num_bins - 1 : b);
+}
+
+// Confidence in 32.32 fixed point, clamped to [0, 1], for order-independent (exact) sums.
+AV_HD int64_t conf_fixed(float c) {
+  c = c > 0.f ? (c < 1.f ? c : 1.f) : 0.f;
+  return int64_t(c * 4294967296.0f);
+}
+
+// Running top-2 of a stream; NaN never enters.
+struct Top2 {
+  float first, second;
+  AV_HD void push(float x) {
+    if (x > first) {
+      second = first;
+      first = x;
+    } else if (x > second) {
+      second = x;
+    }
+  }
+  AV_HD void merge(const Top2& o) {
+    push(o.first);
+    push(o.second);
+  }
+};
+
+}  // namespace confidence
+}  // namespace adaptive_verify

@@ -1,0 +1,84 @@
+"""Argument checks shared by the ops: every message names the argument and the value."""
+from __future__ import annotations
+
+import torch
+
+from ._ext import build_info, cuda_available
+
+# Element types the kernels read, with the codes of csrc/include/adaptive_verify/dtype.h.
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def check_device(name: str, t: torch.Tensor) -> torch.device:
+    device = t.device
+    if device.type == "cuda":
+        if not cuda_available():
+            raise RuntimeError(f"{name} is a CUDA tensor but CUDA kernels cannot run: {build_info()['cuda_unusable_reason']}")
+    elif device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU or CUDA tensor, got device {device}")
+    return device
+
+
+def check_tensor(name, t, *, dtypes=None, device=None, ndim=None, shape=None, inner_contiguous=True):
+    """Type, dtype, device, rank and shape; by default only the last dimension must be contiguous."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if inner_contiguous:
+        if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+    elif not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    return t
+
+
+def stream_of(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def ptr(t) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+_checked_positive: dict = {}
+
+
+def check_temperature(name: str, temperature, K: int, device: torch.device):
+    """[K] positive temperatures as a float32 tensor on `device` (None stays None).
+
+    Accepts a sequence of numbers or a tensor. Values must be finite and > 0. A CUDA tensor is checked
+    with one host sync the first time each (storage, version) is seen, and not at all during CUDA-graph
+    capture: temperatures change rarely (a calibration refresh), decode steps pay nothing.
+    """
+    if temperature is None:
+        return None
+    if not isinstance(temperature, torch.Tensor):
+        try:
+            temperature = torch.tensor([float(x) for x in temperature], dtype=torch.float32)
+        except TypeError:
+            raise TypeError(f"{name} must be a [K] tensor or a sequence of numbers, got {type(temperature).__name__}")
+    if not temperature.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {temperature.dtype}")
+    if temperature.shape != (K,):
+        raise ValueError(f"{name} must have shape [K] = ({K},), got {tuple(temperature.shape)}")
+    if temperature.device != device:
+        if temperature.device.type != "cpu":
+            raise ValueError(f"{name} must be on {device}, got {temperature.device}")
+    needs_check = temperature.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()
+    key = (temperature.data_ptr(), temperature._version, temperature.device)
+    if needs_check and _checked_positive.get(key) is not temperature:
+        bad = ~(torch.isfinite(temperature) & (temperature > 0))
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be finite and > 0 at every position, got {temperature.tolist()}")
+        if len(_checked_positive) > 64:
+            _checked_positive.clear()
+        _checked_positive[key] = temperature
+    return temperature.to(device=device, dtype=torch.float32).contiguous()

@@ -1,0 +1,165 @@
+"""Confidence scores: the drafter's estimate, per drafted position, that the draft survives given that
+every earlier draft survived (design section 5).
+
+- ``confidence``: the fused linear head, sigmoid((h . w_h + m . w_m + b) / T_j), from the drafter's hidden
+  states (and optional Markov-head features), straight into survival when asked;
+- ``confidence_from_logits``: sigmoid(logit / T_j) when the head's logits are already computed;
+- ``draft_margin``: the top-1 minus top-2 gap of the drafter's logits, the feature of
+  :class:`adaptive_verify.MarginEstimator` for drafters without a confidence head.
+
+Each op runs the CUDA kernel on CUDA tensors and the C++ CPU kernel on CPU tensors; the torch oracle is
+in ``adaptive_verify.reference``. Outputs are float32 [R, K]; ``out=`` takes a preallocated buffer.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from . import errors
+from ._ext import _C, check_status
+from ._validate import DTYPE_CODES, check_device, check_tensor, check_temperature, ptr, stream_of
+
+MAX_DRAFTS = 32
+
+
+def _out(out, R, K, device):
+    if out is None:
+        return torch.empty(R, K, dtype=torch.float32, device=device)
+    return check_tensor("out", out, dtypes=(torch.float32,), device=device, shape=(R, K), inner_contiguous=False)
+
+
+def _check_k(name, K):
+    if not 1 <= K <= MAX_DRAFTS:
+        raise ValueError(f"{name}.shape[1] (K, drafts per request) must be in [1, {MAX_DRAFTS}], got {K}")
+
+
+def confidence(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: Union[float, torch.Tensor, None] = None,
+    markov: Optional[torch.Tensor] = None,
+    temperature=None,
+    survival: bool = False,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """conf [R, K] float32 = sigmoid((hidden . weight[:H] + markov . weight[H:] + bias) / temperature[j]).
+
+    Args:
+        hidden: [R, K, H] bf16, fp16 or fp32; the last dim contiguous, other strides arbitrary.
+        weight: [H + Q] (or [H] without markov), converted to float32 if it is not (pass float32 to
+            avoid a conversion per call).
+        bias: a float or a 0-d tensor on hidden's device (default 0).
+        markov: [R, K, Q] features of a sequential (Markov) head, same dtype and device as hidden.
+        temperature: [K] per-position STS temperatures (> 0), or None.
+        survival: return the cumulative product along K (prefix survival) instead.
+    Accumulation is fp32. With survival=True the result equals ``cumprod`` of the confidences computed
+    left to right in float32.
+    """
+    check_tensor("hidden", hidden, dtypes=tuple(DTYPE_CODES), ndim=3)
+    device = check_device("hidden", hidden)
+    R, K, H = hidden.shape
+    _check_k("hidden", K)
+    Q = 0
+    if markov is not None:
+        check_tensor("markov", markov, dtypes=(hidden.dtype,), device=device, ndim=3)
+        if markov.shape[:2] != hidden.shape[:2]:
+            raise ValueError(f"markov must have shape [R, K, Q] = [{R}, {K}, Q], got {tuple(markov.shape)}")
+        Q = markov.shape[2]
+    check_tensor("weight", weight, ndim=1, inner_contiguous=False)
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be floating point, got {weight.dtype}")
+    if weight.shape[0] != H + Q:
+        raise ValueError(f"weight must have H + Q = {H + Q} elements (H={H}, Q={Q}), got {weight.shape[0]}")
+    if weight.device != device:
+        raise ValueError(f"weight must be on {device} (like hidden), got {weight.device}")
+    weight = weight.to(torch.float32)
+    bias_value, bias_t = 0.0, None
+    if isinstance(bias, torch.Tensor):
+        if bias.dim() != 0 or not bias.is_floating_point():
+            raise ValueError(f"bias must be a float or a 0-d floating tensor, got shape {tuple(bias.shape)} {bias.dtype}")
+        if bias.device != device:
+            raise ValueError(f"bias must be on {device} (like hidden), got {bias.device}")
+        bias_t = bias.to(torch.float32)
+    elif bias is not None:
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise TypeError(f"bias must be a float or a 0-d tensor, got {type(bias).__name__}")
+        bias_value = float(bias)
+    temperature = check_temperature("temperature", temperature, K, device)
+    out = _out(out, R, K, device)
+    if torch.compiler.is_compiling():
+        torch.ops.adaptive_verify.confidence_into(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    else:
+        _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    return out
+
+
+def _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_value, survival):
+    R, K, H = hidden.shape
+    Q = 0 if markov is None else markov.shape[2]
+    status = _C.confidence(
+        hidden.is_cuda, stream_of(hidden.device), hidden.data_ptr(), hidden.stride(0), hidden.stride(1),
+        ptr(markov), 0 if markov is None else markov.stride(0), 0 if markov is None else markov.stride(1),
+        DTYPE_CODES[hidden.dtype], weight.data_ptr(), bias_value, ptr(bias_t), ptr(temperature), R, K, H, Q,
+        bool(survival), out.data_ptr(),
+    )
+    check_status(status, "confidence", hidden.device)
+
+
+def confidence_from_logits(
+    logits: torch.Tensor, temperature=None, *, survival: bool = False, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """conf [R, K] float32 = sigmoid(logits / temperature[j]) (cumulative product along K with survival=True).
+
+    logits: [R, K] bf16, fp16 or fp32 with a contiguous last dim; temperature: [K] (> 0) or None.
+    """
+    check_tensor("logits", logits, dtypes=tuple(DTYPE_CODES), ndim=2)
+    device = check_device("logits", logits)
+    R, K = logits.shape
+    _check_k("logits", K)
+    temperature = check_temperature("temperature", temperature, K, device)
+    out = _out(out, R, K, device)
+    if torch.compiler.is_compiling():
+        torch.ops.adaptive_verify.confidence_from_logits_into(logits, temperature, out, survival)
+    else:
+        _launch_from_logits(logits, temperature, out, survival)
+    return out
+
+
+def _launch_from_logits(logits, temperature, out, survival):
+    R, K = logits.shape
+    status = _C.confidence_from_logits(
+        logits.is_cuda, stream_of(logits.device), logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype],
+        ptr(temperature), R, K, bool(survival), out.data_ptr(),
+    )
+    check_status(status, "confidence_from_logits", logits.device)
+
+
+def draft_margin(draft_logits: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """margin [R, K] float32: top-1 minus top-2 of each drafted position's logits over the vocabulary.
+
+    draft_logits: [R, K, V] bf16, fp16 or fp32, last dim contiguous. NaN logits are ignored and counted
+    in ``error_counts()["nan_logits"]``; V == 1 gives +inf (a certain draft), a row of NaNs gives NaN.
+    """
+    check_tensor("draft_logits", draft_logits, dtypes=tuple(DTYPE_CODES), ndim=3)
+    device = check_device("draft_logits", draft_logits)
+    R, K, V = draft_logits.shape
+    if V < 1:
+        raise ValueError(f"draft_logits must have a vocabulary of at least 1, got shape {tuple(draft_logits.shape)}")
+    out = _out(out, R, K, device)
+    err = errors.error_buffer(device)
+    if torch.compiler.is_compiling():
+        torch.ops.adaptive_verify.draft_margin_into(draft_logits, out, err)
+    else:
+        _launch_margin(draft_logits, out, err)
+    return out
+
+
+def _launch_margin(draft_logits, out, err):
+    R, K, V = draft_logits.shape
+    status = _C.draft_margin(
+        draft_logits.is_cuda, stream_of(draft_logits.device), draft_logits.data_ptr(), draft_logits.stride(0),
+        draft_logits.stride(1), DTYPE_CODES[draft_logits.dtype], R, K, V, out.data_ptr(), err.data_ptr(),
+    )
+    check_status(status, "draft_margin", draft_logits.device)

@@ -1,0 +1,133 @@
+"""Online acceptance statistics: how often drafts survive, per position and per predicted probability.
+
+Every step, after rejection sampling, ``AcceptanceStats.update(conf, verify_lens, num_accepted)`` adds:
+
+- a *trial* at (request r, position j) iff draft j was verified and every earlier draft was accepted:
+  ``j < verify_lens[r] and j <= num_accepted[r]``;
+- a *survival* iff draft j was accepted: ``j < num_accepted[r]``;
+
+binned by the predicted conditional acceptance ``conf[r, j]`` into ``num_bins`` equal-width bins of [0, 1].
+The update is one kernel on the tensors' device, with no host sync, so it can run inside a captured CUDA
+graph. Confidence sums are kept in 32.32 fixed point (exact, so the counts do not depend on the order
+the GPU's atomics land in). NaN confidences are skipped and counted in ``error_counts()["nan_confidence"]``.
+``report()`` syncs and returns calibration (ECE) and ranking quality (AUC) per position.
+"""
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import torch
+
+from . import errors
+from ._ext import _C, check_status
+from ._validate import check_device, check_tensor, stream_of
+
+_FIXED_ONE = 2.0**32
+
+
+class AcceptanceStats:
+    """Binned per-position acceptance counts on a device. See the module docstring for the semantics.
+
+    Attributes (tensors on ``device``): ``trials`` and ``survivals`` int64 [num_positions, num_bins];
+    ``conf_sum`` float64 [num_positions, num_bins] (sum of conf over the trials of each cell).
+    """
+
+    def __init__(self, num_positions: int, num_bins: int = 16, device: Union[str, torch.device] = "cpu"):
+        for name, v, lo in (("num_positions", num_positions, 1), ("num_bins", num_bins, 1)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {v}")
+        self.num_positions, self.num_bins = num_positions, num_bins
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        check_device("device", torch.empty(0, device=self.device))
+        shape = (num_positions, num_bins)
+        self.trials = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        self.survivals = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        self._conf_fixed = torch.zeros(shape, dtype=torch.int64, device=self.device)  # 32.32 fixed point
+        self._errors = errors.error_buffer(self.device)
+
+    @property
+    def conf_sum(self) -> torch.Tensor:
+        return self._conf_fixed.double() / _FIXED_ONE
+
+    def update(self, conf: torch.Tensor, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Adds one step's outcomes. conf [R, K'] float32 (K' <= num_positions, last dim contiguous),
+        verify_lens [R] int32 (drafts verified), num_accepted [R] int32 (drafts accepted)."""
+        check_tensor("conf", conf, dtypes=(torch.float32,), device=self.device, ndim=2)
+        R, K = conf.shape
+        if K > self.num_positions:
+            raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
+        verify_lens = _int32("verify_lens", verify_lens, self.device, R)
+        num_accepted = _int32("num_accepted", num_accepted, self.device, R)
+        if torch.compiler.is_compiling():
+            torch.ops.adaptive_verify.stats_update_(conf, verify_lens, num_accepted, self.trials, self.survivals,
+                                                    self._conf_fixed, self._errors)
+        else:
+            _launch_update(conf, verify_lens, num_accepted, self.trials, self.survivals, self._conf_fixed, self._errors)
+
+    def reset(self) -> None:
+        """Zeroes every count (asynchronously on CUDA)."""
+        self.trials.zero_()
+        self.survivals.zero_()
+        self._conf_fixed.zero_()
+
+    def report(self) -> dict:
+        """Host-side summary (syncs): per position j and overall,
+
+        - ``ece``: sum over bins of |survivals - sum of conf| / trials, i.e. the trial-weighted gap between
+          observed and predicted acceptance (the expected calibration error over these bins);
+        - ``auc``: probability that a surviving trial got a higher bin than a failed one (ties count half),
+          nan when a position has only one outcome;
+        - ``acceptance``: observed survival rate given a trial; ``trials``: number of trials.
+        """
+        n = self.trials.cpu().double()
+        s = self.survivals.cpu().double()
+        c = self.conf_sum.cpu()
+        per = [_summary(n[j], s[j], c[j]) for j in range(self.num_positions)]
+        overall = _summary(n.sum(0), s.sum(0), c.sum(0))
+        return {
+            "ece": [p["ece"] for p in per],
+            "auc": [p["auc"] for p in per],
+            "acceptance": [p["acceptance"] for p in per],
+            "trials": [int(p["trials"]) for p in per],
+            "ece_overall": overall["ece"],
+            "auc_overall": overall["auc"],
+            "acceptance_overall": overall["acceptance"],
+            "trials_overall": int(overall["trials"]),
+        }
+
+
+def _summary(n: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> dict:
+    """ECE, AUC and acceptance of one row of bins (float64 [num_bins] counts)."""
+    total = float(n.sum())
+    if total == 0:
+        return {"ece": math.nan, "auc": math.nan, "acceptance": math.nan, "trials": 0}
+    ece = float((s - c).abs().sum()) / total
+    pos, neg = s, n - s
+    neg_below = torch.cumsum(neg, 0) - neg  # failed trials in lower bins
+    p_tot, n_tot = float(pos.sum()), float(neg.sum())
+    auc = math.nan
+    if p_tot > 0 and n_tot > 0:
+        auc = float((pos * neg_below).sum() + 0.5 * (pos * neg).sum()) / (p_tot * n_tot)
+    return {"ece": ece, "auc": auc, "acceptance": p_tot / total, "trials": total}
+
+
+def _int32(name, t, device, R):
+    if isinstance(t, torch.Tensor) and t.dtype == torch.int64:
+        t = t.to(torch.int32)
+    return check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
+
+
+def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err):
+    R, K = conf.shape
+    P, B = trials.shape
+    status = _C.stats_update(
+        conf.is_cuda, stream_of(conf.device), conf.data_ptr(), conf.stride(0), verify_lens.data_ptr(),
+        num_accepted.data_ptr(), R, K, P, B, trials.data_ptr(), survivals.data_ptr(), conf_fixed.data_ptr(),
+        err.data_ptr(),
+    )
+    check_status(status, "AcceptanceStats.update", conf.device)

@@ -1,0 +1,165 @@
+"""confidence, confidence_from_logits and draft_margin: C++ CPU kernels against the float64 reference."""
+import itertools
+
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import reference as ref
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _tolerance(args, kwargs):
+    """8x the error of a same-precision (fp32) torch computation against float64, plus a floor: the
+    kernel's accumulation order differs from torch's, not its precision."""
+    want = ref.confidence(*args, **kwargs)
+    fp32 = ref.confidence(*args, **kwargs, dtype=torch.float32).double()
+    return want, 8 * (fp32 - want).abs().max().item() + 2e-6
+
+
+def _inputs(R, K, H, Q, dtype, g, strided):
+    if strided:  # rows of a bigger buffer: non-trivial strides on R and K, last dim contiguous
+        big = torch.randn(R, 2 * K + 1, H + 5, generator=g).to(dtype)
+        hidden = big[:, 1::2, 3:3 + H]
+    else:
+        hidden = torch.randn(R, K, H, generator=g).to(dtype)
+    markov = torch.randn(R, K, Q, generator=g).to(dtype) if Q else None
+    weight = torch.randn(H + Q, generator=g) / (H + Q) ** 0.5
+    temperature = torch.rand(K, generator=g) * 1.5 + 0.25
+    return hidden, weight, markov, temperature
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("H,Q", [(64, 0), (769, 256), (4096, 0), (7168, 256)])
+def test_confidence_matches_reference(dtype, H, Q):
+    g = torch.Generator().manual_seed(H + Q)
+    for K, strided in [(1, False), (7, True), (16, False)]:
+        R = 5 if H > 1000 else 13
+        hidden, weight, markov, temperature = _inputs(R, K, H, Q, dtype, g, strided)
+        assert hidden.is_contiguous() != strided
+        for survival, temp, bias in itertools.product((False, True), (None, temperature), (None, 0.37)):
+            kwargs = dict(bias=bias, markov=markov, temperature=temp, survival=survival)
+            got = av.confidence(hidden, weight, **kwargs)
+            want, tol = _tolerance((hidden, weight), kwargs)
+            assert got.dtype == torch.float32 and got.shape == (R, K)
+            err = (got.double() - want).abs().max().item()
+            assert err <= tol, f"K={K} {kwargs.keys()} err {err} > tol {tol}"
+
+
+def test_survival_is_the_left_to_right_product():
+    g = torch.Generator().manual_seed(1)
+    hidden, weight, markov, temperature = _inputs(9, 11, 300, 20, torch.bfloat16, g, True)
+    conf = av.confidence(hidden, weight, markov=markov, temperature=temperature)
+    surv = av.confidence(hidden, weight, markov=markov, temperature=temperature, survival=True)
+    a = torch.ones(9)
+    for j in range(11):
+        a = a * conf[:, j]
+        assert torch.equal(surv[:, j], a)
+
+
+def test_bias_tensor_equals_bias_float_and_out_is_written():
+    g = torch.Generator().manual_seed(2)
+    hidden, weight, _, _ = _inputs(4, 3, 128, 0, torch.float32, g, False)
+    out = torch.full((4, 3), 12345.0)
+    a = av.confidence(hidden, weight, bias=torch.tensor(-0.25), out=out)
+    assert a.data_ptr() == out.data_ptr()
+    assert torch.equal(a, av.confidence(hidden, weight, bias=-0.25))
+    assert not torch.equal(a, av.confidence(hidden, weight))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_confidence_from_logits_matches_reference(dtype):
+    g = torch.Generator().manual_seed(3)
+    big = (torch.randn(17, 40, generator=g) * 3).to(dtype)
+    logits = big[:, 5:21]  # strided rows
+    temperature = torch.rand(16, generator=g) + 0.3
+    for temp, survival in itertools.product((None, temperature), (False, True)):
+        got = av.confidence_from_logits(logits, temp, survival=survival)
+        want = ref.confidence_from_logits(logits, temp, survival=survival)
+        assert (got.double() - want).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("V", [1, 2, 7, 1000, 32003])
+def test_draft_margin_matches_reference(dtype, V):
+    g = torch.Generator().manual_seed(V)
+    x = (torch.randn(3, 5, V, generator=g) * 4).to(dtype)
+    if V > 2:
+        x[0, 0, 1] = x[0, 0].max()  # a tie at the top: margin 0
+    got = av.draft_margin(x)
+    want = ref.draft_margin(x)
+    assert torch.equal(got, want)
+    if V > 2:
+        assert got[0, 0].item() == 0.0
+    if V == 1:
+        assert torch.isinf(got).all()
+
+
+def test_draft_margin_ignores_and_counts_nan():
+    av.reset_error_counts("cpu")
+    x = torch.randn(2, 3, 50)
+    x[1, 2, 7] = float("nan")
+    x[0, 0, :] = float("nan")
+    got = av.draft_margin(x)
+    assert torch.isnan(got[0, 0])
+    clean = x[1, 2].clone()
+    clean[7] = float("-inf")
+    top = torch.topk(clean, 2).values
+    assert got[1, 2].item() == (top[0] - top[1]).item()
+    assert av.error_counts("cpu")["nan_logits"] == 51
+
+
+def test_bad_inputs_name_the_argument():
+    h = torch.randn(2, 3, 8)
+    w = torch.randn(8)
+    with pytest.raises(TypeError, match="hidden"):
+        av.confidence(h.int(), w)
+    with pytest.raises(ValueError, match="hidden"):
+        av.confidence(torch.randn(2, 8), w)
+    with pytest.raises(ValueError, match="hidden"):
+        av.confidence(torch.randn(2, 3, 8).transpose(1, 2), torch.randn(3))
+    with pytest.raises(ValueError, match="K"):
+        av.confidence(torch.randn(2, 33, 8), w)
+    with pytest.raises(ValueError, match="weight"):
+        av.confidence(h, torch.randn(9))
+    with pytest.raises(TypeError, match="markov"):
+        av.confidence(h, torch.randn(12), markov=torch.randn(2, 3, 4).half())
+    with pytest.raises(ValueError, match="markov"):
+        av.confidence(h, torch.randn(12), markov=torch.randn(2, 4, 4))
+    with pytest.raises(ValueError, match="bias"):
+        av.confidence(h, w, bias=torch.randn(2))
+    for bad in ([1.0, 0.0, 1.0], [1.0, -2.0, 1.0], [1.0, float("nan"), 1.0], [float("inf")] * 3):
+        with pytest.raises(ValueError, match="temperature"):
+            av.confidence(h, w, temperature=torch.tensor(bad))
+        with pytest.raises(ValueError, match="temperature"):
+            av.confidence_from_logits(torch.randn(2, 3), bad)
+    with pytest.raises(ValueError, match="temperature"):
+        av.confidence(h, w, temperature=torch.ones(4))
+    with pytest.raises(ValueError, match="out"):
+        av.confidence(h, w, out=torch.empty(3, 3))
+    with pytest.raises(TypeError, match="logits"):
+        av.confidence_from_logits(torch.randn(2, 3).double())
+    with pytest.raises(ValueError, match="draft_logits"):
+        av.draft_margin(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="draft_logits"):
+        av.draft_margin(torch.randn(2, 3, 0))
+
+
+def test_sequence_temperature_is_accepted():
+    h = torch.randn(2, 3, 8)
+    w = torch.randn(8)
+    assert torch.equal(av.confidence(h, w, temperature=[0.5, 1.0, 2.0]),
+                       av.confidence(h, w, temperature=torch.tensor([0.5, 1.0, 2.0])))
+
+
+def test_custom_ops_pass_opcheck():
+    g = torch.Generator().manual_seed(4)
+    hidden, weight, markov, temperature = _inputs(3, 4, 40, 8, torch.bfloat16, g, True)
+    out = torch.empty(3, 4)
+    torch.library.opcheck(torch.ops.adaptive_verify.confidence_into.default,
+                          (hidden, weight, torch.tensor(0.1), markov, temperature, out, 0.0, True))
+    torch.library.opcheck(torch.ops.adaptive_verify.confidence_from_logits_into.default,
+                          (torch.randn(3, 4), temperature, out, False))
+    err = torch.zeros(16, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.adaptive_verify.draft_margin_into.default, (torch.randn(3, 4, 50), out, err))

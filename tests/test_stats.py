@@ -1,0 +1,132 @@
+"""AcceptanceStats: counts against a literal loop, report numbers against straightforward formulas."""
+import math
+
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import reference as ref
+
+
+def _step(R, K, g, nan=False):
+    conf = torch.rand(R, K, generator=g)
+    conf[conf < 0.05] = 0.0  # bin edges
+    conf[conf > 0.97] = 1.0
+    if nan:
+        conf[0, 0] = float("nan")
+    verify_lens = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    num_accepted = (torch.rand(R, generator=g) * (verify_lens + 1).float()).floor().to(torch.int32)  # <= verify_lens
+    return conf, verify_lens, num_accepted
+
+
+def test_counts_equal_the_literal_definition_over_many_steps():
+    g = torch.Generator().manual_seed(0)
+    P, B = 9, 7
+    stats = av.AcceptanceStats(P, num_bins=B)
+    want_t = torch.zeros(P, B, dtype=torch.int64)
+    want_s = torch.zeros_like(want_t)
+    want_c = torch.zeros(P, B, dtype=torch.float64)
+    for step in range(6):
+        R, K = [(13, 9), (1, 1), (40, 5), (7, 9), (0, 3), (64, 8)][step]
+        conf, vl, na = _step(R, K, g)
+        stats.update(conf, vl, na)
+        t, s, c = ref.stats_update(conf, vl, na, P, B)
+        want_t += t
+        want_s += s
+        want_c += c
+    assert torch.equal(stats.trials, want_t)
+    assert torch.equal(stats.survivals, want_s)
+    assert (stats.conf_sum - want_c).abs().max() < 1e-6  # fixed point truncates below 2^-32 per trial
+    assert int(stats.trials.sum()) > 100
+
+
+def test_report_matches_straightforward_formulas():
+    g = torch.Generator().manual_seed(1)
+    P, B = 4, 5
+    stats = av.AcceptanceStats(P, num_bins=B)
+    trials = []  # (position, conf, survived)
+    for _ in range(5):
+        conf, vl, na = _step(50, P, g)
+        stats.update(conf, vl, na)
+        for r in range(50):
+            for j in range(P):
+                if j < vl[r] and j <= na[r]:
+                    trials.append((j, float(conf[r, j]), int(j < na[r])))
+    rep = stats.report()
+
+    def ece(items):
+        total = len(items)
+        out = 0.0
+        for b in range(B):
+            cell = [(c, y) for c, y in items if min(int(c * B), B - 1) == b]
+            if cell:
+                out += abs(sum(y for _, y in cell) - sum(c for c, _ in cell)) / total
+        return out
+
+    def auc(items):  # pairwise, on the bin index (the statistic the counts can support), ties half
+        pos = [min(int(c * B), B - 1) for c, y in items if y]
+        neg = [min(int(c * B), B - 1) for c, y in items if not y]
+        if not pos or not neg:
+            return math.nan
+        wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+        return wins / (len(pos) * len(neg))
+
+    for j in range(P):
+        items = [(c, y) for jj, c, y in trials if jj == j]
+        assert rep["trials"][j] == len(items)
+        assert rep["acceptance"][j] == pytest.approx(sum(y for _, y in items) / len(items))
+        assert rep["ece"][j] == pytest.approx(ece(items), abs=1e-7)
+        assert rep["auc"][j] == pytest.approx(auc(items)) or (math.isnan(rep["auc"][j]) and math.isnan(auc(items)))
+    everything = [(c, y) for _, c, y in trials]
+    assert rep["ece_overall"] == pytest.approx(ece(everything), abs=1e-7)
+    assert rep["auc_overall"] == pytest.approx(auc(everything))
+    assert rep["trials_overall"] == len(everything)
+
+
+def test_perfectly_calibrated_and_perfectly_ranked():
+    stats = av.AcceptanceStats(1, num_bins=2)
+    conf = torch.tensor([[0.9]] * 10 + [[0.1]] * 10)
+    accepted = torch.tensor([1] * 9 + [0] + [1] + [0] * 9, dtype=torch.int32)
+    stats.update(conf, torch.ones(20, dtype=torch.int32), accepted)
+    rep = stats.report()
+    assert rep["ece"][0] == pytest.approx(0.0, abs=1e-6)
+    # 10 survivors (9 high, 1 low), 10 failures (1 high, 9 low): 81 wins + 0.5 * (9 + 9) ties
+    assert rep["auc"][0] == pytest.approx((81 + 0.5 * 18) / 100)
+
+
+def test_nan_confidences_are_skipped_and_counted():
+    av.reset_error_counts("cpu")
+    stats = av.AcceptanceStats(3)
+    conf = torch.tensor([[float("nan"), 0.5, 0.5], [0.5, float("nan"), 0.5]])
+    stats.update(conf, torch.tensor([3, 3], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32))
+    assert stats.trials.sum(1).tolist() == [1, 1, 2]
+    assert av.error_counts("cpu")["nan_confidence"] == 2
+
+
+def test_reset_and_bad_inputs():
+    stats = av.AcceptanceStats(4, num_bins=3)
+    stats.update(torch.full((2, 4), 0.5), torch.tensor([4, 2], dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32))
+    assert stats.trials.sum() > 0
+    stats.reset()
+    assert stats.trials.sum() == 0 and stats.survivals.sum() == 0 and stats.conf_sum.sum() == 0
+    assert math.isnan(stats.report()["ece_overall"])
+    with pytest.raises(ValueError, match="num_positions"):
+        stats.update(torch.rand(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="conf"):
+        stats.update(torch.rand(2, 4).double(), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="verify_lens"):
+        stats.update(torch.rand(2, 4), torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="num_accepted"):
+        stats.update(torch.rand(2, 4), torch.zeros(2, dtype=torch.int32), torch.zeros(2))
+    with pytest.raises(ValueError, match="num_bins"):
+        av.AcceptanceStats(3, num_bins=0)
+    with pytest.raises(TypeError, match="num_positions"):
+        av.AcceptanceStats(2.5)
+
+
+def test_update_custom_op_passes_opcheck():
+    stats = av.AcceptanceStats(3, num_bins=4)
+    conf, vl, na = _step(6, 3, torch.Generator().manual_seed(5))
+    torch.library.opcheck(torch.ops.adaptive_verify.stats_update_.default,
+                          (conf, vl, na, stats.trials, stats.survivals, stats._conf_fixed,
+                           torch.zeros(16, dtype=torch.int32)))
