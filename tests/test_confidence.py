@@ -163,3 +163,20 @@ def test_custom_ops_pass_opcheck():
                           (torch.randn(3, 4), temperature, out, False))
     err = torch.zeros(16, dtype=torch.int32)
     torch.library.opcheck(torch.ops.adaptive_verify.draft_margin_into.default, (torch.randn(3, 4, 50), out, err))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_16_bit_value_converts_exactly(dtype):
+    """All 65536 bit patterns (subnormals, infinities, NaNs included) through the CPU kernel's conversion:
+    with H = 1 the logit is value * weight, and two exact power-of-two weights keep both tiny and huge
+    values away from sigmoid's flat ends."""
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)  # every pattern
+    hidden = values.reshape(-1, 8, 1)
+    exact = values.double().reshape(-1, 8)
+    for scale in (2.0**-16, 2.0**14):
+        got = av.confidence(hidden, torch.tensor([scale]))
+        want = torch.sigmoid(exact * scale)
+        same_nan = torch.isnan(got) == torch.isnan(want)
+        assert bool(same_nan.all())
+        err = (got.double() - want).abs().nan_to_num(0.0)
+        assert err.max().item() < 1e-6, f"scale {scale}: worst value {values.reshape(-1, 8)[err == err.max()][:3]}"

@@ -3,7 +3,6 @@
 // results are deterministic, and wide enough for the compiler to vectorise without -ffast-math).
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "adaptive_verify/confidence/cpu.h"
@@ -24,32 +23,15 @@ float dot(const T* x, const float* w, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// Runs fn(r) for r in [0, n) on up to hardware_concurrency threads when the work is large enough to pay
-// for thread start-up (~20 us); small problems (decode steps at small batch) stay on the caller's thread.
-template <typename Fn>
-void parallel_rows(int32_t n, int64_t work_per_row, Fn&& fn) {
-  const int64_t total = int64_t(n) * work_per_row;
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  const int threads = total < (int64_t(1) << 20) ? 1 : int(std::min<int64_t>(hw, n));
-  if (threads <= 1) {
-    for (int32_t r = 0; r < n; ++r) fn(r);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int32_t r = t; r < n; r += threads) fn(r);
-    });
-  for (auto& th : pool) th.join();
-}
-
 template <typename T>
 void confidence_impl(const ConfidenceParams& p) {
   const T* hidden = static_cast<const T*>(p.hidden);
   const T* markov = static_cast<const T*>(p.markov);
   const float bias = p.bias_ptr ? *p.bias_ptr : p.bias;
   const int32_t K = p.max_drafts;
-  parallel_rows(p.num_reqs, int64_t(K) * (p.hidden_size + p.markov_size), [&](int32_t r) {
+  // Single-threaded on purpose: torch's intra-op threads keep spinning after torch ops, and our own
+  // threads competing with them made this 10x slower on 2 cores (measured), not faster.
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
     float* out = p.out + int64_t(r) * K;
     float a = 1.f;
     for (int32_t j = 0; j < K; ++j) {
@@ -62,7 +44,7 @@ void confidence_impl(const ConfidenceParams& p) {
       a = p.survival ? a * c : c;
       out[j] = a;
     }
-  });
+  }
 }
 
 template <typename T>

@@ -25,26 +25,20 @@ struct bf16_t {
 
 AV_HD float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16); }
 
+// fp16 -> fp32 with selects instead of a normalisation loop, so the CPU loops that call it vectorise.
 AV_HD float half_to_float(uint16_t h) {
 #if defined(__CUDA_ARCH__)
   return __half2float(__ushort_as_half(h));
 #else
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));  // inf / NaN
-  if (exp == 0) {
-    if (man == 0) return bits_float(sign);
-    // subnormal: normalise
-    int e = -1;
-    do {
-      man <<= 1;
-      ++e;
-    } while ((man & 0x400u) == 0);
-    man &= 0x3ffu;
-    return bits_float(sign | uint32_t(127 - 15 - e) << 23 | (man << 13));
-  }
-  return bits_float(sign | (exp + 127 - 15) << 23 | (man << 13));
+  uint32_t o = uint32_t(h & 0x7fffu) << 13;  // exponent and mantissa in float position
+  const uint32_t exp = o & 0x0f800000u;
+  o += 0x38000000u;                           // rebias the exponent: (127 - 15) << 23
+  o += exp == 0x0f800000u ? 0x38000000u : 0u;  // inf / NaN: exponent all ones
+  float f = bits_float(o);
+  // subnormal (and zero): m * 2^-24 = (1 + m / 1024) * 2^-14 - 2^-14, exact by Sterbenz
+  f = exp == 0 ? bits_float(o + 0x00800000u) - bits_float(0x38800000u) : f;
+  return bits_float(float_bits(f) | sign);
 #endif
 }
 

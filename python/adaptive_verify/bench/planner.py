@@ -30,6 +30,7 @@ import torch
 from .. import errors, reference
 from ..cost import CostTable
 from ..planner import PlanArgs, VerifyPlan, _launch_plan, plan_verification, prefix_survival, resolve_plan_args
+from .report import markdown_table
 from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
 
 R_VALUES = (1, 16, 64, 256, 1024)
@@ -121,21 +122,6 @@ def launch_floor_us() -> float:
     """Per-call time of an empty one-kernel op inside a CUDA graph: the floor any single launch pays."""
     x = torch.zeros(1, device="cuda")
     return cuda_graph_time_us(lambda: x.add_(0))
-
-
-def _fmt(v, digits=1):
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    head = "| " + " | ".join(title for _, title in columns) + " |"
-    sep = "|" + "|".join("---:" for _ in columns) + "|"
-    body = ["| " + " | ".join(_fmt(r[key]) for key, _ in columns) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
 
 
 CPU_COLUMNS = [("R", "R"), ("K", "K"), ("budget", "budget"), ("kernel_us", "kernel us"), ("op_us", "op us"),

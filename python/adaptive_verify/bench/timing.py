@@ -80,3 +80,15 @@ def cuda_kernel_stats(fn: Callable[[], object], *, calls: int = 10) -> tuple[flo
                and "Memset" not in e.name]
     total_us = sum(e.device_time for e in kernels) if kernels else float("nan")
     return len(kernels) / calls, total_us / calls
+
+
+def copy_bandwidth_gbps(device, nbytes: int = 1 << 30) -> float:
+    """Achieved bandwidth (GB/s, read + write bytes) of a plain tensor copy on `device`: the ceiling a
+    streaming kernel is compared with, measured in the same process."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    if src.is_cuda:
+        us = cuda_time_us(lambda: dst.copy_(src), iters=10, warmup=3)
+    else:
+        us = host_time_us(lambda: dst.copy_(src), min_time_s=0.3, warmup=2, max_iters=20)
+    return 2 * nbytes / (us * 1e-6) / 1e9
