@@ -35,6 +35,10 @@ AV_CUDA_ARCHS=$arch AV_PTXAS_VERBOSE=1 MAX_JOBS=16 python3 -m pip install --no-b
 build_rc=$?
 grep -E "ptxas info|spill|Compiling entry" "$log/build.txt" | sed 's/^ *//' >"$log/ptxas.txt" || true
 
+# A build that cannot run CUDA here would make every CUDA test skip: say so loudly instead.
+cuda_ok=$(python3 -c "import adaptive_verify as av; i = av.build_info(); print('yes' if av.cuda_available() else 'NO: ' + i['cuda_unusable_reason'])" 2>&1 | tail -1)
+case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
+
 # 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too)
 timeout 300 python3 -m pytest tests -q -m cuda -p no:cacheprovider >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
@@ -45,6 +49,9 @@ cpu_rc=$?
 timeout 150 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
   --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
 bench_rc=$?
+timeout 120 python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
+  --json "$log/bench_confidence.json" >"$log/bench_confidence.txt" 2>&1
+bench_conf_rc=$?
 
 {
   echo "# GPU check: $(date -u +%Y-%m-%d)"
@@ -59,9 +66,11 @@ bench_rc=$?
   echo "| step | result |"
   echo "|---|---|"
   echo "| build | $(status $build_rc) |"
+  echo "| CUDA kernels usable | $cuda_ok |"
   echo "| CUDA tests | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
   echo "| CPU tests | $(status $cpu_rc): $(tail -1 "$log/cpu_tests.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
+  echo "| confidence benchmark | $(status $bench_conf_rc) |"
   echo
   echo "## Kernel resources (ptxas)"
   echo
@@ -69,7 +78,10 @@ bench_rc=$?
   cat "$log/ptxas.txt"
   echo '```'
   echo
-  if [ -s "$log/bench_planner.md" ]; then cat "$log/bench_planner.md"; else echo '```'; tail -40 "$log/bench_planner.txt"; echo '```'; fi
+  for b in planner confidence; do
+    if [ -s "$log/bench_$b.md" ]; then cat "$log/bench_$b.md"; else echo '```'; tail -40 "$log/bench_$b.txt"; echo '```'; fi
+    echo
+  done
   echo
   if [ $cuda_rc -ne 0 ]; then
     echo "## CUDA test failures"
@@ -90,4 +102,4 @@ bench_rc=$?
 } >"$report"
 cp "$log"/*.txt "$log"/*.json "$(dirname "$report")"/ 2>/dev/null || true
 echo "report written to $report"
-[ $build_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ]
