@@ -180,3 +180,24 @@ def test_every_16_bit_value_converts_exactly(dtype):
         assert bool(same_nan.all())
         err = (got.double() - want).abs().nan_to_num(0.0)
         assert err.max().item() < 1e-6, f"scale {scale}: worst value {values.reshape(-1, 8)[err == err.max()][:3]}"
+
+
+def test_device_mismatches_name_the_argument():
+    """Without a GPU, the meta device stands in for "another device"."""
+    h = torch.randn(2, 3, 8)
+    w = torch.randn(8)
+    with pytest.raises(ValueError, match="hidden"):
+        av.confidence(h.to("meta"), w.to("meta"))
+    with pytest.raises(ValueError, match="weight"):
+        av.confidence(h, w.to("meta"))
+    with pytest.raises(ValueError, match="markov"):
+        av.confidence(h, torch.randn(12), markov=torch.randn(2, 3, 4, device="meta"))
+    with pytest.raises(ValueError, match="bias"):
+        av.confidence(h, w, bias=torch.tensor(0.5, device="meta"))
+    with pytest.raises(ValueError, match="temperature"):
+        av.confidence(h, w, temperature=torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match="out"):
+        av.confidence(h, w, out=torch.empty(2, 3, device="meta"))
+    with pytest.raises(ValueError, match="conf"):
+        av.AcceptanceStats(3).update(torch.rand(2, 3, device="meta"), torch.zeros(2, dtype=torch.int32),
+                                     torch.zeros(2, dtype=torch.int32))

@@ -1015,3 +1015,14 @@ def test_permuting_requests_permutes_verify_lens(R, K, seed, mode, min_verify):
     permuted = av.plan_verification(survival[perm].contiguous(), drafts[perm].contiguous(), table, **kwargs)
     assert int(permuted.budget) == int(base.budget)
     assert torch.equal(permuted.verify_lens, base.verify_lens[perm])
+
+
+def test_out_buffers_resized_in_place_are_validated_again():
+    """The planner remembers validated out= buffers between calls; a buffer resized in place must not
+    slip through that memo (it would be written out of bounds)."""
+    out = av.VerifyPlan.allocate(4, 12)
+    kw = dict(mode="all", num_reqs_padded=4, num_tokens_padded=12, out=out)
+    av.plan_verification(S[:4].contiguous(), D[:4].contiguous(), **kw)
+    out.token_req.resize_(3)
+    with pytest.raises(ValueError, match="out.token_req"):
+        av.plan_verification(S[:4].contiguous(), D[:4].contiguous(), **kw)

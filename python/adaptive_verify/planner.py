@@ -319,9 +319,7 @@ def resolve_plan_args(
 
     verify_cost, draft_cost = None, 0.0
     if cost_table is not None:
-        draft_cost = float(cost_table.draft_cost(R))
-        if mode in ("greedy", "global"):
-            verify_cost = cost_table.verify_array(anchors + budget_cap, device)
+        draft_cost, verify_cost = _costs(cost_table, R, anchors + budget_cap, device, mode in ("greedy", "global"))
 
     if context_lens is not None:
         context_lens = _int_tensor("context_lens", context_lens, device, (R,))
@@ -361,7 +359,47 @@ def resolve_plan_args(
     )
 
 
+# Decode loops call the planner with the same cost table, batch shape and out= buffers step after step.
+# The last few lookups and out= validations are remembered; entries hold strong references to the objects
+# they describe, so an id in a key can never be reused by a different object while the entry lives.
+_COST_MEMO: dict = {}
+_OUT_MEMO: dict = {}
+_MEMO_SIZE = 8
+
+
+def _remember(memo: dict, key, value):
+    if len(memo) >= _MEMO_SIZE:
+        memo.pop(next(iter(memo)))
+    memo[key] = value
+    return value
+
+
+def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
+    key = (id(cost_table), R, max_n, device, need_verify)
+    hit = _COST_MEMO.get(key)
+    if hit is not None and hit[0] is cost_table:
+        return hit[1], hit[2]
+    draft = float(cost_table.draft_cost(R))
+    verify = cost_table.verify_array(max_n, device) if need_verify else None
+    return _remember(_COST_MEMO, key, (cost_table, draft, verify))[1:]
+
+
 def _check_out(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
+    fields = (out.verify_lens, out.budget, out.expected_tokens, out.num_tokens, out.query_start_loc, out.token_req,
+              out.seq_lens, out.positions, out.slot_mapping, out.input_ids) if isinstance(out, VerifyPlan) else ()
+    # Shapes are part of the key: a buffer resized in place must be validated again.
+    key = (id(out), *map(id, fields), *(None if f is None else f.shape for f in fields), a.num_reqs_padded,
+           a.num_tokens_padded, a.device, a.context_lens is not None, a.block_table is not None,
+           a.anchor_tokens is not None)
+    hit = _OUT_MEMO.get(key)
+    if hit is not None and hit[0] is out and all(x is y for x, y in zip(hit[1], fields)):
+        return out
+    _check_out_uncached(out, a)
+    _remember(_OUT_MEMO, key, (out, fields))
+    return out
+
+
+def _check_out_uncached(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
     if not isinstance(out, VerifyPlan):
         raise TypeError(f"out must be a VerifyPlan (see VerifyPlan.allocate), got {type(out).__name__}")
     i32, dev = torch.int32, a.device
