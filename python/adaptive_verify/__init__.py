@@ -6,9 +6,11 @@ run the CUDA kernels, CPU tensors the C++ CPU kernels. ``adaptive_verify.referen
 torch oracle of every op.
 """
 from ._ext import build_info, cuda_available
+from .calibration import OnlineSTS, calibration_report, fit_sts, load_temperatures, save_temperatures
 from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
 from .errors import error_counts, reset_error_counts
+from .margin import MarginEstimator
 from .planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
 from .stats import AcceptanceStats
 from . import library as _library  # noqa: F401  (registers the torch.library custom ops)
@@ -18,15 +20,21 @@ __version__ = "0.1.0"
 __all__ = [
     "AcceptanceStats",
     "CostTable",
+    "MarginEstimator",
+    "OnlineSTS",
     "VerifyPlan",
     "build_info",
+    "calibration_report",
     "choose_budget",
     "confidence",
     "confidence_from_logits",
     "cuda_available",
     "draft_margin",
     "error_counts",
+    "fit_sts",
+    "load_temperatures",
     "plan_verification",
     "prefix_survival",
     "reset_error_counts",
+    "save_temperatures",
 ]

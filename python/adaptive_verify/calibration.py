@@ -67,8 +67,10 @@ FORMAT_VERSION = 1
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float]]
 
 
-def default_grid(t_min: float = DEFAULT_GRID[0], t_max: float = DEFAULT_GRID[1], points: int = DEFAULT_GRID[2]) -> torch.Tensor:
-    """Geometric grid of ``points`` temperatures from ``t_min`` to ``t_max`` (float64)."""
+def default_grid(
+    t_min: float = DEFAULT_GRID[0], t_max: float = DEFAULT_GRID[1], points: int = DEFAULT_GRID[2]
+) -> torch.Tensor:
+    """Geometric grid of ``points`` temperatures from ``t_min`` to ``t_max`` (float64, ascending)."""
     if not (_is_real(t_min) and _is_real(t_max)) or not (0.0 < t_min <= t_max < math.inf):
         raise ValueError(f"grid bounds must satisfy 0 < t_min <= t_max < inf, got t_min={t_min!r}, t_max={t_max!r}")
     if not isinstance(points, numbers.Integral) or isinstance(points, bool) or points < 1:
@@ -138,16 +140,19 @@ def _check_grid(grid: Any) -> torch.Tensor:
     g = _as_tensor("grid", grid).double().reshape(-1)
     if g.numel() == 0:
         raise ValueError("grid must contain at least one temperature")
-    if not bool(torch.isfinite(g).all()) or bool((g <= 0).any()):
-        raise ValueError(f"grid must contain finite temperatures > 0, got min {float(g.min())!r}")
+    bad = (~torch.isfinite(g) | (g <= 0)).nonzero()
+    if bad.numel():
+        raise ValueError(f"grid must contain finite temperatures > 0, got {float(g[int(bad[0])])!r}")
     return torch.unique(g)  # sorted ascending
 
 
 def _check_temperatures(name: str, temperatures: Any, K: int) -> torch.Tensor:
     t = _as_tensor(name, temperatures)
-    if not t.is_floating_point():
-        t = t.double()
+    if t.dtype == torch.bool or t.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
     t = t.double()
+    if K < 1:
+        raise ValueError(f"{name} must not be empty")
     if tuple(t.shape) != (K,):
         raise ValueError(f"{name} must have shape [K] = ({K},), got {tuple(t.shape)}")
     if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
@@ -244,7 +249,9 @@ def _pick(grid: torch.Tensor, ece: torch.Tensor) -> float:
     return float(grid[int(torch.argmin(closeness))])
 
 
-def _grid_ece_rows(grid: torch.Tensor, prefix: torch.Tensor, logit: torch.Tensor, outcome: torch.Tensor, num_bins: int) -> torch.Tensor:
+def _grid_ece_rows(
+    grid: torch.Tensor, prefix: torch.Tensor, logit: torch.Tensor, outcome: torch.Tensor, num_bins: int
+) -> torch.Tensor:
     """ECE[g] of prefix * sigmoid(logit / grid[g]) against outcome, per grid value (rows along dim 0)."""
     n = prefix.numel()
     out = torch.empty(grid.numel(), dtype=torch.float64)
@@ -263,7 +270,10 @@ def _grid_ece_rows(grid: torch.Tensor, prefix: torch.Tensor, logit: torch.Tensor
     return out
 
 
-def _sts_inputs(logits: Any, accepted: Any, verified: Any, name: str = "logits") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sts_inputs(
+    logits: Any, accepted: Any, verified: Any, name: str = "logits"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [N, K] float64, accepted [N] int64, verified [N] int64 (K when None), all checked."""
     l = _float_tensor(name, logits, 2)
     N, K = l.shape
     if K < 1:
@@ -302,6 +312,7 @@ def fit_sts(
     j < verified[n], T_0..T_{j-1} fixed at their fitted values. Ties (flat stretches of the ECE) go to the
     tied value closest to T = 1. Temperatures are positive, so they never reorder a position's candidates.
 
+    Inputs on a GPU are copied to the host (this is an offline tool); the result is a CPU tensor.
     Raises ValueError naming the position when fewer than ``min_rows`` rows (default :data:`MIN_ROWS`) have
     j < verified[n]: fit a shorter block (logits[:, :j]) or collect more data. Other errors name the argument.
     """
@@ -424,14 +435,15 @@ def calibration_report(
     return report
 
 
-def _reliability_curve(p: torch.Tensor, y: torch.Tensor, num_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _reliability_curve(p: torch.Tensor, y: torch.Tensor, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per non-empty bin: mean prediction, observed rate."""
     b = _bin_index(p, num_bins)
     zeros = torch.zeros(num_bins, dtype=torch.float64)
     n = zeros.index_add(0, b, torch.ones_like(p))
     keep = n > 0
     mean_p = zeros.index_add(0, b, p)[keep] / n[keep]
     rate = zeros.index_add(0, b, y)[keep] / n[keep]
-    return mean_p.numpy(), rate.numpy(), n[keep].numpy()
+    return mean_p.numpy(), rate.numpy()
 
 
 def _reliability_plot(path, before, after, a, v, num_bins, report) -> None:
@@ -457,7 +469,7 @@ def _reliability_plot(path, before, after, a, v, num_bins, report) -> None:
         for label, cum, rep, color in curves:
             if not bool(sel.any()):
                 continue
-            mp, rate, _ = _reliability_curve(cum[sel, j], survived[sel, j], num_bins)
+            mp, rate = _reliability_curve(cum[sel, j], survived[sel, j], num_bins)
             ax.plot(mp, rate, marker="o", markersize=3, color=color, label=f"{label}: ECE {rep['ece'][j]:.3f}")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
@@ -466,7 +478,8 @@ def _reliability_plot(path, before, after, a, v, num_bins, report) -> None:
         ax.set_ylabel("observed survival", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Reliability of cumulative survival" + (" (before / after STS)" if after is not None else ""), fontsize=10)
+    title = "Reliability of cumulative survival" + (" (before / after STS)" if after is not None else "")
+    fig.suptitle(title, fontsize=10)
     fig.savefig(os.fspath(path), format="png", dpi=100)
 
 
@@ -480,7 +493,10 @@ def save_temperatures(path: Union[str, os.PathLike], temperatures: ArrayLike, **
 
     NaN / inf in metadata (an AUC with one class) are written as null, so the file is strict JSON.
     """
-    t = _check_temperatures("temperatures", temperatures, len(_as_tensor("temperatures", temperatures).reshape(-1)))
+    t = _as_tensor("temperatures", temperatures)
+    if t.dim() != 1:
+        raise ValueError(f"temperatures must have shape [K], got {tuple(t.shape)}")
+    t = _check_temperatures("temperatures", t, t.numel())
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     meta.update(metadata)
     data = {"format_version": FORMAT_VERSION, "temperatures": t.tolist(), "metadata": _json_safe(meta)}
@@ -492,8 +508,9 @@ def load_temperatures(path: Union[str, os.PathLike]) -> torch.Tensor:
     """Temperatures [K] float32 from a file written by :func:`save_temperatures`. Errors name the file."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        t = data["temperatures"]
+            t = json.load(f)["temperatures"]
+        if not isinstance(t, list) or not all(_is_real(x) for x in t):
+            raise TypeError(f"'temperatures' must be a list of numbers, got {t!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{os.fspath(path)}: not a temperatures file ({type(e).__name__}: {e})") from None
     return _check_temperatures(f"{os.fspath(path)}: temperatures", t, len(t)).float()
@@ -517,33 +534,47 @@ def _json_safe(x: Any) -> Any:
 class OnlineSTS:
     """Temperatures refreshed from an ``AcceptanceStats`` every ``refresh_every`` decode steps.
 
-    Usage, once per decode step (the stats must be fed the *uncalibrated* confidences, temperature None)::
+    Usage, once per decode step, after rejection sampling (``stats_conf="calibrated"``, the default: the
+    stats see the confidences the planner used, so ``stats.report()`` measures what is deployed)::
 
-        raw = adaptive_verify.confidence(hidden, w, bias=b)                     # T = 1
         conf = adaptive_verify.confidence(hidden, w, bias=b, temperature=sts.temperatures)
         ... plan with conf, verify, rejection-sample ...
-        stats.update(raw, verify_lens, num_accepted)
+        stats.update(conf, verify_lens, num_accepted)
         sts.step(stats)
 
+    With ``stats_conf="raw"`` the stats must instead be fed uncalibrated confidences (temperature None).
+
     ``temperatures`` [num_positions] float32 lives on ``device``; it starts at all ones (cold start: the
-    drafter's own scale) and is updated in place, so a captured CUDA graph that reads it sees new values.
+    drafter's own scale) or at ``initial`` (e.g. offline :func:`fit_sts` temperatures), and is updated in
+    place, so a captured CUDA graph that reads it sees new values. Treat it as read-only: refreshes start
+    from a host copy.
 
     Host synchronisation: ``step`` only counts calls, except every ``refresh_every``-th call, which reads
     the stats' counts to the host once (one device-to-host copy), refits on the host and copies the new
     temperatures back. Nothing else syncs.
 
-    Drift: each refresh takes the counts added since the previous refresh (a ``stats.reset()`` in between
-    is detected: counts going down mean the stats restarted, and the current counts are taken as new), and
-    keeps ``decayed = decay * decayed + new``. Data k refreshes old weighs decay**k, so the fit remembers
-    about refresh_every / (1 - decay) steps (500 with the defaults) and follows a drafter whose calibration
-    changes.
+    Windows and drift: each refresh takes the counts added since the previous refresh (a ``stats.reset()``
+    in between is detected: counts going down mean the stats restarted, and the current counts are taken
+    as new) as one *window*, tagged with the temperature its confidences were computed with (the current
+    T_j in "calibrated" mode, 1 in "raw" mode). All earlier windows are scaled by ``decay`` first: data k
+    refreshes old weighs decay**k, so the fit remembers about refresh_every / (1 - decay) steps (500 with
+    the defaults) and follows a drafter whose calibration changes. Windows with the same tag are summed
+    exactly; past ``max_windows`` per position the two oldest are merged (the older one's bin means moved
+    into the newer one's temperature, an approximation confined to data that has mostly decayed away).
 
     Fit: the stats hold *conditional* counts (position j's trials are rows whose drafts 0..j-1 were all
-    accepted), binned by raw confidence. Which trials reach position j does not depend on the temperatures,
-    so the sequential fit of design section 5 decouples here: left to right, T_j is the grid value minimising
-    the ECE, over the stats' own bins, of sigmoid(logit(mean raw confidence of bin) / T_j) against the
-    bin's observed survival rate (ties to the value closest to 1). A position with fewer than ``min_trials``
-    decayed trials keeps its previous temperature.
+    accepted), binned by confidence. Which trials reach position j does not depend on the temperatures,
+    so the sequential fit of design section 5 decouples here: left to right, T_j is the grid value
+    minimising the ECE over the cells (window x bin) of sigmoid(logit(cell's mean confidence) * tag / T_j)
+    against the cell's observed survival rate (ties to the value closest to 1). A position with fewer than
+    ``min_trials`` decayed trials keeps its temperature.
+
+    Why "calibrated" is the default, besides monitoring: a bin stands for every logit inside it, and the
+    logit of a bin's mean confidence is not the bins' mean logit. For a strongly overconfident drafter
+    nearly everything lands in the two end bins, which span unbounded logit ranges, and a fit on raw
+    counts comes out biased towards T = 1 (measured with 16 bins: T = 3 fits as about 2.4, T = 5 as 3.2).
+    Calibrated confidences are spread over the bins, and once T_j is right every bin's observed rate
+    equals its mean confidence, so the fixed point of the refresh is unbiased.
     """
 
     def __init__(
@@ -554,6 +585,9 @@ class OnlineSTS:
         min_trials: float = 200,
         grid: Optional[ArrayLike] = None,
         device: Union[str, torch.device] = "cpu",
+        stats_conf: str = "calibrated",
+        max_windows: int = 32,
+        initial: Optional[ArrayLike] = None,
     ) -> None:
         if not isinstance(num_positions, numbers.Integral) or isinstance(num_positions, bool) or num_positions < 1:
             raise ValueError(f"num_positions must be an int >= 1, got {num_positions!r}")
@@ -563,16 +597,26 @@ class OnlineSTS:
             raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
         if not _is_real(min_trials) or min_trials < 0:
             raise ValueError(f"min_trials must be a number >= 0, got {min_trials!r}")
+        if stats_conf not in ("calibrated", "raw"):
+            raise ValueError(f"stats_conf must be 'calibrated' or 'raw', got {stats_conf!r}")
+        if not isinstance(max_windows, numbers.Integral) or isinstance(max_windows, bool) or max_windows < 1:
+            raise ValueError(f"max_windows must be an int >= 1, got {max_windows!r}")
         self.num_positions = int(num_positions)
         self.refresh_every = int(refresh_every)
         self.decay = float(decay)
         self.min_trials = float(min_trials)
         self.grid = _check_grid(grid)
-        self.temperatures = torch.ones(self.num_positions, dtype=torch.float32, device=device)
+        self.stats_conf = stats_conf
+        self.max_windows = int(max_windows)
+        start = torch.ones(self.num_positions, dtype=torch.float64)
+        if initial is not None:
+            start = _check_temperatures("initial", initial, self.num_positions)
+        self._host_temperatures = start  # host mirror, so a refresh never reads the device copy back
+        self.temperatures = start.to(device=device, dtype=torch.float32)
         self.steps = 0
         self.refreshes = 0
-        # Host float64 [3, K, num_bins]: decayed trials, survivals, confidence sums; None until first refresh.
-        self._decayed: Optional[torch.Tensor] = None
+        # Per position, oldest first: [tag, trials [bins], survivals [bins], conf sums [bins]] (host float64).
+        self._windows: list[list[list]] = [[] for _ in range(self.num_positions)]
         self._last: Optional[torch.Tensor] = None  # the stats' cumulative counts at the previous refresh
 
     def step(self, stats: Any) -> bool:
@@ -591,29 +635,52 @@ class OnlineSTS:
         shape = tuple(stats.trials.shape)
         if len(shape) != 2 or shape[0] != self.num_positions:
             raise ValueError(f"stats must count {self.num_positions} positions, got trials of shape {shape}")
-        # One device-to-host copy of all three count tables.
+        # One device-to-host copy of all three count tables: [3, K, bins].
         cur = torch.stack([stats.trials.double(), stats.survivals.double(), stats.conf_sum.double()]).cpu()
-        if self._last is None or self._last.shape != cur.shape:
-            new, self._decayed = cur, torch.zeros_like(cur)
-        elif bool((cur[0] < self._last[0]).any()):
-            new = cur  # the stats were reset since the previous refresh
+        if self._last is None or self._last.shape != cur.shape or bool((cur[0] < self._last[0]).any()):
+            new = cur  # first refresh, other binning, or the stats were reset since the previous refresh
+            if self._last is not None and self._last.shape != cur.shape:
+                self._windows = [[] for _ in range(self.num_positions)]
         else:
             new = cur - self._last
         self._last = cur
-        self._decayed = self.decay * self._decayed + new
-        trials, survivals, conf_sum = self._decayed
-        temps = self.temperatures.detach().cpu().double()
+        temps = self._host_temperatures.clone()
         for j in range(self.num_positions):
-            keep = trials[j] > 0
-            if float(trials[j].sum()) < max(self.min_trials, 1e-12):
-                continue
-            n = trials[j, keep]
-            logit = torch.logit((conf_sum[j, keep] / n).clamp(0.0, 1.0))
-            rate = survivals[j, keep] / n
-            # [G, bins]
-            pred = torch.sigmoid(logit[None, :] / self.grid[:, None])
-            ece = (n * (pred - rate).abs()).sum(-1) / n.sum()
-            temps[j] = _pick(self.grid, ece)
+            tag = float(temps[j]) if self.stats_conf == "calibrated" else 1.0
+            self._add_window(j, tag, new[0, j], new[1, j], new[2, j])
+            temps[j] = self._fit(j, float(temps[j]))
+        self._host_temperatures = temps
         self.temperatures.copy_(temps.to(torch.float32))
         self.refreshes += 1
         return self.temperatures
+
+    def _add_window(self, j: int, tag: float, trials, survivals, conf_sum) -> None:
+        windows = self._windows[j]
+        for w in windows:
+            for i in (1, 2, 3):
+                w[i] = w[i] * self.decay
+        if windows and windows[-1][0] == tag:
+            windows[-1][1:] = [windows[-1][1] + trials, windows[-1][2] + survivals, windows[-1][3] + conf_sum]
+        else:
+            windows.append([tag, trials.clone(), survivals.clone(), conf_sum.clone()])
+        if len(windows) > self.max_windows:
+            old, newer = windows.pop(0), windows[0]
+            # Move the older window's bin means to the newer window's temperature, then add the counts.
+            n = old[1]
+            moved = torch.sigmoid(torch.logit((old[3] / n.clamp(min=1e-300)).clamp(0.0, 1.0)) * old[0] / newer[0])
+            newer[1:] = [newer[1] + n, newer[2] + old[2], newer[3] + torch.where(n > 0, n * moved, torch.zeros_like(n))]
+
+    def _fit(self, j: int, current: float) -> float:
+        tags = torch.cat([torch.full_like(w[1], w[0]) for w in self._windows[j]])
+        n = torch.cat([w[1] for w in self._windows[j]])
+        if float(n.sum()) < max(self.min_trials, 1e-12):
+            return current
+        s = torch.cat([w[2] for w in self._windows[j]])
+        c = torch.cat([w[3] for w in self._windows[j]])
+        keep = n > 0
+        n, s, c, tags = n[keep], s[keep], c[keep], tags[keep]
+        raw_logit = torch.logit((c / n).clamp(0.0, 1.0)) * tags
+        # [G, cells]; ECE over the cells, each cell its own bin
+        pred = torch.sigmoid(raw_logit[None, :] / self.grid[:, None])
+        ece = (n * (pred - s / n).abs()).sum(-1) / n.sum()
+        return _pick(self.grid, ece)
