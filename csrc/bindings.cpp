@@ -10,6 +10,7 @@
 
 #include "adaptive_verify/confidence/cpu.h"
 #include "adaptive_verify/cuda_api.h"
+#include "adaptive_verify/sampling/cpu.h"
 #include "adaptive_verify/planner/cpu.h"
 
 namespace py = pybind11;
@@ -259,6 +260,56 @@ int stats_update_op(bool on_cuda, uintptr_t stream, uintptr_t conf, int64_t conf
   return run_on(on_cuda, stream, p, confidence::stats_update_cpu, AV_CUDA_FN(confidence::stats_update_cuda));
 }
 
+// ---- sampling area ----
+
+int rejection_sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t logits_stride, int32_t dtype,
+                        int64_t T, int64_t V, uintptr_t qsl, uintptr_t draft_tokens, int64_t draft_tokens_stride,
+                        bool draft_int64, uintptr_t draft_probs, int64_t probs_stride_r, int64_t probs_stride_k,
+                        uintptr_t temperature, uintptr_t seeds, uint64_t offset, uintptr_t offset_ptr, int32_t R,
+                        int32_t K, uintptr_t output_tokens, uintptr_t num_emitted, uintptr_t error_counts) {
+  sampling::RejectionParams p;
+  p.logits = ptr<const void>(logits);
+  p.logits_stride = logits_stride;
+  p.dtype = dtype;
+  p.num_tokens = T;
+  p.vocab = V;
+  p.query_start_loc = ptr<const int32_t>(qsl);
+  p.draft_tokens = ptr<const void>(draft_tokens);
+  p.draft_tokens_stride = draft_tokens_stride;
+  p.draft_tokens_int64 = draft_int64;
+  p.draft_probs = ptr<const float>(draft_probs);
+  p.draft_probs_stride_r = probs_stride_r;
+  p.draft_probs_stride_k = probs_stride_k;
+  p.temperature = ptr<const float>(temperature);
+  p.seeds = ptr<const int64_t>(seeds);
+  p.offset = offset;
+  p.offset_ptr = ptr<const int64_t>(offset_ptr);
+  p.num_reqs = R;
+  p.max_drafts = K;
+  p.output_tokens = ptr<int32_t>(output_tokens);
+  p.num_emitted = ptr<int32_t>(num_emitted);
+  p.error_counts = ptr<int32_t>(error_counts);
+  return run_on(on_cuda, stream, p, sampling::rejection_sample_cpu, AV_CUDA_FN(sampling::rejection_sample_cuda));
+}
+
+int sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t logits_stride, int32_t dtype, int64_t V,
+              int32_t N, uintptr_t temperature, uintptr_t seeds, uint64_t offset, uintptr_t offset_ptr,
+              uintptr_t tokens, uintptr_t error_counts) {
+  sampling::SampleParams p;
+  p.logits = ptr<const void>(logits);
+  p.logits_stride = logits_stride;
+  p.dtype = dtype;
+  p.vocab = V;
+  p.num_rows = N;
+  p.temperature = ptr<const float>(temperature);
+  p.seeds = ptr<const int64_t>(seeds);
+  p.offset = offset;
+  p.offset_ptr = ptr<const int64_t>(offset_ptr);
+  p.tokens = ptr<int32_t>(tokens);
+  p.error_counts = ptr<int32_t>(error_counts);
+  return run_on(on_cuda, stream, p, sampling::sample_cpu, AV_CUDA_FN(sampling::sample_cuda));
+}
+
 int64_t plan_workspace_keys(int64_t R, int64_t K) {
 #ifdef AV_WITH_CUDA
   return planner::cuda_workspace_keys(R, K);
@@ -284,6 +335,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("confidence_from_logits", &confidence_from_logits_op);
   m.def("draft_margin", &draft_margin_op);
   m.def("stats_update", &stats_update_op);
+  m.def("rejection_sample", &rejection_sample_op);
+  m.def("sample", &sample_op);
   m.attr("STATUS_OK") = int(kOk);
   m.attr("STATUS_DRAFTS_OUT_OF_RANGE") = int(kErrDraftsOutOfRange);
   m.attr("STATUS_BLOCK_TABLE_TOO_SHORT") = int(kErrBlockTableTooShort);

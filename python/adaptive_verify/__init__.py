@@ -12,6 +12,7 @@ from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
 from .planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
+from .sampling import rejection_sample, sample
 from .stats import AcceptanceStats
 from . import library as _library  # noqa: F401  (registers the torch.library custom ops)
 
@@ -35,6 +36,8 @@ __all__ = [
     "load_temperatures",
     "plan_verification",
     "prefix_survival",
+    "rejection_sample",
     "reset_error_counts",
+    "sample",
     "save_temperatures",
 ]

@@ -144,3 +144,33 @@ def stats_update_(conf: Tensor, verify_lens: Tensor, num_accepted: Tensor, trial
 @stats_update_.register_fake
 def _(*args, **kwargs):
     return None
+
+
+# ---- sampling area ----
+from .sampling import _launch_rejection, _launch_sample  # noqa: E402
+
+
+@torch.library.custom_op("adaptive_verify::rejection_sample_into",
+                         mutates_args=("output_tokens", "num_emitted", "error_counts"))
+def rejection_sample_into(target_logits: Tensor, query_start_loc: Tensor, draft_tokens: Tensor,
+                          draft_probs: Optional[Tensor], temperature: Optional[Tensor], seeds: Optional[Tensor],
+                          offset: Optional[Tensor], output_tokens: Tensor, num_emitted: Tensor, error_counts: Tensor,
+                          host_offset: int) -> None:
+    _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset,
+                      output_tokens, num_emitted, error_counts, host_offset)
+
+
+@rejection_sample_into.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+@torch.library.custom_op("adaptive_verify::sample_into", mutates_args=("out", "error_counts"))
+def sample_into(logits: Tensor, temperature: Optional[Tensor], seeds: Optional[Tensor], offset: Optional[Tensor],
+                out: Tensor, error_counts: Tensor, host_offset: int) -> None:
+    _launch_sample(logits, temperature, seeds, offset, out, error_counts, host_offset)
+
+
+@sample_into.register_fake
+def _(*args, **kwargs):
+    return None

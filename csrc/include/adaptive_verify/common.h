@@ -31,6 +31,8 @@ enum ErrorCounter : int {
   kCountSlotOutOfRange = 2,     // position beyond the block table (slot written as -1)
   kCountNanLogits = 3,          // NaN draft logits ignored by draft_margin
   kCountNanConfidence = 4,      // NaN confidences skipped by AcceptanceStats.update
+  kCountDraftIdOutOfRange = 5,  // rejection_sample: draft id outside [0, V) (rejected, never an index)
+  kCountQueryLenOutOfRange = 6, // rejection_sample: q_len < 0, > K + 1 or rows past T (clamped / padding)
   kNumErrorCounters = 16,
 };
 
@@ -51,6 +53,16 @@ AV_HD float bits_float(uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof(x));
   return x;
+#endif
+}
+
+// Adds one to an error counter: atomically on the device, plainly on the host (CPU kernels are serial).
+AV_HD void atomic_count(int32_t* counters, int slot) {
+  if (counters == nullptr) return;
+#if defined(__CUDA_ARCH__)
+  atomicAdd(counters + slot, 1);
+#else
+  counters[slot] += 1;
 #endif
 }
 

@@ -6,6 +6,7 @@
 
 #include "adaptive_verify/confidence/params.h"
 #include "adaptive_verify/planner/params.h"
+#include "adaptive_verify/sampling/params.h"
 
 namespace adaptive_verify {
 
@@ -25,5 +26,10 @@ int confidence_from_logits_cuda(const LogitParams& p, void* stream);
 int draft_margin_cuda(const MarginParams& p, void* stream);
 int stats_update_cuda(const StatsParams& p, void* stream);
 }  // namespace confidence
+
+namespace sampling {
+int rejection_sample_cuda(const RejectionParams& p, void* stream);
+int sample_cuda(const SampleParams& p, void* stream);
+}  // namespace sampling
 
 }  // namespace adaptive_verify

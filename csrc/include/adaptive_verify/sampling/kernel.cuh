@@ -1,0 +1,218 @@
+// CUDA sampler: one 256-thread block per request runs the shared algorithm (algorithm.h); every row-wide
+// step is a block reduction whose result all threads receive, so control flow stays uniform.
+//
+// NOTES:
+//  - 256 threads = sampling::kLanes: thread t owns the canonical softmax lane t (v = t, t + 256, ...) and
+//    the fixed tree that follows, so the softmax sum has the CPU kernel's bits.
+//  - Argmax-type reductions (greedy, races) are order-independent (ties go to the smaller id), so they
+//    can use warp shuffles freely.
+//  - Loads are scalar and coalesced (consecutive threads read consecutive ids); rows are read once per
+//    pass, and only the rows a request needs (up to its first rejection) are read at all.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "adaptive_verify/sampling/algorithm.h"
+
+namespace adaptive_verify {
+namespace sampling {
+
+struct SamplerConfig {
+  static constexpr int kThreads = kLanes;
+  static_assert(kThreads == 256, "the canonical softmax sum assigns one lane per thread");
+};
+
+struct BlockScratch {
+  float s[SamplerConfig::kThreads / 32];
+  int64_t v[SamplerConfig::kThreads / 32];
+  float lanes[SamplerConfig::kThreads];
+  float bcast_f;
+  int64_t bcast_v;
+};
+
+// (score, id) argmax over the block under `better`; every thread gets the winner's id (-1 if none).
+__device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float os = __shfl_xor_sync(0xffffffffu, s, off);
+    const int64_t ov = __shfl_xor_sync(0xffffffffu, v, off);
+    if (ov >= 0 && (v < 0 || better(os, ov, s, v))) {
+      s = os;
+      v = ov;
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sh.s[warp] = s;
+    sh.v[warp] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float bs = sh.s[0];
+    int64_t bv = sh.v[0];
+    for (int w = 1; w < SamplerConfig::kThreads / 32; ++w)
+      if (sh.v[w] >= 0 && (bv < 0 || better(sh.s[w], sh.v[w], bs, bv))) {
+        bs = sh.s[w];
+        bv = sh.v[w];
+      }
+    sh.bcast_v = bv;
+  }
+  __syncthreads();
+  const int64_t out = sh.bcast_v;
+  __syncthreads();
+  return out;
+}
+
+__device__ float block_max(float m, BlockScratch& sh) {
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) sh.s[warp] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float all = sh.s[0];
+    for (int w = 1; w < SamplerConfig::kThreads / 32; ++w) all = fmaxf(all, sh.s[w]);
+    sh.bcast_f = all;
+  }
+  __syncthreads();
+  const float out = sh.bcast_f;
+  __syncthreads();
+  return out;
+}
+
+template <typename T>
+struct GpuRows {
+  BlockScratch& sh;
+
+  __device__ int64_t argmax(const T* row, int64_t V) const {
+    float best = -INFINITY;
+    int64_t id = -1;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
+      const float x = to_float(row[v]);
+      if (x > best || (id < 0 && x == best)) {
+        best = x;
+        id = v;
+      }
+    }
+    // -inf entries are real candidates here (a row of -inf returns its first id, like the CPU's 0).
+    const int64_t w = block_best(best, id, sh);
+    return w < 0 ? 0 : w;
+  }
+
+  __device__ float max_scaled(const T* row, int64_t V, float temp) const {
+    float m = -INFINITY;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
+      const float z = fdiv(to_float(row[v]), temp);
+      m = z > m ? z : m;
+    }
+    return block_max(m, sh);
+  }
+
+  __device__ int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) const {
+    const float floor_z = max_scaled(row, V, temp) - kRaceWindow;
+    float best = -INFINITY;
+    int64_t id = -1;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
+      const float z = fdiv(to_float(row[v]), temp);
+      if (!(z >= floor_z)) continue;
+      const float s = race_score(z, rng, j, stream, v);
+      if (better(s, v, best, id)) {
+        best = s;
+        id = v;
+      }
+    }
+    const int64_t w = block_best(best, id, sh);
+    return w < 0 ? 0 : w;
+  }
+
+  __device__ SoftmaxStats softmax_stats(const T* row, int64_t V, float temp) const {
+    const float m = max_scaled(row, V, temp);
+    float lane = 0.f;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads)
+      lane = fadd(lane, av_exp(fsub(fdiv(to_float(row[v]), temp), m)));
+    sh.lanes[threadIdx.x] = lane;
+    __syncthreads();
+    for (int s = SamplerConfig::kThreads / 2; s >= 1; s /= 2) {
+      if (threadIdx.x < s) sh.lanes[threadIdx.x] = fadd(sh.lanes[threadIdx.x], sh.lanes[threadIdx.x + s]);
+      __syncthreads();
+    }
+    const float sum = sh.lanes[0];
+    __syncthreads();
+    return SoftmaxStats{m, sum};
+  }
+
+  __device__ int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
+                                   const Rng& rng, int32_t j) const {
+    if (!(st.max > -INFINITY)) return 0;
+    float best_w = 0.f, best_p = -1.f;
+    int64_t id_w = -1, id_p = -1;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
+      const float pv = fdiv(av_exp(fsub(fdiv(to_float(row[v]), temp), st.max)), st.sum);
+      const float w = fsub(pv, q[v]);
+      const float e = -av_log(rng.uniform(j, kRace, uint64_t(v)));
+      if (w > 0.f) {
+        const float key = fdiv(w, e);
+        if (better(key, v, best_w, id_w)) {
+          best_w = key;
+          id_w = v;
+        }
+      }
+      const float key_p = fdiv(pv, e);
+      if (better(key_p, v, best_p, id_p)) {
+        best_p = key_p;
+        id_p = v;
+      }
+    }
+    const int64_t w = block_best(best_w, id_w, sh);
+    const int64_t pw = block_best(best_p, id_p, sh);
+    return w >= 0 ? w : (pw >= 0 ? pw : 0);
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(SamplerConfig::kThreads) rejection_kernel(const RejectionParams p) {
+  __shared__ BlockScratch sh;
+  GpuRows<T> rows{sh};
+  rejection_request<T>(p, blockIdx.x, rows, threadIdx.x == 0);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const SampleParams p) {
+  __shared__ BlockScratch sh;
+  GpuRows<T> rows{sh};
+  const int32_t i = blockIdx.x;
+  const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
+  const float temp = p.temperature != nullptr ? p.temperature[i] : 0.f;
+  const Rng rng{p.seeds != nullptr ? uint64_t(p.seeds[i]) : 0ull,
+                p.offset_ptr != nullptr ? uint64_t(*p.offset_ptr) : p.offset};
+  const int64_t tok = temp > 0.f ? rows.race(row, p.vocab, temp, rng, 0, kSample) : rows.argmax(row, p.vocab);
+  if (threadIdx.x == 0) p.tokens[i] = int32_t(tok);
+}
+
+template <typename Fn>
+cudaError_t dispatch_sampling_dtype(int32_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: fn(float{}); break;
+    case kFloat16: fn(half_t{}); break;
+    case kBFloat16: fn(bf16_t{}); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+inline cudaError_t launch_rejection(const RejectionParams& p, cudaStream_t stream) {
+  if (p.num_reqs == 0) return cudaSuccess;
+  return dispatch_sampling_dtype(p.dtype, [&](auto tag) {
+    rejection_kernel<decltype(tag)><<<p.num_reqs, SamplerConfig::kThreads, 0, stream>>>(p);
+  });
+}
+
+inline cudaError_t launch_sample(const SampleParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  return dispatch_sampling_dtype(p.dtype, [&](auto tag) {
+    sample_kernel<decltype(tag)><<<p.num_rows, SamplerConfig::kThreads, 0, stream>>>(p);
+  });
+}
+
+}  // namespace sampling
+}  // namespace adaptive_verify

@@ -1,0 +1,124 @@
+// C++ CPU sampler: the shared per-request algorithm (algorithm.h) with sequential row reductions.
+#include <cmath>
+
+#include "adaptive_verify/sampling/algorithm.h"
+#include "adaptive_verify/sampling/cpu.h"
+
+namespace adaptive_verify {
+namespace sampling {
+namespace {
+
+template <typename T>
+struct CpuRows {
+  // Largest logit, ties to the smallest id, NaN ignored; 0 when no logit is a number.
+  int64_t argmax(const T* row, int64_t V) const {
+    float best = -INFINITY;
+    int64_t id = -1;
+    for (int64_t v = 0; v < V; ++v) {
+      const float x = to_float(row[v]);
+      if (x > best || (id < 0 && x == best)) {
+        best = x;
+        id = v;
+      }
+    }
+    return id < 0 ? 0 : id;
+  }
+
+  float max_scaled(const T* row, int64_t V, float temp) const {
+    float m = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      const float z = fdiv(to_float(row[v]), temp);
+      m = z > m ? z : m;
+    }
+    return m;
+  }
+
+  int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) const {
+    const float floor_z = max_scaled(row, V, temp) - kRaceWindow;
+    float best = -INFINITY;
+    int64_t id = -1;
+    for (int64_t v = 0; v < V; ++v) {
+      const float z = fdiv(to_float(row[v]), temp);
+      if (!(z >= floor_z)) continue;  // cannot win (or NaN)
+      const float s = race_score(z, rng, j, stream, v);
+      if (better(s, v, best, id)) {
+        best = s;
+        id = v;
+      }
+    }
+    return id < 0 ? 0 : id;
+  }
+
+  SoftmaxStats softmax_stats(const T* row, int64_t V, float temp) const {
+    const float m = max_scaled(row, V, temp);
+    float lanes[kLanes] = {};
+    for (int64_t v = 0; v < V; ++v)  // lane v % kLanes adds its terms in increasing v: the canonical order
+      lanes[v % kLanes] = fadd(lanes[v % kLanes], av_exp(fsub(fdiv(to_float(row[v]), temp), m)));
+    for (int s = kLanes / 2; s >= 1; s /= 2)
+      for (int l = 0; l < s; ++l) lanes[l] = fadd(lanes[l], lanes[l + s]);
+    return SoftmaxStats{m, lanes[0]};
+  }
+
+  // argmax_v max(p_v - q_v, 0) / E_v; when every weight is 0, argmax_v p_v / E_v.
+  int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
+                        const Rng& rng, int32_t j) const {
+    if (!(st.max > -INFINITY)) return 0;
+    float best_w = 0.f, best_p = -1.f;
+    int64_t id_w = -1, id_p = -1;
+    for (int64_t v = 0; v < V; ++v) {
+      const float pv = fdiv(av_exp(fsub(fdiv(to_float(row[v]), temp), st.max)), st.sum);
+      const float w = fsub(pv, q[v]);
+      const float e = -av_log(rng.uniform(j, kRace, uint64_t(v)));
+      if (w > 0.f) {
+        const float key = fdiv(w, e);
+        if (better(key, v, best_w, id_w)) {
+          best_w = key;
+          id_w = v;
+        }
+      }
+      const float key_p = fdiv(pv, e);
+      if (better(key_p, v, best_p, id_p)) {
+        best_p = key_p;
+        id_p = v;
+      }
+    }
+    return id_w >= 0 ? id_w : (id_p >= 0 ? id_p : 0);
+  }
+};
+
+template <typename Fn>
+int dispatch(int32_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: fn(float{}); return kOk;
+    case kFloat16: fn(half_t{}); return kOk;
+    case kBFloat16: fn(bf16_t{}); return kOk;
+    default: return kErrBadArgument;
+  }
+}
+
+}  // namespace
+
+int rejection_sample_cpu(const RejectionParams& p) {
+  return dispatch(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    CpuRows<T> rows;
+    for (int32_t r = 0; r < p.num_reqs; ++r) rejection_request<T>(p, r, rows, true);
+  });
+}
+
+int sample_cpu(const SampleParams& p) {
+  return dispatch(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    CpuRows<T> rows;
+    const uint64_t offset = p.offset_ptr != nullptr ? uint64_t(*p.offset_ptr) : p.offset;
+    for (int32_t i = 0; i < p.num_rows; ++i) {
+      const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
+      const float temp = p.temperature != nullptr ? p.temperature[i] : 0.f;
+      const Rng rng{p.seeds != nullptr ? uint64_t(p.seeds[i]) : 0ull, offset};
+      p.tokens[i] = int32_t(temp > 0.f ? rows.race(row, p.vocab, temp, rng, 0, kSample) : rows.argmax(row, p.vocab));
+    }
+  });
+}
+
+}  // namespace sampling
+}  // namespace adaptive_verify

@@ -1,0 +1,187 @@
+"""Lossless varlen rejection sampling (design section 7).
+
+After the target's verification forward, request r has 1 + L[r] logit rows starting at query_start_loc[r]:
+row j judges draft j, row L[r] gives the bonus token. ``rejection_sample`` accepts the longest prefix of
+drafts that passes the rejection test and emits one more token: at the first rejection a sample from the
+residual distribution normalise(max(p - q, 0)), or the bonus sample when every draft passed. The emitted
+tokens follow the target's distribution exactly, whatever the drafter proposed.
+
+Terms: *accepted* drafts pass the test; the *recovered* token replaces the first rejected draft; the *bonus*
+token follows a fully accepted block. ``num_emitted = accepted + 1``.
+
+How (csrc/include/adaptive_verify/sampling/math.h has the exact arithmetic):
+- greedy requests (temperature 0) accept draft x iff x is the row's argmax (ties: smallest id);
+- one-hot drafts (``draft_probs=None``: drafts taken by argmax or otherwise without a distribution) run one
+  exponential race per row, which samples the target distribution: accept iff it lands on the draft,
+  else its winner is the recovered token (for one-hot q this is the same law as u * q(x) < p(x) followed by
+  a residual sample);
+- with ``draft_probs``, accept iff u * q(x) < p(x); on rejection an exponential race over max(p - q, 0).
+No probability tensor is materialised: each needed row is streamed once or twice, and rows past a request's
+first rejection are never read. Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position),
+not by the request's place in the batch, so results are reproducible, batch-invariant and CUDA-graph safe
+(pass ``offset`` as a 0-d int64 device tensor and advance it in place between replays).
+
+Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
+draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
+is clamped to K drafts and q_len < 0 or rows past T make a padding row (``query_len_out_of_range``); NaN
+logits never win; a row without any finite logit emits id 0. The CPU path raises ValueError for negative
+temperatures; on CUDA a negative or NaN temperature means greedy.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from . import errors
+from ._ext import _C, check_status
+from ._validate import DTYPE_CODES, check_device, check_tensor, ptr, stream_of
+
+
+def _offset(offset, device):
+    """(host offset, 0-d int64 device tensor or None)."""
+    if isinstance(offset, torch.Tensor):
+        check_tensor("offset", offset, dtypes=(torch.int64,), device=device, shape=(), inner_contiguous=False)
+        return 0, offset
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int or a 0-d int64 tensor, got {type(offset).__name__}")
+    if not 0 <= offset < 2**64:
+        raise ValueError(f"offset must be in [0, 2^64), got {offset}")
+    return offset, None
+
+
+def _per_request(name, t, n, device, dtype):
+    if t is None:
+        return None
+    check_tensor(name, t, dtypes=(dtype,), device=device, shape=(n,), inner_contiguous=False)
+    return t
+
+
+def _check_temperature_values(temperature):
+    if temperature is not None and temperature.device.type == "cpu":
+        if bool((temperature < 0).any()) or bool(torch.isnan(temperature).any()):
+            raise ValueError(f"temperature must be >= 0 (0 = greedy) and not NaN, got {temperature.tolist()}")
+
+
+def rejection_sample(
+    target_logits: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: Optional[torch.Tensor] = None,
+    seeds: Optional[torch.Tensor] = None,
+    offset: Union[int, torch.Tensor] = 0,
+    out: Optional[tuple] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepts a prefix of each request's verified drafts and emits one more token, losslessly.
+
+    Args:
+        target_logits: [T, V] bf16, fp16 or fp32 (last dim contiguous); row query_start_loc[r] + j judges
+            draft j of request r, row query_start_loc[r] + L[r] gives the bonus (L[r] = q_len[r] - 1).
+        query_start_loc: [R + 1] int32 (the planner's); q_len 0 marks a padding row.
+        draft_tokens: [R, K] int32 or int64 (last dim contiguous).
+        draft_probs: [R, K, V] float32, the distribution each draft was sampled from, or None for one-hot
+            drafts.
+        temperature: [R] float32; 0 = greedy; None = every request greedy.
+        seeds: [R] int64, one per request (give each request its own, e.g. from its id); None = zeros.
+        offset: int or 0-d int64 tensor, advanced by the engine every step.
+        out: (output_tokens [R, K + 1] int32, num_emitted [R] int32) to write into.
+    Returns:
+        output_tokens [R, K + 1] int32 (accepted drafts then the recovered/bonus token, -1 padded) and
+        num_emitted [R] int32.
+    """
+    check_tensor("target_logits", target_logits, dtypes=tuple(DTYPE_CODES), ndim=2)
+    device = check_device("target_logits", target_logits)
+    T, V = target_logits.shape
+    if V < 1:
+        raise ValueError(f"target_logits must have a vocabulary of at least 1, got shape {tuple(target_logits.shape)}")
+    check_tensor("draft_tokens", draft_tokens, dtypes=(torch.int32, torch.int64), device=device, ndim=2)
+    R, K = draft_tokens.shape
+    check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
+                 inner_contiguous=False)
+    if draft_probs is not None:
+        check_tensor("draft_probs", draft_probs, dtypes=(torch.float32,), device=device, shape=(R, K, V))
+    temperature = _per_request("temperature", temperature, R, device, torch.float32)
+    _check_temperature_values(temperature)
+    seeds = _per_request("seeds", seeds, R, device, torch.int64)
+    host_offset, offset_t = _offset(offset, device)
+    if out is None:
+        out = (torch.empty(R, K + 1, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device))
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError("out must be a tuple (output_tokens, num_emitted)")
+        check_tensor("out[0] (output_tokens)", out[0], dtypes=(torch.int32,), device=device, shape=(R, K + 1),
+                     inner_contiguous=False)
+        check_tensor("out[1] (num_emitted)", out[1], dtypes=(torch.int32,), device=device, shape=(R,),
+                     inner_contiguous=False)
+    if device.type == "cpu" and R > 0:
+        qsl = query_start_loc
+        if int(qsl[0]) < 0 or int(qsl[-1]) > T or bool((qsl[1:] < qsl[:-1]).any()):
+            raise ValueError(f"query_start_loc must be non-decreasing within [0, T = {T}], got {qsl.tolist()}")
+        if bool(((qsl[1:] - qsl[:-1]) > K + 1).any()):
+            raise ValueError(f"query_start_loc: a request has more than K + 1 = {K + 1} rows")
+    err = errors.error_buffer(device)
+    args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, out[0], out[1],
+            err, host_offset)
+    if torch.compiler.is_compiling():
+        torch.ops.adaptive_verify.rejection_sample_into(*args)
+    else:
+        _launch_rejection(*args)
+    return out[0], out[1]
+
+
+def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t,
+                      output_tokens, num_emitted, err, host_offset):
+    T, V = target_logits.shape
+    R, K = draft_tokens.shape
+    status = _C.rejection_sample(
+        target_logits.is_cuda, stream_of(target_logits.device), target_logits.data_ptr(), target_logits.stride(0),
+        DTYPE_CODES[target_logits.dtype], T, V, query_start_loc.data_ptr(), draft_tokens.data_ptr(),
+        draft_tokens.stride(0), draft_tokens.dtype == torch.int64, ptr(draft_probs),
+        0 if draft_probs is None else draft_probs.stride(0), 0 if draft_probs is None else draft_probs.stride(1),
+        ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), R, K, output_tokens.data_ptr(),
+        num_emitted.data_ptr(), err.data_ptr(),
+    )
+    check_status(status, "rejection_sample", target_logits.device)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: Optional[torch.Tensor] = None,
+    seeds: Optional[torch.Tensor] = None,
+    offset: Union[int, torch.Tensor] = 0,
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One token per row of logits [N, V] (rows without drafts, e.g. prefill completions): argmax where
+    temperature is 0 (or None), else an exponential race on the same generator as rejection_sample
+    (its own stream, so the two never share random numbers). Returns tokens [N] int32."""
+    check_tensor("logits", logits, dtypes=tuple(DTYPE_CODES), ndim=2)
+    device = check_device("logits", logits)
+    N, V = logits.shape
+    if V < 1:
+        raise ValueError(f"logits must have a vocabulary of at least 1, got shape {tuple(logits.shape)}")
+    temperature = _per_request("temperature", temperature, N, device, torch.float32)
+    _check_temperature_values(temperature)
+    seeds = _per_request("seeds", seeds, N, device, torch.int64)
+    host_offset, offset_t = _offset(offset, device)
+    if out is None:
+        out = torch.empty(N, dtype=torch.int32, device=device)
+    else:
+        check_tensor("out", out, dtypes=(torch.int32,), device=device, shape=(N,), inner_contiguous=False)
+    err = errors.error_buffer(device)
+    if torch.compiler.is_compiling():
+        torch.ops.adaptive_verify.sample_into(logits, temperature, seeds, offset_t, out, err, host_offset)
+    else:
+        _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset)
+    return out
+
+
+def _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset):
+    N, V = logits.shape
+    status = _C.sample(
+        logits.is_cuda, stream_of(logits.device), logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype], V, N,
+        ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), out.data_ptr(), err.data_ptr(),
+    )
+    check_status(status, "sample", logits.device)
