@@ -37,10 +37,11 @@ struct CpuRows {
     const float floor_z = max_scaled(row, V, temp) - kRaceWindow;
     float best = -INFINITY;
     int64_t id = -1;
+    RaceUniforms u{rng, j, stream};
     for (int64_t v = 0; v < V; ++v) {
       const float z = fdiv(to_float(row[v]), temp);
       if (!(z >= floor_z)) continue;  // cannot win (or NaN)
-      const float s = race_score(z, rng, j, stream, v);
+      const float s = race_score(z, u, v);
       if (better(s, v, best, id)) {
         best = s;
         id = v;
@@ -65,10 +66,11 @@ struct CpuRows {
     if (!(st.max > -INFINITY)) return 0;
     float best_w = 0.f, best_p = -1.f;
     int64_t id_w = -1, id_p = -1;
+    RaceUniforms u{rng, j, kRace};
     for (int64_t v = 0; v < V; ++v) {
       const float pv = fdiv(av_exp(fsub(fdiv(to_float(row[v]), temp), st.max)), st.sum);
       const float w = fsub(pv, q[v]);
-      const float e = -av_log(rng.uniform(j, kRace, uint64_t(v)));
+      const float e = -av_log(u.at(uint64_t(v)));
       if (w > 0.f) {
         const float key = fdiv(w, e);
         if (better(key, v, best_w, id_w)) {

@@ -22,9 +22,9 @@ struct SoftmaxStats {
   float sum;  // canonical sum of av_exp(z_v - max)
 };
 
-// Race score of one logit: z - log(E), E = -log(u), u the race uniform of (j, v).
-AV_HD float race_score(float z, const Rng& rng, int32_t j, uint32_t stream, int64_t v) {
-  const float e = -av_log(rng.uniform(j, stream, uint64_t(v)));
+// Race score of one logit: z - log(E), E = -log(u), u the race uniform of id v.
+AV_HD float race_score(float z, RaceUniforms& u, int64_t v) {
+  const float e = -av_log(u.at(uint64_t(v)));
   return fsub(z, av_log(e));
 }
 

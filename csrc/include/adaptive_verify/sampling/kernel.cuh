@@ -112,13 +112,17 @@ struct GpuRows {
     const float floor_z = max_scaled(row, V, temp) - kRaceWindow;
     float best = -INFINITY;
     int64_t id = -1;
-    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
-      const float z = fdiv(to_float(row[v]), temp);
-      if (!(z >= floor_z)) continue;
-      const float s = race_score(z, rng, j, stream, v);
-      if (better(s, v, best, id)) {
-        best = s;
-        id = v;
+    RaceUniforms u{rng, j, stream};
+    // Each thread takes 4 consecutive ids: one Philox call serves all four (argmax order is free here).
+    for (int64_t v0 = int64_t(threadIdx.x) * 4; v0 < V; v0 += 4 * SamplerConfig::kThreads) {
+      for (int64_t v = v0; v < v0 + 4 && v < V; ++v) {
+        const float z = fdiv(to_float(row[v]), temp);
+        if (!(z >= floor_z)) continue;
+        const float s = race_score(z, u, v);
+        if (better(s, v, best, id)) {
+          best = s;
+          id = v;
+        }
       }
     }
     const int64_t w = block_best(best, id, sh);
@@ -146,10 +150,11 @@ struct GpuRows {
     if (!(st.max > -INFINITY)) return 0;
     float best_w = 0.f, best_p = -1.f;
     int64_t id_w = -1, id_p = -1;
+    RaceUniforms u{rng, j, kRace};
     for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
       const float pv = fdiv(av_exp(fsub(fdiv(to_float(row[v]), temp), st.max)), st.sum);
       const float w = fsub(pv, q[v]);
-      const float e = -av_log(rng.uniform(j, kRace, uint64_t(v)));
+      const float e = -av_log(u.at(uint64_t(v)));
       if (w > 0.f) {
         const float key = fdiv(w, e);
         if (better(key, v, best_w, id_w)) {

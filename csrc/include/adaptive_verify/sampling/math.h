@@ -73,6 +73,23 @@ struct Rng {
   }
 };
 
+// One Philox call yields the race uniforms of 4 consecutive ids: keep the last block and reuse it.
+struct RaceUniforms {
+  const Rng& rng;
+  int32_t j;
+  uint32_t stream;
+  uint64_t block = ~uint64_t(0);
+  U32x4 words{};
+  AV_HD float at(uint64_t v) {
+    if ((v >> 2) != block) {
+      block = v >> 2;
+      words = philox(uint32_t(block), (uint32_t(j) << 8) | stream, uint32_t(rng.offset), uint32_t(rng.offset >> 32),
+                     uint32_t(rng.seed), uint32_t(rng.seed >> 32));
+    }
+    return to_uniform(words.x[v & 3]);
+  }
+};
+
 // ---- explicitly rounded float operations ----
 #if defined(__CUDA_ARCH__)
 AV_HD float fadd(float a, float b) { return __fadd_rn(a, b); }
