@@ -52,6 +52,9 @@ bench_rc=$?
 timeout 120 python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
   --json "$log/bench_confidence.json" >"$log/bench_confidence.txt" 2>&1
 bench_conf_rc=$?
+timeout 150 python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
+  --json "$log/bench_sampling.json" >"$log/bench_sampling.txt" 2>&1
+bench_samp_rc=$?
 
 {
   echo "# GPU check: $(date -u +%Y-%m-%d)"
@@ -71,6 +74,7 @@ bench_conf_rc=$?
   echo "| CPU tests | $(status $cpu_rc): $(tail -1 "$log/cpu_tests.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
+  echo "| sampling benchmark | $(status $bench_samp_rc) |"
   echo
   echo "## Kernel resources (ptxas)"
   echo
@@ -78,7 +82,7 @@ bench_conf_rc=$?
   cat "$log/ptxas.txt"
   echo '```'
   echo
-  for b in planner confidence; do
+  for b in planner confidence sampling; do
     if [ -s "$log/bench_$b.md" ]; then cat "$log/bench_$b.md"; else echo '```'; tail -40 "$log/bench_$b.txt"; echo '```'; fi
     echo
   done
@@ -102,4 +106,4 @@ bench_conf_rc=$?
 } >"$report"
 cp "$log"/*.txt "$log"/*.json "$(dirname "$report")"/ 2>/dev/null || true
 echo "report written to $report"
-[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ]
+[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ]

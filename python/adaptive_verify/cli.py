@@ -2,6 +2,7 @@
 
     adaptive-verify bench planner [options]     planner microbenchmark (CPU; CUDA too when available)
     adaptive-verify bench confidence [options]  confidence-head microbenchmark
+    adaptive-verify bench sampling [options]    rejection-sampling microbenchmark
     adaptive-verify calibrate DUMP [options]    fit STS temperatures to a dump of (logits, accepted lengths)
     adaptive-verify info                        how the extension was built and whether CUDA can run
 """
@@ -13,7 +14,11 @@ import os
 import sys
 from typing import Optional
 
-BENCHMARKS = {"confidence": "adaptive_verify.bench.confidence", "planner": "adaptive_verify.bench.planner"}
+BENCHMARKS = {
+    "confidence": "adaptive_verify.bench.confidence",
+    "planner": "adaptive_verify.bench.planner",
+    "sampling": "adaptive_verify.bench.sampling",
+}
 
 CALIBRATE_HELP = """\
 Fit sequential temperature scaling (STS) to held-out drafts and write the temperatures as JSON.
