@@ -207,3 +207,223 @@ def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins):
                 survivals[j, b] += int(j < int(num_accepted[r]))
                 conf_sum[j, b] += min(max(c, 0.0), 1.0)
     return trials, survivals, conf_sum
+
+
+# ----------------------------------------------------------------------------------------------------
+# sampling area: bit-exact oracles of csrc/include/adaptive_verify/sampling/math.h
+#
+# Every float operation below is one torch op on float32 tensors, so each rounds once to float32, in
+# the header's order (no fused multiply-add, no wider intermediate). Integers are int64 tensors masked
+# to 32 bits. Terms: a draft is *accepted* or *rejected*; the token emitted at the first rejection is
+# the *recovered* token; the token emitted after L accepted drafts is the *bonus* token.
+# ----------------------------------------------------------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+_LANES = 256  # kLanes: partial sums of the canonical softmax summation
+_ACCEPT, _RACE, _SAMPLE = 0, 1, 2  # Philox streams
+
+
+def _c(v: float) -> torch.Tensor:
+    """A float32 constant (the header's `f` literals round the same way)."""
+    return torch.tensor(v, dtype=torch.float32)
+
+
+def _fadd(a, b):
+    return torch.add(a, b)
+
+
+def _fsub(a, b):
+    return torch.sub(a, b)
+
+
+def _fmul(a, b):
+    return torch.mul(a, b)
+
+
+def _fdiv(a, b):
+    return torch.div(a, b)
+
+
+def _mulhilo(a: torch.Tensor, b: int):
+    """(hi, lo) 32-bit words of a * b for uint32 values in int64 `a`, without overflowing int64."""
+    x = a * (b & 0xFFFF)  # < 2^48
+    t = a * (b >> 16) + (x >> 16)  # a * b == t * 2^16 + (x & 0xffff), t < 2^49
+    return t >> 16, ((t & 0xFFFF) << 16) | (x & 0xFFFF)
+
+
+def philox(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
+    """Philox4x32-10 of (counter, key), each an int or int64 tensor (broadcast; low 32 bits used).
+
+    Returns int64 [..., 4] holding the four uint32 output words.
+    """
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*(torch.as_tensor(v, dtype=torch.int64) & _M32
+                                                       for v in (c0, c1, c2, c3, k0, k1)))
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(c0, 0xD2511F53)
+        hi1, lo1 = _mulhilo(c2, 0xCD9E8D57)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return torch.stack([c0, c1, c2, c3], dim=-1)
+
+
+def to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """24 random bits to float32 (k + 0.5) * 2^-24 in (0, 1), exact."""
+    return _fmul(_fadd((bits >> 8).to(torch.float32), _c(0.5)), _c(5.9604644775390625e-08))
+
+
+def uniforms(seed, offset, j: int, stream: int, index) -> torch.Tensor:
+    """Uniform number `index` (int64 tensor) of (seed, offset, position j, stream): word index & 3 of the
+    Philox block keyed by seed with counter (index >> 2, j << 8 | stream, offset lo, offset hi)."""
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    offset = torch.as_tensor(offset, dtype=torch.int64)
+    index = torch.as_tensor(index, dtype=torch.int64)
+    words = philox(index >> 2, (j << 8) | stream, offset, offset >> 32, seed, seed >> 32)
+    return to_uniform(words.gather(-1, (index & 3).unsqueeze(-1)).squeeze(-1))
+
+
+def _bits_float(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)  # bits < 2^31 here
+
+
+def av_log(x: torch.Tensor) -> torch.Tensor:
+    """The header's av_log: natural log of positive normal float32 values."""
+    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & _M32
+    e = ((bits >> 23) & 0xFF) - 127
+    m = _bits_float((bits & 0x007FFFFF) | 0x3F800000)
+    big = m > _c(1.41421356)
+    m = torch.where(big, _fmul(m, _c(0.5)), m)
+    e = torch.where(big, e + 1, e)
+    s = _fdiv(_fsub(m, _c(1.0)), _fadd(m, _c(1.0)))
+    s2 = _fmul(s, s)
+    poly = _c(0.11111111)
+    for coef in (0.14285715, 0.2, 0.33333334):
+        poly = _fadd(_fmul(poly, s2), _c(coef))
+    t = _fadd(s, _fmul(_fmul(s, s2), poly))
+    log_m = _fadd(t, t)
+    ef = e.to(torch.float32)  # exact
+    return _fadd(_fmul(ef, _c(0.693145751953125)), _fadd(_fmul(ef, _c(1.42860677e-06)), log_m))
+
+
+def av_exp(x: torch.Tensor) -> torch.Tensor:
+    """The header's av_exp: e^x for x <= 0; 0 below -103 and for NaN."""
+    x = x.to(torch.float32)
+    valid = x > -103.0
+    x = torch.where(valid, x, _c(0.0))
+    kf = torch.floor(_fadd(_fmul(x, _c(1.44269504)), _c(0.5)))
+    r = _fsub(_fsub(x, _fmul(kf, _c(0.693145751953125))), _fmul(kf, _c(1.42860677e-06)))
+    p = _c(1.98412698e-04)
+    for coef in (1.38888889e-03, 8.33333377e-03, 4.16666679e-02, 0.166666672, 0.5, 1.0, 1.0):
+        p = _fadd(_fmul(p, r), _c(coef))
+    k = kf.to(torch.int64).clamp(max=0)
+    normal = _fmul(p, _bits_float((k.clamp(min=-126) + 127) << 23))
+    tiny = _fmul(_fmul(p, _bits_float((k.clamp(min=-191) + 127 + 64) << 23)), _bits_float(torch.tensor(0x1F800000)))
+    return torch.where(valid, torch.where(k >= -126, normal, tiny), _c(0.0))
+
+
+def canonical_sum(terms: torch.Tensor) -> torch.Tensor:
+    """Sum of float32 [V] in the kernels' order: 256 lanes, lane l adding v = l, l + 256, ... in turn,
+    then the pairwise tree lane[l] += lane[l + s], s = 128 .. 1. Zero padding is exact."""
+    V = terms.numel()
+    padded = torch.zeros(max(1, -(-V // _LANES)) * _LANES, dtype=torch.float32)
+    padded[:V] = terms
+    rows = padded.view(-1, _LANES)
+    part = rows[0].clone()
+    for row in rows[1:]:
+        part = _fadd(part, row)
+    s = _LANES // 2
+    while s >= 1:
+        part = _fadd(part[:s], part[s:2 * s])
+        s //= 2
+    return part[0]
+
+
+def _argmax(x: torch.Tensor) -> int:
+    """First maximum (smallest id), NaN treated as -inf; 0 when nothing beats -inf."""
+    return int(torch.argmax(torch.where(torch.isnan(x), _c(float("-inf")), x)))
+
+
+def _race(z: torch.Tensor, seed, offset, j: int, stream: int) -> int:
+    """Gumbel-max sample of softmax(z): argmax_v z_v - av_log(E_v), E_v = -av_log(u_v)."""
+    E = -av_log(uniforms(seed, offset, j, stream, torch.arange(z.numel())))
+    return _argmax(_fsub(z, av_log(E)))
+
+
+def _judge_with_probs(z, q, x, seed, offset, j):
+    """(accepted, recovered token) for draft x ~ q judged by logits z / T (float32 [V])."""
+    V = z.numel()
+    m = torch.where(torch.isnan(z), _c(float("-inf")), z).max()
+    if not bool(torch.isfinite(m)):  # no finite logit (or +inf): no distribution, reject and emit id 0
+        return False, 0
+    e = av_exp(_fsub(z, m))
+    p = _fdiv(e, canonical_sum(e))
+    if 0 <= x < V and float(q[x]) != 0.0:
+        u = uniforms(seed, offset, j, _ACCEPT, torch.tensor(0))
+        if bool(_fmul(u, q[x]) < p[x]):
+            return True, x
+    w = torch.clamp(_fsub(p, q), min=0.0)
+    if not bool((w != 0).any()):
+        w = p
+    E = -av_log(uniforms(seed, offset, j, _RACE, torch.arange(V)))
+    return False, _argmax(_fdiv(w, E))
+
+
+def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_probs=None, temperature=None,
+                     seeds=None, offset=0):
+    """Reference of adaptive_verify.rejection_sample (same arguments, ``out`` excepted).
+
+    Request r judges its L[r] = q_len[r] - 1 drafts with rows query_start_loc[r] + j (q_len 0: padding,
+    nothing emitted). Greedy (T = 0): accept iff the draft is the argmax. Without draft_probs: one race
+    per row, accept iff it picks the draft, else emit its winner. With draft_probs: accept iff
+    u * q(x) < p(x), else emit the residual race argmax max(p - q, 0) / E. Bonus after L accepted drafts:
+    argmax or race of row L. A row with no finite logit emits id 0 (greedy, race and residual alike).
+    Returns (output_tokens [R, K + 1] int32 padded with -1, num_emitted [R] int32).
+    """
+    R, K = draft_tokens.shape
+    V = target_logits.shape[1]
+    logits = target_logits.detach().cpu().to(torch.float32)
+    qsl = query_start_loc.cpu().long().tolist()
+    drafts = draft_tokens.cpu().long()
+    probs = None if draft_probs is None else draft_probs.detach().cpu().to(torch.float32)
+    temps = torch.zeros(R) if temperature is None else temperature.cpu().to(torch.float32)
+    seeds = torch.zeros(R, dtype=torch.int64) if seeds is None else seeds.cpu().long()
+    offset = int(offset)
+    out = torch.full((R, K + 1), -1, dtype=torch.int32)
+    emitted = torch.zeros(R, dtype=torch.int32)
+    for r in range(R):
+        q_len = qsl[r + 1] - qsl[r]
+        if q_len == 0:
+            continue
+        T, seed = temps[r], seeds[r]
+        n = 0
+        for j in range(q_len):
+            row = logits[qsl[r] + j]
+            bonus = j == q_len - 1
+            x = None if bonus else int(drafts[r, j])
+            if float(T) == 0.0:
+                y = _argmax(row)
+                accepted = y == x
+            elif bonus or probs is None:
+                y = _race(_fdiv(row, T), seed, offset, j, _RACE)
+                accepted = y == x
+            else:
+                accepted, y = _judge_with_probs(_fdiv(row, T), probs[r, j], x, seed, offset, j)
+            out[r, n] = y
+            n += 1
+            if not accepted:
+                break
+        emitted[r] = n
+    dev = target_logits.device
+    return out.to(dev), emitted.to(dev)
+
+
+def sample(logits, temperature=None, seeds=None, offset=0):
+    """Reference of adaptive_verify.sample: argmax (T = 0) or a race on stream 2, position 0, per row."""
+    N = logits.shape[0]
+    x = logits.detach().cpu().to(torch.float32)
+    temps = torch.zeros(N) if temperature is None else temperature.cpu().to(torch.float32)
+    seeds = torch.zeros(N, dtype=torch.int64) if seeds is None else seeds.cpu().long()
+    out = torch.empty(N, dtype=torch.int32)
+    for n in range(N):
+        T = temps[n]
+        out[n] = _argmax(x[n]) if float(T) == 0.0 else _race(_fdiv(x[n], T), seeds[n], int(offset), 0, _SAMPLE)
+    return out.to(logits.device)
