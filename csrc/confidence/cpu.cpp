@@ -86,12 +86,7 @@ int32_t margin_impl(const MarginParams& p) {
 
 template <typename Fn>
 int dispatch(int32_t dtype, Fn&& fn) {
-  switch (dtype) {
-    case kFloat32: fn(float{}); return kOk;
-    case kFloat16: fn(half_t{}); return kOk;
-    case kBFloat16: fn(bf16_t{}); return kOk;
-    default: return kErrBadArgument;
-  }
+  return dispatch_dtype(dtype, fn) ? kOk : kErrBadArgument;
 }
 
 }  // namespace

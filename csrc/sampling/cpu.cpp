@@ -64,38 +64,16 @@ struct CpuRows {
   int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
                         const Rng& rng, int32_t j) const {
     if (!(st.max > -INFINITY)) return 0;
-    float best_w = 0.f, best_p = -1.f;
-    int64_t id_w = -1, id_p = -1;
+    ResidualBest best;
     RaceUniforms u{rng, j, kRace};
-    for (int64_t v = 0; v < V; ++v) {
-      const float pv = fdiv(av_exp(fsub(fdiv(to_float(row[v]), temp), st.max)), st.sum);
-      const float w = fsub(pv, q[v]);
-      const float e = -av_log(u.at(uint64_t(v)));
-      if (w > 0.f) {
-        const float key = fdiv(w, e);
-        if (better(key, v, best_w, id_w)) {
-          best_w = key;
-          id_w = v;
-        }
-      }
-      const float key_p = fdiv(pv, e);
-      if (better(key_p, v, best_p, id_p)) {
-        best_p = key_p;
-        id_p = v;
-      }
-    }
-    return id_w >= 0 ? id_w : (id_p >= 0 ? id_p : 0);
+    for (int64_t v = 0; v < V; ++v) best.push(to_float(row[v]), q[v], temp, st, u, v);
+    return best.id_w >= 0 ? best.id_w : (best.id_p >= 0 ? best.id_p : 0);
   }
 };
 
 template <typename Fn>
 int dispatch(int32_t dtype, Fn&& fn) {
-  switch (dtype) {
-    case kFloat32: fn(float{}); return kOk;
-    case kFloat16: fn(half_t{}); return kOk;
-    case kBFloat16: fn(bf16_t{}); return kOk;
-    default: return kErrBadArgument;
-  }
+  return dispatch_dtype(dtype, fn) ? kOk : kErrBadArgument;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "adaptive_verify/common.h"
 
 #if defined(__CUDACC__)
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif
@@ -41,6 +42,26 @@ AV_HD float half_to_float(uint16_t h) {
   return bits_float(float_bits(f) | sign);
 #endif
 }
+
+// Calls fn(T{}) with the storage type of a DType code; false for an unknown code.
+template <typename Fn>
+inline bool dispatch_dtype(int32_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: fn(float{}); return true;
+    case kFloat16: fn(half_t{}); return true;
+    case kBFloat16: fn(bf16_t{}); return true;
+    default: return false;
+  }
+}
+
+#if defined(__CUDACC__)
+// Launches through fn(T{}) for the storage type of `dtype`, then reports the launch's error.
+template <typename Fn>
+inline cudaError_t launch_for_dtype(int32_t dtype, Fn&& fn) {
+  if (!dispatch_dtype(dtype, fn)) return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+#endif
 
 AV_HD float to_float(float x) { return x; }
 AV_HD float to_float(half_t x) { return half_to_float(x.bits); }

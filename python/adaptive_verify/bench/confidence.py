@@ -8,16 +8,14 @@ against a plain copy's bandwidth measured in the same process.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 from typing import Optional
 
 import torch
 
 from ..confidence import confidence
-from .report import markdown_table
-from .timing import copy_bandwidth_gbps, cuda_graph_time_us, cuda_time_us, host_time_us
+from .report import cli_main, markdown_table
+from .timing import copy_bandwidth_gbps, cuda_graph_time_us, host_time_us
 
 SHAPES = [(256, 8, 7168, 256), (64, 8, 4096, 0), (16, 4, 4096, 256), (1, 8, 7168, 256)]
 
@@ -87,23 +85,13 @@ def report(result: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="adaptive-verify bench confidence", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--min-time", type=float, default=0.2)
-    ap.add_argument("--json")
-    ap.add_argument("--markdown")
-    args = ap.parse_args(argv)
-    result = run(device=args.device, min_time_s=args.min_time)
-    text = report(result)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    return 0
+    def add_arguments(ap):
+        ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+        ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
+    return cli_main(argv, prog="adaptive-verify bench confidence", description=__doc__.split("\n\n")[0],
+                    add_arguments=add_arguments, report=report,
+                    run=lambda a: run(device=a.device, min_time_s=a.min_time))
 
 if __name__ == "__main__":
     raise SystemExit(main())

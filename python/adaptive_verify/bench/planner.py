@@ -18,9 +18,7 @@ Inputs: confidences uniform in [0.4, 1], every request drafts K tokens, the bund
 """
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import platform
 import warnings
 from typing import Optional
@@ -30,7 +28,7 @@ import torch
 from .. import errors, reference
 from ..cost import CostTable
 from ..planner import PlanArgs, VerifyPlan, _launch_plan, plan_verification, prefix_survival, resolve_plan_args
-from .report import markdown_table
+from .report import cli_main, markdown_table
 from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
 
 R_VALUES = (1, 16, 64, 256, 1024)
@@ -185,25 +183,15 @@ def report(result: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="adaptive-verify bench planner", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reqs", type=int, nargs="+", default=list(R_VALUES), help="R values")
-    ap.add_argument("--drafts", type=int, nargs="+", default=list(K_VALUES), help="K values")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
-    ap.add_argument("--json", help="also write the raw results to this JSON file")
-    ap.add_argument("--markdown", help="also write the report to this markdown file")
-    args = ap.parse_args(argv)
-    result = run(args.reqs, args.drafts, device=args.device, min_time_s=args.min_time)
-    text = report(result)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    return 0
+    def add_arguments(ap):
+        ap.add_argument("--reqs", type=int, nargs="+", default=list(R_VALUES), help="R values")
+        ap.add_argument("--drafts", type=int, nargs="+", default=list(K_VALUES), help="K values")
+        ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+        ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
+    return cli_main(argv, prog="adaptive-verify bench planner", description=__doc__.split("\n\n")[0],
+                    add_arguments=add_arguments, report=report,
+                    run=lambda a: run(a.reqs, a.drafts, device=a.device, min_time_s=a.min_time))
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -12,15 +12,13 @@ to and including its last emitted token, once), against a plain copy's bandwidth
 """
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 from typing import Optional
 
 import torch
 
 from ..sampling import rejection_sample
-from .report import markdown_table
+from .report import cli_main, markdown_table
 from .timing import copy_bandwidth_gbps, cuda_graph_time_us, host_time_us
 
 R_VALUES = (1, 64, 256)
@@ -123,25 +121,15 @@ def report(result: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="adaptive-verify bench sampling", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reqs", type=int, nargs="+", default=list(R_VALUES))
-    ap.add_argument("--vocab", type=int, nargs="+", default=list(V_VALUES))
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--min-time", type=float, default=0.2)
-    ap.add_argument("--json")
-    ap.add_argument("--markdown")
-    args = ap.parse_args(argv)
-    result = run(args.reqs, args.vocab, device=args.device, min_time_s=args.min_time)
-    text = report(result)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    return 0
+    def add_arguments(ap):
+        ap.add_argument("--reqs", type=int, nargs="+", default=list(R_VALUES), help="R values")
+        ap.add_argument("--vocab", type=int, nargs="+", default=list(V_VALUES), help="V values")
+        ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+        ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
+    return cli_main(argv, prog="adaptive-verify bench sampling", description=__doc__.split("\n\n")[0],
+                    add_arguments=add_arguments, report=report,
+                    run=lambda a: run(a.reqs, a.vocab, device=a.device, min_time_s=a.min_time))
 
 if __name__ == "__main__":
     raise SystemExit(main())

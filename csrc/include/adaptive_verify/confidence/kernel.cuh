@@ -191,16 +191,6 @@ __global__ void stats_kernel(const StatsParams p) {
   atomicAdd(reinterpret_cast<unsigned long long*>(p.conf_sum + cell), static_cast<unsigned long long>(conf_fixed(c)));
 }
 
-template <typename Fn>
-cudaError_t dispatch_dtype(int32_t dtype, Fn&& fn) {
-  switch (dtype) {
-    case kFloat32: fn(float{}); break;
-    case kFloat16: fn(half_t{}); break;
-    case kBFloat16: fn(bf16_t{}); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
 
 inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
@@ -211,7 +201,7 @@ inline cudaError_t launch_confidence(const ConfidenceParams& p, cudaStream_t str
   // summation order, hence the result, does not depend on anything but the shapes).
   int32_t slices = ConfidenceConfig::kWarps / p.max_drafts;
   slices = slices < 1 ? 1 : (slices > ConfidenceConfig::kMaxSlices ? ConfidenceConfig::kMaxSlices : slices);
-  return dispatch_dtype(p.dtype, [&](auto tag) {
+  return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t bytes = sizeof(T);
     const bool vec = aligned16(p.hidden) && aligned16(p.weight) && (p.hidden_stride_r * bytes) % 16 == 0 &&
@@ -226,7 +216,7 @@ inline cudaError_t launch_confidence(const ConfidenceParams& p, cudaStream_t str
 
 inline cudaError_t launch_from_logits(const LogitParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
-  return dispatch_dtype(p.dtype, [&](auto tag) {
+  return launch_for_dtype(p.dtype, [&](auto tag) {
     from_logits_kernel<decltype(tag)><<<(p.num_reqs + 127) / 128, 128, 0, stream>>>(p);
   });
 }
@@ -234,7 +224,7 @@ inline cudaError_t launch_from_logits(const LogitParams& p, cudaStream_t stream)
 inline cudaError_t launch_margin(const MarginParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.num_reqs) * p.max_drafts;
   if (rows == 0) return cudaSuccess;
-  return dispatch_dtype(p.dtype, [&](auto tag) {
+  return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t bytes = sizeof(T);
     const bool vec = aligned16(p.logits) && (p.stride_r * bytes) % 16 == 0 && (p.stride_k * bytes) % 16 == 0;

@@ -33,6 +33,31 @@ AV_HD bool better(float s, int64_t v, float best_s, int64_t best_v) {
   return s > best_s || (s == best_s && v < best_v && best_v >= 0);
 }
 
+// Running winner of the residual race: argmax_v max(p_v - q_v, 0) / E_v, and of argmax_v p_v / E_v for
+// the fallback when every residual weight is 0 (p == q up to rounding).
+struct ResidualBest {
+  float key_w = 0.f, key_p = -1.f;
+  int64_t id_w = -1, id_p = -1;
+
+  AV_HD void push(float logit, float qv, float temp, const SoftmaxStats& st, RaceUniforms& u, int64_t v) {
+    const float pv = fdiv(av_exp(fsub(fdiv(logit, temp), st.max)), st.sum);
+    const float w = fsub(pv, qv);
+    const float e = -av_log(u.at(uint64_t(v)));
+    if (w > 0.f) {
+      const float key = fdiv(w, e);
+      if (better(key, v, key_w, id_w)) {
+        key_w = key;
+        id_w = v;
+      }
+    }
+    const float key = fdiv(pv, e);
+    if (better(key, v, key_p, id_p)) {
+      key_p = key;
+      id_p = v;
+    }
+  }
+};
+
 template <typename T>
 AV_HD int64_t draft_id(const RejectionParams& p, int32_t r, int32_t j) {
   return p.draft_tokens_int64 ? static_cast<const int64_t*>(p.draft_tokens)[int64_t(r) * p.draft_tokens_stride + j]

@@ -148,28 +148,11 @@ struct GpuRows {
   __device__ int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
                                    const Rng& rng, int32_t j) const {
     if (!(st.max > -INFINITY)) return 0;
-    float best_w = 0.f, best_p = -1.f;
-    int64_t id_w = -1, id_p = -1;
+    ResidualBest best;
     RaceUniforms u{rng, j, kRace};
-    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
-      const float pv = fdiv(av_exp(fsub(fdiv(to_float(row[v]), temp), st.max)), st.sum);
-      const float w = fsub(pv, q[v]);
-      const float e = -av_log(u.at(uint64_t(v)));
-      if (w > 0.f) {
-        const float key = fdiv(w, e);
-        if (better(key, v, best_w, id_w)) {
-          best_w = key;
-          id_w = v;
-        }
-      }
-      const float key_p = fdiv(pv, e);
-      if (better(key_p, v, best_p, id_p)) {
-        best_p = key_p;
-        id_p = v;
-      }
-    }
-    const int64_t w = block_best(best_w, id_w, sh);
-    const int64_t pw = block_best(best_p, id_p, sh);
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) best.push(to_float(row[v]), q[v], temp, st, u, v);
+    const int64_t w = block_best(best.key_w, best.id_w, sh);
+    const int64_t pw = block_best(best.key_p, best.id_p, sh);
     return w >= 0 ? w : (pw >= 0 ? pw : 0);
   }
 };
@@ -194,27 +177,17 @@ __global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const S
   if (threadIdx.x == 0) p.tokens[i] = int32_t(tok);
 }
 
-template <typename Fn>
-cudaError_t dispatch_sampling_dtype(int32_t dtype, Fn&& fn) {
-  switch (dtype) {
-    case kFloat32: fn(float{}); break;
-    case kFloat16: fn(half_t{}); break;
-    case kBFloat16: fn(bf16_t{}); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
 
 inline cudaError_t launch_rejection(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
-  return dispatch_sampling_dtype(p.dtype, [&](auto tag) {
+  return launch_for_dtype(p.dtype, [&](auto tag) {
     rejection_kernel<decltype(tag)><<<p.num_reqs, SamplerConfig::kThreads, 0, stream>>>(p);
   });
 }
 
 inline cudaError_t launch_sample(const SampleParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
-  return dispatch_sampling_dtype(p.dtype, [&](auto tag) {
+  return launch_for_dtype(p.dtype, [&](auto tag) {
     sample_kernel<decltype(tag)><<<p.num_rows, SamplerConfig::kThreads, 0, stream>>>(p);
   });
 }
