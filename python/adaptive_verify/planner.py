@@ -40,7 +40,8 @@ from typing import Optional, Union
 import torch
 
 from . import errors
-from ._ext import _C, check_status, cuda_available
+from ._ext import _C, check_status
+from ._validate import check_device, check_tensor
 from .cost import CostTable
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}
@@ -116,21 +117,9 @@ class VerifyPlan:
 
 
 def _check_tensor(name, t, *, dtype, device, shape=None, ndim=None, inner_contiguous=False):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} must be on {device} (like survival), got {t.device}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
-    if inner_contiguous and t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
-    if not inner_contiguous and not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    return t
+    """One dtype; whole-tensor contiguity unless inner_contiguous (see _validate.check_tensor)."""
+    return check_tensor(name, t, dtypes=(dtype,), device=device, ndim=ndim, shape=shape,
+                        inner_contiguous=inner_contiguous)
 
 
 def _int_tensor(name, t, device, shape):
@@ -161,13 +150,7 @@ def _survival_and_drafts(survival, drafts):
         raise ValueError(f"survival.shape[1] (K, drafts per request) must be in [1, {MAX_DRAFTS}], got {K}")
     if R > MAX_REQS:
         raise ValueError(f"survival.shape[0] (R, requests) must be <= {MAX_REQS}, got {R}")
-    device = survival.device
-    if device.type == "cuda" and not cuda_available():
-        from ._ext import build_info
-
-        raise RuntimeError(f"survival is a CUDA tensor but CUDA kernels cannot run: {build_info()['cuda_unusable_reason']}")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"survival must be a CPU or CUDA tensor, got device {device}")
+    device = check_device("survival", survival)
     drafts = _int_tensor("drafts", drafts, device, (R,))
     return R, K, device, drafts
 

@@ -356,7 +356,7 @@ def _judge_with_probs(z, q, x, seed, offset, j):
         return False, 0
     e = av_exp(_fsub(z, m))
     p = _fdiv(e, canonical_sum(e))
-    if 0 <= x < V and float(q[x]) != 0.0:
+    if 0 <= x < V and float(q[x]) > 0.0:  # q(x) == 0 (or not a probability) rejects
         u = uniforms(seed, offset, j, _ACCEPT, torch.tensor(0))
         if bool(_fmul(u, q[x]) < p[x]):
             return True, x
