@@ -10,26 +10,38 @@ namespace {
 
 template <typename T>
 struct CpuRows {
-  // Largest logit, ties to the smallest id, NaN ignored; 0 when no logit is a number.
+  int32_t* error_counts;
+
+  void count_nan(int32_t n) const {
+    if (n && error_counts) error_counts[kCountNanLogits] += n;
+  }
+
+  // Largest logit, ties to the smallest id, NaN ignored (and counted); 0 when no logit is a number.
   int64_t argmax(const T* row, int64_t V) const {
     float best = -INFINITY;
     int64_t id = -1;
+    int32_t nan = 0;
     for (int64_t v = 0; v < V; ++v) {
       const float x = to_float(row[v]);
+      nan += x != x;
       if (x > best || (id < 0 && x == best)) {
         best = x;
         id = v;
       }
     }
+    count_nan(nan);
     return id < 0 ? 0 : id;
   }
 
   float max_scaled(const T* row, int64_t V, float temp) const {
     float m = -INFINITY;
+    int32_t nan = 0;
     for (int64_t v = 0; v < V; ++v) {
       const float z = fdiv(to_float(row[v]), temp);
+      nan += z != z;
       m = z > m ? z : m;
     }
+    count_nan(nan);
     return m;
   }
 
@@ -81,7 +93,7 @@ int dispatch(int32_t dtype, Fn&& fn) {
 int rejection_sample_cpu(const RejectionParams& p) {
   return dispatch(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    CpuRows<T> rows;
+    CpuRows<T> rows{p.error_counts};
     for (int32_t r = 0; r < p.num_reqs; ++r) rejection_request<T>(p, r, rows, true);
   });
 }
@@ -89,7 +101,7 @@ int rejection_sample_cpu(const RejectionParams& p) {
 int sample_cpu(const SampleParams& p) {
   return dispatch(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    CpuRows<T> rows;
+    CpuRows<T> rows{p.error_counts};
     const uint64_t offset = p.offset_ptr != nullptr ? uint64_t(*p.offset_ptr) : p.offset;
     for (int32_t i = 0; i < p.num_rows; ++i) {
       const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;

@@ -21,7 +21,7 @@ COUNTER_NAMES = (
     "nan_survival",
     "drafts_out_of_range",  # drafts[r] outside [0, K] on CUDA: clamped (the CPU raises ValueError)
     "slot_out_of_range",  # position beyond the block table on CUDA: slot -1 (the CPU raises ValueError)
-    "nan_logits",  # NaN draft logits: ignored by draft_margin
+    "nan_logits",  # NaN logits: ignored by draft_margin, never emitted by rejection_sample / sample
     "nan_confidence",  # NaN confidences: skipped by AcceptanceStats.update (no trial recorded)
     "draft_id_out_of_range",  # rejection_sample: a draft id outside [0, V): rejected, never used as an index
     "query_len_out_of_range",  # rejection_sample: q_len < 0 or rows past T (padding), q_len > K + 1 (clamped)

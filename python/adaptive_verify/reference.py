@@ -267,15 +267,23 @@ def philox(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
 
 
 def to_uniform(bits: torch.Tensor) -> torch.Tensor:
-    """24 random bits to float32 (k + 0.5) * 2^-24 in (0, 1), exact."""
-    return _fmul(_fadd((bits >> 8).to(torch.float32), _c(0.5)), _c(5.9604644775390625e-08))
+    """23 random bits k to float32 (k + 0.5) * 2^-23 with the header's two float32 operations (exact:
+    u lies in [2^-24, 1 - 2^-24])."""
+    return _fmul(_fadd((bits >> 9).to(torch.float32), _c(0.5)), _c(1.1920928955078125e-07))
+
+
+def _int64(v) -> torch.Tensor:
+    """An int (any 64-bit pattern, e.g. an offset >= 2^63) or int64 tensor as an int64 tensor."""
+    if not isinstance(v, torch.Tensor):
+        v = int(v) & (2**64 - 1)
+        v = v - 2**64 if v >= 2**63 else v
+    return torch.as_tensor(v, dtype=torch.int64)
 
 
 def uniforms(seed, offset, j: int, stream: int, index) -> torch.Tensor:
     """Uniform number `index` (int64 tensor) of (seed, offset, position j, stream): word index & 3 of the
     Philox block keyed by seed with counter (index >> 2, j << 8 | stream, offset lo, offset hi)."""
-    seed = torch.as_tensor(seed, dtype=torch.int64)
-    offset = torch.as_tensor(offset, dtype=torch.int64)
+    seed, offset = _int64(seed), _int64(offset)
     index = torch.as_tensor(index, dtype=torch.int64)
     words = philox(index >> 2, (j << 8) | stream, offset, offset >> 32, seed, seed >> 32)
     return to_uniform(words.gather(-1, (index & 3).unsqueeze(-1)).squeeze(-1))
@@ -352,7 +360,7 @@ def _judge_with_probs(z, q, x, seed, offset, j):
     """(accepted, recovered token) for draft x ~ q judged by logits z / T (float32 [V])."""
     V = z.numel()
     m = torch.where(torch.isnan(z), _c(float("-inf")), z).max()
-    if not bool(torch.isfinite(m)):  # no finite logit (or +inf): no distribution, reject and emit id 0
+    if not bool(torch.isfinite(m)):  # no finite logit, or a +inf one: p is 0/0; reject and emit id 0
         return False, 0
     e = av_exp(_fsub(z, m))
     p = _fdiv(e, canonical_sum(e))
@@ -360,8 +368,9 @@ def _judge_with_probs(z, q, x, seed, offset, j):
         u = uniforms(seed, offset, j, _ACCEPT, torch.tensor(0))
         if bool(_fmul(u, q[x]) < p[x]):
             return True, x
-    w = torch.clamp(_fsub(p, q), min=0.0)
-    if not bool((w != 0).any()):
+    d = _fsub(p, q)
+    w = torch.where(d > 0, d, _c(0.0))  # max(p - q, 0), NaN q weighs 0
+    if not bool((w > 0).any()):
         w = p
     E = -av_log(uniforms(seed, offset, j, _RACE, torch.arange(V)))
     return False, _argmax(_fdiv(w, E))
@@ -374,12 +383,11 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
     Request r judges its L[r] = q_len[r] - 1 drafts with rows query_start_loc[r] + j (q_len 0: padding,
     nothing emitted). Greedy (T = 0): accept iff the draft is the argmax. Without draft_probs: one race
     per row, accept iff it picks the draft, else emit its winner. With draft_probs: accept iff
-    u * q(x) < p(x), else emit the residual race argmax max(p - q, 0) / E. Bonus after L accepted drafts:
+    u * q(x) < p(x) (x in [0, V) and q(x) > 0), else emit the residual race argmax max(p - q, 0) / E. Bonus after L accepted drafts:
     argmax or race of row L. A row with no finite logit emits id 0 (greedy, race and residual alike).
     Returns (output_tokens [R, K + 1] int32 padded with -1, num_emitted [R] int32).
     """
     R, K = draft_tokens.shape
-    V = target_logits.shape[1]
     logits = target_logits.detach().cpu().to(torch.float32)
     qsl = query_start_loc.cpu().long().tolist()
     drafts = draft_tokens.cpu().long()

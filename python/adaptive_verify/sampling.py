@@ -24,7 +24,8 @@ not by the request's place in the batch, so results are reproducible, batch-inva
 Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
 draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
 is clamped to K drafts and q_len < 0 or rows past T make a padding row (``query_len_out_of_range``); NaN
-logits never win; a row without any finite logit emits id 0. The CPU path raises ValueError for negative
+logits never win (``nan_logits``, once per row read for a decision); a row without any finite logit emits
+id 0. The CPU path raises ValueError for negative
 temperatures; on CUDA a negative or NaN temperature means greedy.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ enum ErrorCounter : int {
   kCountNanSurvival = 0,        // NaN confidence (prefix_survival) / request cut by a NaN survival (planner)
   kCountDraftsOutOfRange = 1,   // drafts[r] outside [0, K] on the device (clamped)
   kCountSlotOutOfRange = 2,     // position beyond the block table (slot written as -1)
-  kCountNanLogits = 3,          // NaN draft logits ignored by draft_margin
+  kCountNanLogits = 3,          // NaN logits: ignored by draft_margin, never emitted by the sampler
   kCountNanConfidence = 4,      // NaN confidences skipped by AcceptanceStats.update
   kCountDraftIdOutOfRange = 5,  // rejection_sample: draft id outside [0, V) (rejected, never an index)
   kCountQueryLenOutOfRange = 6, // rejection_sample: q_len < 0, > K + 1 or rows past T (clamped / padding)

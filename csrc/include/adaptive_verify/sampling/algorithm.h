@@ -12,9 +12,9 @@
 namespace adaptive_verify {
 namespace sampling {
 
-// Gumbel noise is at most -log(-log(1 - 2^-25)) < 17.33 and at least -log(-log(2^-25)) > -2.86, so a logit
-// more than 20.2 below the row's max (after temperature) can never win a race: it is skipped without
-// drawing its random number. Exact: skipping changes no argmax.
+// With u in [2^-24, 1 - 2^-24], Gumbel noise lies in [-log(-log 2^-24), -log(-log(1 - 2^-24))] =
+// [-2.82, 16.64], so a logit more than 19.46 below the row's max (after temperature) can never win a race:
+// it is skipped without drawing its random number. Exact: skipping changes no argmax.
 constexpr float kRaceWindow = 20.25f;
 
 struct SoftmaxStats {

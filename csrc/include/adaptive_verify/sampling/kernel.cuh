@@ -83,17 +83,25 @@ __device__ float block_max(float m, BlockScratch& sh) {
 template <typename T>
 struct GpuRows {
   BlockScratch& sh;
+  int32_t* error_counts;
+
+  __device__ void count_nan(int32_t n) const {
+    if (n && error_counts != nullptr) atomicAdd(error_counts + kCountNanLogits, n);
+  }
 
   __device__ int64_t argmax(const T* row, int64_t V) const {
     float best = -INFINITY;
     int64_t id = -1;
+    int32_t nan = 0;
     for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
       const float x = to_float(row[v]);
+      nan += x != x;
       if (x > best || (id < 0 && x == best)) {
         best = x;
         id = v;
       }
     }
+    count_nan(nan);
     // -inf entries are real candidates here (a row of -inf returns its first id, like the CPU's 0).
     const int64_t w = block_best(best, id, sh);
     return w < 0 ? 0 : w;
@@ -101,10 +109,13 @@ struct GpuRows {
 
   __device__ float max_scaled(const T* row, int64_t V, float temp) const {
     float m = -INFINITY;
+    int32_t nan = 0;
     for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
       const float z = fdiv(to_float(row[v]), temp);
+      nan += z != z;
       m = z > m ? z : m;
     }
+    count_nan(nan);
     return block_max(m, sh);
   }
 
@@ -160,14 +171,14 @@ struct GpuRows {
 template <typename T>
 __global__ void __launch_bounds__(SamplerConfig::kThreads) rejection_kernel(const RejectionParams p) {
   __shared__ BlockScratch sh;
-  GpuRows<T> rows{sh};
+  GpuRows<T> rows{sh, p.error_counts};
   rejection_request<T>(p, blockIdx.x, rows, threadIdx.x == 0);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const SampleParams p) {
   __shared__ BlockScratch sh;
-  GpuRows<T> rows{sh};
+  GpuRows<T> rows{sh, p.error_counts};
   const int32_t i = blockIdx.x;
   const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
   const float temp = p.temperature != nullptr ? p.temperature[i] : 0.f;

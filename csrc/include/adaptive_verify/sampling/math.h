@@ -16,7 +16,8 @@
 //     on rejection emit argmax_v w_v / E_v with w_v = max(p_v - q_v, 0) (all zero: w = p), E_v = -av_log(u_v).
 //   all L drafts accepted: bonus = argmax (greedy) or race(row L, L).
 //   race(row, j) = argmax_v z_v - av_log(E_v), E_v = -av_log(u_v) (Gumbel-max), ties: smallest id.
-//   NaN logits never win and are counted; ids outside [0, V) are never used as an index.
+//   NaN logits never win and are counted (once per row pass that takes the row's max, i.e. once per row
+//   read for a decision); ids outside [0, V) are never used as an index.
 // Random numbers: Philox4x32-10 keyed by the request's seed, counter (index, j << 8 | stream, offset):
 //   stream 0: the acceptance uniform (index 0); stream 1: race uniforms, index v >> 2, word v & 3;
 //   stream 2: adaptive_verify.sample() (rows without drafts). The request's index in the batch is not part
@@ -59,8 +60,9 @@ AV_HD U32x4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t 
 
 enum Stream : uint32_t { kAccept = 0, kRace = 1, kSample = 2 };
 
-// 24 random bits to a float in (0, 1): (k + 0.5) * 2^-24, exact.
-AV_HD float to_uniform(uint32_t bits) { return (float(bits >> 8) + 0.5f) * 5.9604644775390625e-08f; }
+// 23 random bits k to a float in (0, 1): (k + 0.5) * 2^-23, exact (k + 0.5 < 2^23 fits a float's 24-bit
+// significand; 24 bits would round k = 2^24 - 1 up to exactly 1.0). u lies in [2^-24, 1 - 2^-24].
+AV_HD float to_uniform(uint32_t bits) { return (float(bits >> 9) + 0.5f) * 1.1920928955078125e-07f; }
 
 struct Rng {
   uint64_t seed;
