@@ -907,3 +907,20 @@ def test_sample_bad_inputs_name_the_argument(name, value, exc):
     kw[name] = value
     with pytest.raises(exc, match=name):
         av.sample(**kw)
+
+
+def test_sampling_custom_ops_pass_opcheck():
+    g = torch.Generator().manual_seed(21)
+    logits = torch.randn(9, 40, generator=g)
+    qsl = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+    drafts = torch.randint(0, 40, (3, 4), generator=g, dtype=torch.int32)
+    q = torch.softmax(torch.randn(3, 4, 40, generator=g), -1)
+    temperature = torch.tensor([0.0, 1.0, 0.7])
+    seeds = torch.arange(3, dtype=torch.int64)
+    err = torch.zeros(16, dtype=torch.int32)
+    out = (torch.empty(3, 5, dtype=torch.int32), torch.empty(3, dtype=torch.int32))
+    for probs, offset in ((None, None), (q, torch.tensor(5, dtype=torch.int64))):
+        torch.library.opcheck(torch.ops.adaptive_verify.rejection_sample_into.default,
+                              (logits, qsl, drafts, probs, temperature, seeds, offset, out[0], out[1], err, 3))
+    torch.library.opcheck(torch.ops.adaptive_verify.sample_into.default,
+                          (logits, torch.ones(9), torch.arange(9), None, torch.empty(9, dtype=torch.int32), err, 0))
