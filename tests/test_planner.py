@@ -1026,3 +1026,22 @@ def test_out_buffers_resized_in_place_are_validated_again():
     out.token_req.resize_(3)
     with pytest.raises(ValueError, match="out.token_req"):
         av.plan_verification(S[:4].contiguous(), D[:4].contiguous(), **kw)
+
+
+def test_repeated_calls_see_new_values_in_the_same_buffers():
+    """The planner skips re-validating a repeated call's arguments: the kernel must still read the buffers'
+    current values (also for int64 drafts, which are converted, hence never remembered), and a buffer
+    reshaped in place must be validated again."""
+    ct = linear_table()
+    survival = torch.tensor([[0.9, 0.8, 0.1], [0.7, 0.2, 0.1]])
+    for drafts in (i32([3, 3]), torch.tensor([3, 3], dtype=torch.int64)):
+        first = av.plan_verification(survival, drafts, ct, mode="all")
+        assert first.verify_lens.tolist() == [3, 3]
+        drafts.copy_(torch.tensor([1, 0]))
+        survival[0, 0] = float("nan")
+        again = av.plan_verification(survival, drafts, ct, mode="all")
+        assert again.verify_lens.tolist() == [0, 0]
+        survival[0, 0] = 0.9
+    survival.resize_(2, 40)
+    with pytest.raises(ValueError, match="K"):
+        av.plan_verification(survival, drafts, ct, mode="all")

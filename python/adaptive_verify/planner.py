@@ -357,6 +357,54 @@ def _remember(memo: dict, key, value):
     return value
 
 
+def _tsig(t):
+    """What of a tensor decides its validation: identity, shape, strides, dtype, device (not its values,
+    which the kernel reads at launch)."""
+    if t is None:
+        return None
+    if isinstance(t, torch.Tensor):
+        return (id(t), t.shape, t.stride(), t.dtype, t.device)
+    return (type(t), id(t))  # not a tensor: resolve_plan_args will say so
+
+
+_ARGS_MEMO: dict = {}
+
+
+def _resolve_memoized(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None,
+                      extra_tokens=0, extra_emitting=0, capacity=None, context_lens=None, block_table=None,
+                      block_size=None, anchor_tokens=None, draft_tokens=None, token_offset=0, num_reqs_padded=None,
+                      num_tokens_padded=None, allowed_modes=tuple(MODES)) -> PlanArgs:
+    """resolve_plan_args, skipped when a decode loop repeats the previous call's arguments (same tensor
+    objects with the same shapes, same scalars): validation was about those, not about the values.
+
+    Only results that hold the caller's own tensors are remembered (an int64 input converted to int32
+    would be a stale copy), and each entry keeps its tensors and cost table alive (inside PlanArgs), so no
+    id in a key can be reused by another object while the entry exists."""
+    key = (_tsig(survival), _tsig(drafts), id(cost_table), mode,
+           _tsig(budget) if isinstance(budget, torch.Tensor) else budget, min_verify, max_verify, extra_tokens,
+           extra_emitting, capacity, _tsig(context_lens), _tsig(block_table), block_size, _tsig(anchor_tokens),
+           _tsig(draft_tokens), token_offset, num_reqs_padded, num_tokens_padded, allowed_modes)
+    try:
+        hit = _ARGS_MEMO.get(key)
+    except TypeError:  # an unhashable scalar argument: let the validation name it
+        hit = key = None
+    if hit is not None and hit[0] is cost_table:
+        return hit[1]
+    a = resolve_plan_args(
+        survival, drafts, cost_table, mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify,
+        extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens,
+        block_table=block_table, block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
+        token_offset=token_offset, num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
+        allowed_modes=allowed_modes,
+    )
+    own = (a.survival is survival and a.drafts is drafts and a.context_lens is context_lens
+           and a.block_table is block_table and a.anchor_tokens is anchor_tokens and a.draft_tokens is draft_tokens
+           and (a.budget_in is budget or not isinstance(budget, torch.Tensor)))
+    if own and key is not None:
+        _remember(_ARGS_MEMO, key, (cost_table, a))
+    return a
+
+
 def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
     key = (id(cost_table), R, max_n, device, need_verify)
     hit = _COST_MEMO.get(key)
@@ -498,7 +546,7 @@ def choose_budget(
     lagged mode's budget: pass it to ``plan_verification(mode="fixed", budget=B)``, which clamps it
     to the new step's [B_min, B_max]. Arguments as in :func:`plan_verification`.
     """
-    a = resolve_plan_args(
+    a = _resolve_memoized(
         survival, drafts, cost_table, mode=mode, min_verify=min_verify, max_verify=max_verify,
         extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
         allowed_modes=("global", "greedy", "all"),
@@ -560,7 +608,7 @@ def plan_verification(
             the budget never exceeds T_pad - R.
         out: preallocated :class:`VerifyPlan` whose buffers are fully rewritten.
     """
-    a = resolve_plan_args(
+    a = _resolve_memoized(
         survival, drafts, cost_table, mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify,
         extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens,
         block_table=block_table, block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
