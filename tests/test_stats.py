@@ -130,3 +130,15 @@ def test_update_custom_op_passes_opcheck():
     torch.library.opcheck(torch.ops.adaptive_verify.stats_update_.default,
                           (conf, vl, na, stats.trials, stats.survivals, stats._conf_fixed,
                            torch.zeros(16, dtype=torch.int32)))
+
+
+def test_out_of_range_confidences_bin_like_the_reference():
+    """c * num_bins beyond int32 must clamp to the last bin (an unclamped float->int conversion differs
+    between x86 and CUDA)."""
+    stats = av.AcceptanceStats(1, num_bins=16)
+    conf = torch.tensor([[float("inf")], [1e9], [1.5], [-3.0], [float("-inf")]])
+    ones = torch.ones(5, dtype=torch.int32)
+    stats.update(conf, ones, ones)
+    want, _, _ = ref.stats_update(conf, ones, ones, 1, 16)
+    assert torch.equal(stats.trials, want)
+    assert stats.trials[0, 15] == 3 and stats.trials[0, 0] == 2

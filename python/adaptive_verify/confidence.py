@@ -145,6 +145,8 @@ def draft_margin(draft_logits: torch.Tensor, *, out: Optional[torch.Tensor] = No
     check_tensor("draft_logits", draft_logits, dtypes=tuple(DTYPE_CODES), ndim=3)
     device = check_device("draft_logits", draft_logits)
     R, K, V = draft_logits.shape
+    if R * K > 2**31 - 1:
+        raise ValueError(f"draft_logits has R * K = {R * K} rows; at most 2^31 - 1 are supported")
     if V < 1:
         raise ValueError(f"draft_logits must have a vocabulary of at least 1, got shape {tuple(draft_logits.shape)}")
     out = _out(out, R, K, device)

@@ -202,7 +202,8 @@ def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins):
         for j in range(conf.shape[1]):
             c = float(conf[r, j])
             if j < int(verify_lens[r]) and j <= int(num_accepted[r]) and c == c:
-                b = min(max(int(c * num_bins), 0), num_bins - 1)
+                t = c * num_bins  # clamp as a float first: c may be +-inf or huge
+                b = num_bins - 1 if t >= num_bins else (int(t) if t > 0 else 0)
                 trials[j, b] += 1
                 survivals[j, b] += int(j < int(num_accepted[r]))
                 conf_sum[j, b] += min(max(c, 0.0), 1.0)

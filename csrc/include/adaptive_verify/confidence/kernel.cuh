@@ -224,6 +224,7 @@ inline cudaError_t launch_from_logits(const LogitParams& p, cudaStream_t stream)
 inline cudaError_t launch_margin(const MarginParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.num_reqs) * p.max_drafts;
   if (rows == 0) return cudaSuccess;
+  if (rows > INT32_MAX) return cudaErrorInvalidValue;  // one block per row; the host also rejects it
   return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t bytes = sizeof(T);

@@ -18,9 +18,11 @@ AV_HD float sigmoid(float x) {
 }
 
 // Bin of a confidence among num_bins equal-width bins of [0, 1]; values outside are clamped.
+// Clamped in float before the conversion: a float-to-int conversion out of range is undefined, and x86
+// (INT_MIN) and CUDA (saturating) disagree, which would put c = 1e9 or +inf in opposite bins.
 AV_HD int32_t bin_of(float c, int32_t num_bins) {
-  int32_t b = int32_t(c * float(num_bins));
-  return b < 0 ? 0 : (b >= num_bins ? num_bins - 1 : b);
+  const float t = c * float(num_bins);
+  return t > 0.f ? (t < float(num_bins) ? int32_t(t) : num_bins - 1) : 0;
 }
 
 // Confidence in 32.32 fixed point, clamped to [0, 1], for order-independent (exact) sums.

@@ -121,7 +121,7 @@ __device__ int64_t block_argmax(double t, int64_t b, Scratch& s) {
   }
   __syncthreads();
   if (warp == 0) {
-    double wt = lane < nwarps ? s.f64[lane] : -1.0;
+    double wt = lane < nwarps ? s.f64[lane] : -INFINITY;
     int64_t wb = lane < nwarps ? s.i64[lane] : INT64_MAX;
     for (int off = 16; off > 0; off >>= 1)
       argmax_step(wt, wb, __shfl_xor_sync(0xffffffffu, wt, off), __shfl_xor_sync(0xffffffffu, wb, off));
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const P
       }
       budget = detail::block_min(stop, scratch);
     } else {
-      double best_t = -1.0;
+      double best_t = -INFINITY;  // Theta >= 0 for valid cost tables; -inf keeps any value a candidate
       int64_t best_b = INT64_MAX;
       if (tid == 0 && b_min == 0) {
         best_t = theta(0, 0);
@@ -276,6 +276,7 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const P
         }
       }
       budget = detail::block_argmax(best_t, best_b, scratch);
+      if (budget == INT64_MAX) budget = b_min;  // every Theta NaN: as the CPU's scan, keep B_min
     }
   } else if (p.mode == kFixed) {
     const int64_t want = p.budget_in != nullptr ? int64_t(*p.budget_in) : p.fixed_budget;
