@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "adaptive_verify/attention/cpu.h"
 #include "adaptive_verify/confidence/cpu.h"
 #include "adaptive_verify/cuda_api.h"
 #include "adaptive_verify/sampling/cpu.h"
@@ -310,6 +311,67 @@ int sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t logits_s
   return run_on(on_cuda, stream, p, sampling::sample_cpu, AV_CUDA_FN(sampling::sample_cuda));
 }
 
+// ---- attention area ----
+
+int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_stride_t, int64_t q_stride_h,
+                        uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_table, int64_t block_table_stride,
+                        int32_t max_blocks, uintptr_t seq_lens, uintptr_t qsl, int32_t dtype, int32_t R, int64_t T,
+                        int32_t Hq, int32_t Hkv, int32_t D, int32_t block_size, int64_t num_blocks,
+                        int32_t max_query_len, double scale, uintptr_t out, uintptr_t lse, uintptr_t error_counts) {
+  attention::AttentionParams p;
+  p.q = ptr<const void>(q);
+  p.q_stride_t = q_stride_t;
+  p.q_stride_h = q_stride_h;
+  p.k_cache = ptr<const void>(k_cache);
+  p.v_cache = ptr<const void>(v_cache);
+  p.block_table = ptr<const int32_t>(block_table);
+  p.block_table_stride = block_table_stride;
+  p.max_blocks = max_blocks;
+  p.seq_lens = ptr<const int32_t>(seq_lens);
+  p.query_start_loc = ptr<const int32_t>(qsl);
+  p.dtype = dtype;
+  p.num_reqs = R;
+  p.num_tokens = T;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = Hkv;
+  p.head_dim = D;
+  p.block_size = block_size;
+  p.num_blocks = num_blocks;
+  p.max_query_len = max_query_len;
+  p.scale = float(scale);
+  p.out = ptr<void>(out);
+  p.lse = ptr<float>(lse);
+  p.error_counts = ptr<int32_t>(error_counts);
+  // The CUDA kernel (tensor cores, split-KV) is not written yet: the Python layer rejects CUDA tensors.
+  if (on_cuda) return kErrBadArgument;
+  (void)stream;
+  return attention::verify_attention_cpu(p);
+}
+
+int write_kv_op(bool on_cuda, uintptr_t stream, uintptr_t k, uintptr_t v, int64_t k_stride_t, int64_t k_stride_h,
+                int64_t v_stride_t, int64_t v_stride_h, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping,
+                int64_t T, int32_t Hkv, int32_t D, int32_t block_size, int64_t num_blocks, int32_t elem_size,
+                uintptr_t error_counts) {
+  attention::WriteKvParams p;
+  p.k = ptr<const void>(k);
+  p.v = ptr<const void>(v);
+  p.k_stride_t = k_stride_t;
+  p.k_stride_h = k_stride_h;
+  p.v_stride_t = v_stride_t;
+  p.v_stride_h = v_stride_h;
+  p.k_cache = ptr<void>(k_cache);
+  p.v_cache = ptr<void>(v_cache);
+  p.slot_mapping = ptr<const int64_t>(slot_mapping);
+  p.num_tokens = T;
+  p.num_kv_heads = Hkv;
+  p.head_dim = D;
+  p.block_size = block_size;
+  p.num_blocks = num_blocks;
+  p.elem_size = elem_size;
+  p.error_counts = ptr<int32_t>(error_counts);
+  return run_on(on_cuda, stream, p, attention::write_kv_cpu, AV_CUDA_FN(attention::write_kv_cuda));
+}
+
 int64_t plan_workspace_keys(int64_t R, int64_t K) {
 #ifdef AV_WITH_CUDA
   return planner::cuda_workspace_keys(R, K);
@@ -337,6 +399,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("stats_update", &stats_update_op);
   m.def("rejection_sample", &rejection_sample_op);
   m.def("sample", &sample_op);
+  m.def("verify_attention", &verify_attention_op);
+  m.def("write_kv", &write_kv_op);
+  m.attr("STATUS_QUERY_LEN") = int(kErrQueryLen);
+  m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
+  m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);
+  m.attr("STATUS_SLOT_OUT_OF_RANGE") = int(kErrSlotOutOfRange);
   m.attr("STATUS_OK") = int(kOk);
   m.attr("STATUS_DRAFTS_OUT_OF_RANGE") = int(kErrDraftsOutOfRange);
   m.attr("STATUS_BLOCK_TABLE_TOO_SHORT") = int(kErrBlockTableTooShort);

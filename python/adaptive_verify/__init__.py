@@ -6,6 +6,7 @@ run the CUDA kernels, CPU tensors the C++ CPU kernels. ``adaptive_verify.referen
 torch oracle of every op.
 """
 from ._ext import build_info, cuda_available
+from .attention import verify_attention, write_kv
 from .calibration import OnlineSTS, calibration_report, fit_sts, load_temperatures, save_temperatures
 from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
@@ -39,5 +40,7 @@ __all__ = [
     "rejection_sample",
     "reset_error_counts",
     "sample",
+    "verify_attention",
+    "write_kv",
     "save_temperatures",
 ]

@@ -436,3 +436,59 @@ def sample(logits, temperature=None, seeds=None, offset=0):
         T = temps[n]
         out[n] = _argmax(x[n]) if float(T) == 0.0 else _race(_fdiv(x[n], T), seeds[n], int(offset), 0, _SAMPLE)
     return out.to(logits.device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# verification attention and KV writes (design section 6)
+# ----------------------------------------------------------------------------------------------------
+
+
+def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale=None,
+                     return_lse=False, dtype=torch.float64):
+    """Readable oracle of adaptive_verify.verify_attention, computed in `dtype` (float64 by default).
+
+    q [T, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_table [R, max_blocks];
+    seq_lens [R] (KV length including this step's tokens); query_start_loc [R + 1]. Query token i of
+    request r attends to KV positions 0 .. seq_lens[r] - q_len[r] + i. Tokens of padding rows (q_len 0)
+    and past query_start_loc[R] get zeros (and lse -inf). Returns out [T, Hq, D] in q's dtype (as float
+    `dtype` when dtype is given explicitly and differs) and lse [T, Hq] float32 when asked.
+    """
+    T, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(T, Hq, D, dtype=dtype)
+    lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32)
+    qsl = query_start_loc.cpu().long()
+    for r in range(block_table.shape[0]):
+        begin, end = int(qsl[r]), int(qsl[r + 1])
+        q_len, kv_len = end - begin, int(seq_lens[r])
+        if q_len <= 0:
+            continue
+        pos = torch.arange(kv_len)
+        blocks = block_table[r].cpu().long()[pos // block_size]
+        k = k_cache.cpu()[blocks, pos % block_size].to(dtype)  # [kv_len, Hkv, D]
+        v = v_cache.cpu()[blocks, pos % block_size].to(dtype)
+        k = k.repeat_interleave(group, dim=1)  # [kv_len, Hq, D]: query head h reads KV head h // group
+        v = v.repeat_interleave(group, dim=1)
+        qr = q[begin:end].cpu().to(dtype)  # [q_len, Hq, D]
+        scores = torch.einsum("ihd,phd->hip", qr, k) * scale  # [Hq, q_len, kv_len]
+        limit = kv_len - q_len + torch.arange(q_len)  # last visible position of each query token
+        scores = scores.masked_fill(pos[None, None, :] > limit[None, :, None], float("-inf"))
+        out[begin:end] = torch.einsum("hip,phd->ihd", torch.softmax(scores, dim=-1), v)
+        lse[begin:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1).float()
+    out = out.to(q.dtype) if dtype == torch.float64 else out
+    return (out, lse) if return_lse else out
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    """Oracle of adaptive_verify.write_kv on copies: token t's K/V go to slot slot_mapping[t]
+    (block slot // block_size, offset slot % block_size); slot -1 is skipped. Returns (k_cache, v_cache)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    block_size = k_cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        k_cache[slot // block_size, slot % block_size] = k[t]
+        v_cache[slot // block_size, slot % block_size] = v[t]
+    return k_cache, v_cache

@@ -20,6 +20,10 @@ enum Status : int {
   kErrDraftsOutOfRange = 1,     // drafts[r] outside [0, K]
   kErrBlockTableTooShort = 2,   // a position's block index is >= max_blocks (or a position is < 0)
   kErrBadArgument = 3,          // a size or mode the host should have rejected
+  kErrQueryLen = 4,             // query_start_loc decreasing / past T, or a q_len above max_query_len
+  kErrSeqLens = 5,              // seq_lens[r] < q_len[r]
+  kErrBlockIdOutOfRange = 6,    // a block id the request needs lies outside [0, num_blocks)
+  kErrSlotOutOfRange = 7,       // write_kv: a slot other than -1 outside the cache
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be

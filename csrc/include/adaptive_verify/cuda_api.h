@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/confidence/params.h"
 #include "adaptive_verify/planner/params.h"
 #include "adaptive_verify/sampling/params.h"
@@ -26,6 +27,10 @@ int confidence_from_logits_cuda(const LogitParams& p, void* stream);
 int draft_margin_cuda(const MarginParams& p, void* stream);
 int stats_update_cuda(const StatsParams& p, void* stream);
 }  // namespace confidence
+
+namespace attention {
+int write_kv_cuda(const WriteKvParams& p, void* stream);
+}  // namespace attention
 
 namespace sampling {
 int rejection_sample_cuda(const RejectionParams& p, void* stream);

@@ -63,6 +63,35 @@ inline cudaError_t launch_for_dtype(int32_t dtype, Fn&& fn) {
 }
 #endif
 
+// float -> bf16 / fp16 with round-to-nearest-even (what torch's .to() does), NaN kept quiet.
+AV_HD uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+AV_HD uint16_t float_to_half(float f) {
+  uint32_t u = float_bits(f);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint16_t o;
+  if (u >= (127u + 16u) << 23) {  // >= 2^16 (or inf / NaN): inf, or a quiet NaN
+    o = u > (255u << 23) ? 0x7e00u : 0x7c00u;
+  } else if (u < (113u << 23)) {  // below 2^-14: subnormal half, rounded by one float addition
+    const uint32_t magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    o = uint16_t(float_bits(bits_float(u) + bits_float(magic)) - magic);
+  } else {
+    const uint32_t mant_odd = (u >> 13) & 1u;
+    u += (uint32_t(15 - 127) << 23) + 0xfffu + mant_odd;
+    o = uint16_t(u >> 13);
+  }
+  return uint16_t(o | (sign >> 16));
+}
+
+AV_HD void from_float(float x, float* out) { *out = x; }
+AV_HD void from_float(float x, half_t* out) { out->bits = float_to_half(x); }
+AV_HD void from_float(float x, bf16_t* out) { out->bits = float_to_bf16(x); }
+
 AV_HD float to_float(float x) { return x; }
 AV_HD float to_float(half_t x) { return half_to_float(x.bits); }
 AV_HD float to_float(bf16_t x) { return bf16_to_float(x.bits); }

@@ -1,0 +1,180 @@
+// C++ CPU verification attention over a paged KV cache, and KV writes.
+//
+// Per (request, KV head): the q_len x (Hq / Hkv) query rows that share the KV head are processed
+// together, so each cached K/V row is converted once and reused by every query row (the CPU analogue
+// of the GPU's GQA packing). Within each kSplitTokens chunk of KV positions an online softmax keeps
+// (max, sum, acc) per row; chunks are then merged by log-sum-exp in order. fp32 throughout.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "adaptive_verify/attention/cpu.h"
+#include "adaptive_verify/dtype.h"
+
+namespace adaptive_verify {
+namespace attention {
+namespace {
+
+struct RowState {
+  float m, l;  // running max and sum of exp(score - m)
+};
+
+template <typename T>
+void attend_request(const AttentionParams& p, int32_t r, std::vector<float>& qf, std::vector<float>& acc,
+                    std::vector<float>& total, std::vector<RowState>& st, std::vector<RowState>& tot,
+                    std::vector<float>& kf, std::vector<float>& vf) {
+  const int64_t begin = p.query_start_loc[r];
+  const int32_t q_len = int32_t(p.query_start_loc[r + 1] - begin);
+  if (q_len <= 0) return;
+  const int32_t kv_len = p.seq_lens[r];
+  const int32_t D = p.head_dim, Hkv = p.num_kv_heads, group = p.num_q_heads / Hkv;
+  const int32_t rows = q_len * group;  // row = i * group + g: query token i, head h * group + g
+  const T* q = static_cast<const T*>(p.q);
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
+  qf.resize(size_t(rows) * D);
+  acc.resize(size_t(rows) * D);
+  total.resize(size_t(rows) * D);
+  st.resize(size_t(rows));
+  tot.resize(size_t(rows));
+  kf.resize(size_t(D));
+  vf.resize(size_t(D));
+  for (int32_t h = 0; h < Hkv; ++h) {
+    for (int32_t i = 0; i < q_len; ++i)
+      for (int32_t g = 0; g < group; ++g) {
+        const T* src = q + (begin + i) * p.q_stride_t + int64_t(h * group + g) * p.q_stride_h;
+        float* dst = qf.data() + size_t(i * group + g) * D;
+        for (int32_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * p.scale;
+      }
+    for (int32_t row = 0; row < rows; ++row) {
+      tot[row] = RowState{-INFINITY, 0.f};
+      std::memset(total.data() + size_t(row) * D, 0, sizeof(float) * D);
+    }
+    const int32_t last_visible = kv_len - 1;  // the last query token sees every position
+    for (int32_t s0 = 0; s0 <= last_visible; s0 += kSplitTokens) {
+      const int32_t s1 = s0 + kSplitTokens - 1 < last_visible ? s0 + kSplitTokens - 1 : last_visible;
+      for (int32_t row = 0; row < rows; ++row) {
+        st[row] = RowState{-INFINITY, 0.f};
+        std::memset(acc.data() + size_t(row) * D, 0, sizeof(float) * D);
+      }
+      for (int32_t pos = s0; pos <= s1; ++pos) {
+        const int64_t slot = int64_t(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
+        const T* krow = kc + (slot * Hkv + h) * D;
+        const T* vrow = vc + (slot * Hkv + h) * D;
+        for (int32_t d = 0; d < D; ++d) {
+          kf[d] = to_float(krow[d]);
+          vf[d] = to_float(vrow[d]);
+        }
+        for (int32_t row = 0; row < rows; ++row) {
+          const int32_t i = row / group;
+          if (pos > kv_len - q_len + i) continue;  // causal inside the verified block
+          const float* qr = qf.data() + size_t(row) * D;
+          float s = 0.f;
+          for (int32_t d = 0; d < D; ++d) s += qr[d] * kf[d];
+          float* a = acc.data() + size_t(row) * D;
+          RowState& w = st[row];
+          if (s > w.m) {  // new max: rescale what was accumulated
+            const float c = std::exp(w.m - s);
+            w.l *= c;
+            for (int32_t d = 0; d < D; ++d) a[d] *= c;
+            w.m = s;
+          }
+          const float e = std::exp(s - w.m);
+          w.l += e;
+          for (int32_t d = 0; d < D; ++d) a[d] += e * vf[d];
+        }
+      }
+      for (int32_t row = 0; row < rows; ++row) {  // merge this split into the running total
+        const RowState& w = st[row];
+        if (w.l == 0.f) continue;  // no visible position in this split
+        RowState& t = tot[row];
+        const float m = w.m > t.m ? w.m : t.m;
+        const float ct = t.l == 0.f ? 0.f : std::exp(t.m - m), cw = std::exp(w.m - m);
+        float* tv = total.data() + size_t(row) * D;
+        const float* av = acc.data() + size_t(row) * D;
+        for (int32_t d = 0; d < D; ++d) tv[d] = tv[d] * ct + av[d] * cw;
+        t.l = t.l * ct + w.l * cw;
+        t.m = m;
+      }
+    }
+    T* out = static_cast<T*>(p.out);
+    for (int32_t row = 0; row < rows; ++row) {
+      const int32_t i = row / group, qh = h * group + row % group;
+      const int64_t token = begin + i;
+      const RowState& t = tot[row];
+      const float inv = t.l > 0.f ? 1.f / t.l : 0.f;
+      T* dst = out + (token * p.num_q_heads + qh) * D;
+      const float* tv = total.data() + size_t(row) * D;
+      for (int32_t d = 0; d < D; ++d) from_float(tv[d] * inv, dst + d);
+      if (p.lse) p.lse[token * p.num_q_heads + qh] = t.l > 0.f ? t.m + std::log(t.l) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace
+
+int validate_attention_cpu(const AttentionParams& p) {
+  int64_t prev = 0;
+  for (int32_t r = 0; r <= p.num_reqs; ++r) {
+    const int64_t v = p.query_start_loc[r];
+    if (v < prev || v > p.num_tokens) return kErrQueryLen;
+    prev = v;
+  }
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int32_t q_len = p.query_start_loc[r + 1] - p.query_start_loc[r];
+    if (q_len == 0) continue;
+    if (q_len > p.max_query_len) return kErrQueryLen;
+    const int32_t kv_len = p.seq_lens[r];
+    if (kv_len < q_len) return kErrSeqLens;
+    const int64_t blocks = (int64_t(kv_len) + p.block_size - 1) / p.block_size;
+    if (blocks > p.max_blocks) return kErrBlockTableTooShort;
+    const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
+    for (int64_t b = 0; b < blocks; ++b)
+      if (table[b] < 0 || table[b] >= p.num_blocks) return kErrBlockIdOutOfRange;
+  }
+  return kOk;
+}
+
+int verify_attention_cpu(const AttentionParams& p) {
+  const int status = validate_attention_cpu(p);
+  if (status != kOk) return status;
+  const int64_t row_elems = int64_t(p.num_q_heads) * p.head_dim;
+  // Padding first: every token not owned by a request keeps zeros and lse -inf.
+  const size_t elem = p.dtype == kFloat32 ? 4 : 2;
+  std::memset(p.out, 0, size_t(p.num_tokens * row_elems) * elem);
+  if (p.lse)
+    for (int64_t i = 0; i < p.num_tokens * p.num_q_heads; ++i) p.lse[i] = -INFINITY;
+  std::vector<float> qf, acc, total, kf, vf;
+  std::vector<RowState> st, tot;
+  const bool ok = dispatch_dtype(p.dtype, [&](auto tag) {
+    for (int32_t r = 0; r < p.num_reqs; ++r) attend_request<decltype(tag)>(p, r, qf, acc, total, st, tot, kf, vf);
+  });
+  return ok ? kOk : kErrBadArgument;
+}
+
+int write_kv_cpu(const WriteKvParams& p) {
+  const int64_t capacity = p.num_blocks * p.block_size;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot != -1 && (slot < 0 || slot >= capacity)) return kErrSlotOutOfRange;
+  }
+  const size_t bytes = size_t(p.head_dim) * p.elem_size;
+  const char* k = static_cast<const char*>(p.k);
+  const char* v = static_cast<const char*>(p.v);
+  char* kc = static_cast<char*>(p.k_cache);
+  char* vc = static_cast<char*>(p.v_cache);
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot < 0) continue;
+    for (int32_t h = 0; h < p.num_kv_heads; ++h) {
+      const int64_t dst = (slot * p.num_kv_heads + h) * int64_t(bytes);
+      std::memcpy(kc + dst, k + (t * p.k_stride_t + h * p.k_stride_h) * p.elem_size, bytes);
+      std::memcpy(vc + dst, v + (t * p.v_stride_t + h * p.v_stride_h) * p.elem_size, bytes);
+    }
+  }
+  return kOk;
+}
+
+}  // namespace attention
+}  // namespace adaptive_verify

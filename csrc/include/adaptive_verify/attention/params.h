@@ -1,0 +1,52 @@
+// Arguments of verify_attention and write_kv as raw pointers and sizes (no torch types).
+#pragma once
+
+#include <cstdint>
+
+#include "adaptive_verify/common.h"
+
+namespace adaptive_verify {
+namespace attention {
+
+// KV tokens per split-KV chunk. Fixed, so a request's partial results and their log-sum-exp merge do
+// not depend on the rest of the batch (batch invariance); the CPU kernel uses the same boundaries.
+constexpr int32_t kSplitTokens = 512;
+
+struct AttentionParams {
+  const void* q = nullptr;  // [T, Hq, D] of `dtype`, strides (q_stride_t, q_stride_h, 1)
+  int64_t q_stride_t = 0, q_stride_h = 0;
+  const void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous
+  const void* v_cache = nullptr;
+  const int32_t* block_table = nullptr;  // [R, max_blocks], row stride block_table_stride
+  int64_t block_table_stride = 0;
+  int32_t max_blocks = 0;
+  const int32_t* seq_lens = nullptr;         // [R]
+  const int32_t* query_start_loc = nullptr;  // [R + 1]
+  int32_t dtype = 0;
+  int32_t num_reqs = 0;
+  int64_t num_tokens = 0;  // T
+  int32_t num_q_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
+  int64_t num_blocks = 0;
+  int32_t max_query_len = 0;
+  float scale = 1.f;
+  void* out = nullptr;   // [T, Hq, D] of `dtype`, contiguous
+  float* lse = nullptr;  // [T, Hq] or null
+  int32_t* error_counts = nullptr;
+};
+
+struct WriteKvParams {
+  const void* k = nullptr;  // [T, Hkv, D], strides (k_stride_t, k_stride_h, 1)
+  const void* v = nullptr;
+  int64_t k_stride_t = 0, k_stride_h = 0, v_stride_t = 0, v_stride_h = 0;
+  void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous
+  void* v_cache = nullptr;
+  const int64_t* slot_mapping = nullptr;  // [T]; -1 skips the token
+  int64_t num_tokens = 0;
+  int32_t num_kv_heads = 0, head_dim = 0, block_size = 0;
+  int64_t num_blocks = 0;
+  int32_t elem_size = 0;  // bytes per element (the copy is dtype-agnostic)
+  int32_t* error_counts = nullptr;
+};
+
+}  // namespace attention
+}  // namespace adaptive_verify

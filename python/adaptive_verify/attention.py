@@ -1,0 +1,154 @@
+"""Varlen verification attention over a paged KV cache, and KV writes (design section 6).
+
+Each request verifies a different number of tokens (q_len = 1 + verify_lens, chosen on the device), so
+the attention reads every length from device memory: query token i of request r attends to KV positions
+0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
+``write_kv`` with the planner's slot_mapping).
+
+Status: the C++ CPU kernel and the torch oracle (``adaptive_verify.reference.verify_attention``) are here;
+the CUDA kernel (tensor cores, GQA packing, split-KV) is not written yet, and CUDA tensors are rejected
+with a clear error. ``write_kv`` has both kernels.
+
+Decisions:
+- Split-KV with a fixed kSplitTokens = 512 KV positions per split, merged by log-sum-exp in order: a
+  request's output never depends on the rest of the batch, bit for bit.
+- Padding: tokens of rows with q_len 0 and tokens at or past query_start_loc[R] get out = 0 and lse = -inf.
+- fp32 accumulation; the output is rounded to q's dtype (round to nearest even).
+- On CPU, lengths and block ids are checked (every message names the argument): query_start_loc must be
+  non-decreasing within [0, T], q_len <= max_query_len, seq_lens >= q_len, and every block a request needs
+  must exist in block_table and lie in [0, num_blocks). Block-table entries past a request's needs are
+  never read.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import errors
+from ._ext import _C, check_status
+from ._validate import check_device, check_tensor, stream_of
+
+HEAD_DIMS = (64, 128, 256)
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+GQA_RATIOS = (1, 2, 4, 8, 16)
+MAX_QUERY_LEN = 16
+_DTYPES = {torch.bfloat16: 2, torch.float16: 1}
+
+_MESSAGES = {
+    "STATUS_QUERY_LEN": "query_start_loc must be non-decreasing within [0, T] and no request may have more than "
+                        "max_query_len tokens",
+    "STATUS_SEQ_LENS": "seq_lens: every request needs seq_lens[r] >= q_len[r] (its KV includes its own tokens)",
+    "STATUS_BLOCK_TABLE_TOO_SHORT": "block_table has too few blocks per request for seq_lens",
+    "STATUS_BLOCK_ID_OUT_OF_RANGE": "block_table holds a block id outside [0, num_blocks) where a request reads",
+    "STATUS_SLOT_OUT_OF_RANGE": "slot_mapping holds a slot outside [0, num_blocks * block_size) (only -1 skips)",
+}
+
+
+def _raise_for(status: int, op: str, device: torch.device) -> None:
+    if device.type == "cpu":
+        for name, message in _MESSAGES.items():
+            if status == getattr(_C, name):
+                raise ValueError(f"adaptive_verify.{op}: {message}")
+    check_status(status, op, device)
+
+
+def _cache(name, t, q_dtype, device):
+    check_tensor(name, t, dtypes=(q_dtype,), device=device, ndim=4, inner_contiguous=False)
+    return t
+
+
+def verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    *,
+    scale: Optional[float] = None,
+    out: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+):
+    """Attention of each request's verified tokens over its paged KV cache.
+
+    Args:
+        q: [T, Hq, D] bf16 or fp16, last dim contiguous. D in (64, 128, 256).
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D], contiguous, q's dtype; block_size in 16..256
+            (powers of two); Hq / Hkv in (1, 2, 4, 8, 16).
+        block_table: [R, max_blocks] int32. seq_lens: [R] int32, KV length including this step's tokens.
+        query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..16.
+        scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
+        return_lse: also return lse [T, Hq] float32 (natural log of the softmax denominator, scaled scores).
+    """
+    check_tensor("q", q, dtypes=tuple(_DTYPES), ndim=3)
+    device = check_device("q", q)
+    if device.type == "cuda":
+        raise RuntimeError("adaptive_verify.verify_attention: the CUDA kernel is not implemented yet; "
+                           "CPU tensors only for now")
+    T, Hq, D = q.shape
+    if D not in HEAD_DIMS:
+        raise ValueError(f"q: head dim D must be one of {HEAD_DIMS}, got {D}")
+    _cache("k_cache", k_cache, q.dtype, device)
+    _cache("v_cache", v_cache, q.dtype, device)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    num_blocks, block_size, Hkv, Dk = k_cache.shape
+    if Dk != D:
+        raise ValueError(f"k_cache head dim {Dk} does not match q's {D}")
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"k_cache: block_size must be one of {BLOCK_SIZES}, got {block_size}")
+    if Hkv < 1 or Hq % Hkv != 0 or Hq // Hkv not in GQA_RATIOS:
+        raise ValueError(f"q / k_cache: Hq / Hkv must be one of {GQA_RATIOS}, got Hq={Hq}, Hkv={Hkv}")
+    check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
+    R = block_table.shape[0]
+    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
+    check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
+                 inner_contiguous=False)
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
+        raise TypeError(f"max_query_len must be an int, got {type(max_query_len).__name__}")
+    if not 1 <= max_query_len <= MAX_QUERY_LEN:
+        raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}], got {max_query_len}")
+    scale = D ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty(T, Hq, D, dtype=q.dtype, device=device)
+    else:
+        check_tensor("out", out, dtypes=(q.dtype,), device=device, shape=(T, Hq, D), inner_contiguous=False)
+    lse = torch.empty(T, Hq, dtype=torch.float32, device=device) if return_lse else None
+    status = _C.verify_attention(
+        q.is_cuda, stream_of(device), q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+        block_table.data_ptr(), block_table.stride(0), block_table.shape[1], seq_lens.data_ptr(),
+        query_start_loc.data_ptr(), _DTYPES[q.dtype], R, T, Hq, Hkv, D, block_size, num_blocks, max_query_len, scale,
+        out.data_ptr(), 0 if lse is None else lse.data_ptr(), errors.error_buffer(device).data_ptr(),
+    )
+    _raise_for(status, "verify_attention", device)
+    return (out, lse) if return_lse else out
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Writes token t's K/V ([T, Hkv, D], last dim contiguous) into slot slot_mapping[t] (int64 [T]) of the
+    caches ([num_blocks, block_size, Hkv, D], contiguous, same dtype): block slot // block_size, offset
+    slot % block_size. Slot -1 is skipped. Other out-of-range slots raise ValueError on CPU; on CUDA they
+    are skipped and counted in ``error_counts()["slot_out_of_range"]``."""
+    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4,
+                 inner_contiguous=False)
+    device = check_device("k_cache", k_cache)
+    _cache("v_cache", v_cache, k_cache.dtype, device)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    num_blocks, block_size, Hkv, D = k_cache.shape
+    check_tensor("k", k, dtypes=(k_cache.dtype,), device=device, ndim=3)
+    T = k.shape[0]
+    if tuple(k.shape) != (T, Hkv, D):
+        raise ValueError(f"k must have shape [T, Hkv, D] = [T, {Hkv}, {D}], got {tuple(k.shape)}")
+    check_tensor("v", v, dtypes=(k_cache.dtype,), device=device, shape=(T, Hkv, D))
+    check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int64,), device=device, shape=(T,),
+                 inner_contiguous=False)
+    status = _C.write_kv(
+        device.type == "cuda", stream_of(device), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T, Hkv, D, block_size,
+        num_blocks, k.element_size(), errors.error_buffer(device).data_ptr(),
+    )
+    _raise_for(status, "write_kv", device)
