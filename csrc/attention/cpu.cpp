@@ -1,11 +1,16 @@
 // C++ CPU verification attention over a paged KV cache, and KV writes.
 //
+// Threads over (request, KV head) pairs for large problems (unlike the other CPU kernels: here each pair
+// is milliseconds of work, which dwarfs the cost of competing with torch's idle-spinning threads).
+//
 // Per (request, KV head): the q_len x (Hq / Hkv) query rows that share the KV head are processed
 // together, so each cached K/V row is converted once and reused by every query row (the CPU analogue
 // of the GPU's GQA packing). Within each kSplitTokens chunk of KV positions an online softmax keeps
 // (max, sum, acc) per row; chunks are then merged by log-sum-exp in order. fp32 throughout.
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "adaptive_verify/attention/cpu.h"
@@ -19,10 +24,20 @@ struct RowState {
   float m, l;  // running max and sum of exp(score - m)
 };
 
+struct Scratch {
+  std::vector<float> qf, acc, total, kf, vf;
+  std::vector<RowState> st, tot;
+};
+
 template <typename T>
-void attend_request(const AttentionParams& p, int32_t r, std::vector<float>& qf, std::vector<float>& acc,
-                    std::vector<float>& total, std::vector<RowState>& st, std::vector<RowState>& tot,
-                    std::vector<float>& kf, std::vector<float>& vf) {
+void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
+  std::vector<float>& qf = sc.qf;
+  std::vector<float>& acc = sc.acc;
+  std::vector<float>& total = sc.total;
+  std::vector<RowState>& st = sc.st;
+  std::vector<RowState>& tot = sc.tot;
+  std::vector<float>& kf = sc.kf;
+  std::vector<float>& vf = sc.vf;
   const int64_t begin = p.query_start_loc[r];
   const int32_t q_len = int32_t(p.query_start_loc[r + 1] - begin);
   if (q_len <= 0) return;
@@ -40,7 +55,7 @@ void attend_request(const AttentionParams& p, int32_t r, std::vector<float>& qf,
   tot.resize(size_t(rows));
   kf.resize(size_t(D));
   vf.resize(size_t(D));
-  for (int32_t h = 0; h < Hkv; ++h) {
+  {
     for (int32_t i = 0; i < q_len; ++i)
       for (int32_t g = 0; g < group; ++g) {
         const T* src = q + (begin + i) * p.q_stride_t + int64_t(h * group + g) * p.q_stride_h;
@@ -145,10 +160,28 @@ int verify_attention_cpu(const AttentionParams& p) {
   std::memset(p.out, 0, size_t(p.num_tokens * row_elems) * elem);
   if (p.lse)
     for (int64_t i = 0; i < p.num_tokens * p.num_q_heads; ++i) p.lse[i] = -INFINITY;
-  std::vector<float> qf, acc, total, kf, vf;
-  std::vector<RowState> st, tot;
+  // Threads over (request, KV head) pairs when there is enough work to pay for starting them (each pair
+  // writes its own output rows, so no synchronisation is needed); small decode-size calls stay serial.
+  double work = 0;
+  for (int32_t r = 0; r < p.num_reqs; ++r)
+    work += double(p.query_start_loc[r + 1] - p.query_start_loc[r]) * p.seq_lens[r];
+  work *= double(p.num_q_heads) * p.head_dim;
+  const int64_t pairs = int64_t(p.num_reqs) * p.num_kv_heads;
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = work < 5e7 ? 1 : int(std::min<int64_t>(hw, pairs));
   const bool ok = dispatch_dtype(p.dtype, [&](auto tag) {
-    for (int32_t r = 0; r < p.num_reqs; ++r) attend_request<decltype(tag)>(p, r, qf, acc, total, st, tot, kf, vf);
+    using T = decltype(tag);
+    auto run = [&](int t) {
+      Scratch sc;
+      for (int64_t i = t; i < pairs; i += threads) attend<T>(p, int32_t(i / p.num_kv_heads), int32_t(i % p.num_kv_heads), sc);
+    };
+    if (threads <= 1) {
+      run(0);
+      return;
+    }
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
+    for (auto& th : pool) th.join();
   });
   return ok ? kOk : kErrBadArgument;
 }

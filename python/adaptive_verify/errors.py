@@ -20,7 +20,9 @@ COUNTER_NAMES = (
     # plan_verification / choose_budget: each request whose candidates a NaN survival cuts short.
     "nan_survival",
     "drafts_out_of_range",  # drafts[r] outside [0, K] on CUDA: clamped (the CPU raises ValueError)
-    "slot_out_of_range",  # position beyond the block table on CUDA: slot -1 (the CPU raises ValueError)
+    # planner on CUDA: a position beyond the block table (slot written as -1); write_kv on CUDA: a slot outside
+    # the cache (skipped). The CPU raises ValueError for both.
+    "slot_out_of_range",
     "nan_logits",  # NaN logits: ignored by draft_margin, never emitted by rejection_sample / sample
     "nan_confidence",  # NaN confidences: skipped by AcceptanceStats.update (no trial recorded)
     "draft_id_out_of_range",  # rejection_sample: a draft id outside [0, V): rejected, never used as an index

@@ -1,0 +1,146 @@
+"""write_kv's CUDA kernel == the C++ CPU kernel bit for bit, inside a captured CUDA graph replayed with new
+slots in the same buffers, and with element offsets past 2^31. Skipped without a GPU.
+
+(verify_attention's CUDA tests come with its CUDA kernel.)"""
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import reference as ref
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
+]
+
+NAN = float("nan")
+
+
+def bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _kv_problem(seed, dtype, T, Hkv, D, num_blocks, block_size, n_skip):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(T, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(T, Hkv, D, generator=g).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:T]  # distinct: no write order to depend on
+    slots[torch.randperm(T, generator=g)[:n_skip]] = -1
+    k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN, dtype=dtype)
+    v_cache = torch.full((num_blocks, block_size, Hkv, D), NAN, dtype=dtype)
+    return k, v, k_cache, v_cache, slots.to(torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("D,block_size,Hkv,T", [(64, 16, 1, 1), (128, 32, 8, 333), (256, 256, 2, 1000),
+                                                (128, 64, 4, 77), (64, 128, 16, 4096), (256, 16, 1, 5)])
+def test_write_kv_cuda_matches_cpu(dtype, D, block_size, Hkv, T):
+    num_blocks = -(-T // block_size) + 5
+    k, v, k_cache, v_cache, slots = _kv_problem(T + D, dtype, T, Hkv, D, num_blocks, block_size, T // 3)
+    gk, gv = k_cache.cuda(), v_cache.cuda()
+    av.write_kv(k.cuda(), v.cuda(), gk, gv, slots.cuda())
+    av.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(bits(gk.cpu()), bits(k_cache)) and torch.equal(bits(gv.cpu()), bits(v_cache))
+    want = ref.write_kv(k, v, torch.full_like(k_cache, NAN), torch.full_like(v_cache, NAN), slots)
+    assert torch.equal(bits(k_cache), bits(want[0])) and torch.equal(bits(v_cache), bits(want[1]))
+
+
+def test_write_kv_cuda_strided_sources():
+    """k and v as slices of a fused [T, Hq + 2 Hkv, D] projection."""
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(50, 16 + 2 * 4, 128, generator=g).to(torch.bfloat16)
+    k, v = qkv[:, 16:20], qkv[:, 20:24]
+    _, _, k_cache, v_cache, slots = _kv_problem(2, torch.bfloat16, 50, 4, 128, 6, 16, 7)
+    gqkv, gk, gv = qkv.cuda(), k_cache.cuda(), v_cache.cuda()
+    av.write_kv(gqkv[:, 16:20], gqkv[:, 20:24], gk, gv, slots.cuda())
+    want = ref.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(bits(gk.cpu()), bits(want[0])) and torch.equal(bits(gv.cpu()), bits(want[1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d)[6:])
+def test_write_kv_cuda_unaligned_sources(dtype):
+    """k and v starting one element past a 16-byte boundary (the kernel's per-element path)."""
+    T, Hkv, D = 40, 2, 64
+    k, v, k_cache, v_cache, slots = _kv_problem(4, dtype, T, Hkv, D, 5, 16, 9)
+    buf_k = torch.empty(T * Hkv * D + 1, dtype=dtype, device="cuda")
+    buf_v = torch.empty(T * Hkv * D + 1, dtype=dtype, device="cuda")
+    gk_src, gv_src = buf_k[1:].view(T, Hkv, D), buf_v[1:].view(T, Hkv, D)
+    gk_src.copy_(k)
+    gv_src.copy_(v)
+    assert gk_src.data_ptr() % 16 != 0
+    gk, gv = k_cache.cuda(), v_cache.cuda()
+    av.write_kv(gk_src, gv_src, gk, gv, slots.cuda())
+    want = ref.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(bits(gk.cpu()), bits(want[0])) and torch.equal(bits(gv.cpu()), bits(want[1]))
+
+
+def test_write_kv_cuda_skips_and_counts_out_of_range_slots():
+    """On CUDA a slot outside [0, num_blocks * block_size) other than -1 is skipped and counted (no sync to
+    raise); one that would wrap to a valid slot in 32 bits is not written there either."""
+    k, v, k_cache, v_cache, _ = _kv_problem(5, torch.float16, 6, 2, 64, 3, 16, 0)
+    slots = torch.tensor([48, -1, 2**32 + 3, 7, -2, -(2**32) + 9], dtype=torch.int64)
+    gk, gv = k_cache.cuda(), v_cache.cuda()
+    av.reset_error_counts("cuda")
+    av.write_kv(k.cuda(), v.cuda(), gk, gv, slots.cuda())
+    assert av.error_counts("cuda")["slot_out_of_range"] == 4
+    want = ref.write_kv(k, v, k_cache, v_cache, torch.where((slots >= 0) & (slots < 48), slots, -1))
+    assert torch.equal(bits(gk.cpu()), bits(want[0])) and torch.equal(bits(gv.cpu()), bits(want[1]))
+    av.reset_error_counts("cuda")
+
+
+def test_write_kv_in_a_cuda_graph_with_new_slots():
+    """Capture once; each replay writes new K/V through new slots (-1 included) placed in the same buffers."""
+    dtype, T, Hkv, D, num_blocks, block_size = torch.float16, 48, 8, 128, 12, 32
+    g = torch.Generator().manual_seed(9)
+    k = torch.zeros(T, Hkv, D, dtype=dtype, device="cuda")
+    v = torch.zeros(T, Hkv, D, dtype=dtype, device="cuda")
+    slots = torch.full((T,), -1, dtype=torch.int64, device="cuda")
+    k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN, dtype=dtype, device="cuda")
+    v_cache = torch.full((num_blocks, block_size, Hkv, D), NAN, dtype=dtype, device="cuda")
+
+    av.write_kv(k, v, k_cache, v_cache, slots)  # warm-up outside capture (all skipped)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        av.write_kv(k, v, k_cache, v_cache, slots)
+    torch.cuda.synchronize()
+    assert torch.isnan(k_cache).all() and torch.isnan(v_cache).all(), "capture must not write"
+
+    for step in range(4):
+        new_k = torch.randn(T, Hkv, D, generator=g).to(dtype)
+        new_v = torch.randn(T, Hkv, D, generator=g).to(dtype)
+        new_slots = torch.randperm(num_blocks * block_size, generator=g)[:T]
+        new_slots[torch.randperm(T, generator=g)[:5 + 10 * step]] = -1
+        before = (k_cache.cpu(), v_cache.cpu())
+        k.copy_(new_k)
+        v.copy_(new_v)
+        slots.copy_(new_slots)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref.write_kv(new_k, new_v, before[0], before[1], new_slots)
+        assert torch.equal(bits(k_cache.cpu()), bits(want[0])), f"replay {step}: k_cache"
+        assert torch.equal(bits(v_cache.cpu()), bits(want[1])), f"replay {step}: v_cache"
+
+
+def test_write_kv_cuda_element_offsets_past_2_31():
+    """Caches of more than 2^31 elements: slots near the end must land there, not at a 32-bit wrapped offset."""
+    Hkv, D, block_size = 8, 256, 256
+    num_blocks = (2**31 // (Hkv * D)) // block_size + 4  # slot * Hkv * D exceeds 2^31 for the last blocks
+    need = 2 * num_blocks * block_size * Hkv * D * 2
+    if torch.cuda.mem_get_info()[0] < need + (1 << 30):
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory")
+    k_cache = torch.zeros(num_blocks, block_size, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    total = num_blocks * block_size
+    slots = torch.tensor([total - 1, total - block_size - 3, 5, -1], dtype=torch.int64, device="cuda")
+    k = torch.randn(4, Hkv, D, device="cuda").to(torch.bfloat16) + 8  # nonzero everywhere
+    v = torch.randn(4, Hkv, D, device="cuda").to(torch.bfloat16) - 8
+    av.write_kv(k, v, k_cache, v_cache, slots)
+    torch.cuda.synchronize()
+    flat_k, flat_v = k_cache.view(total, Hkv, D), v_cache.view(total, Hkv, D)
+    for t in range(3):
+        s = int(slots[t])
+        assert torch.equal(flat_k[s], k[t]) and torch.equal(flat_v[s], v[t]), f"slot {s}"
+    # nothing else written (counted on the int16 bits: no temporary the size of the 4 GiB caches)
+    assert int(torch.count_nonzero(bits(k_cache))) == 3 * Hkv * D
+    assert int(torch.count_nonzero(bits(v_cache))) == 3 * Hkv * D
