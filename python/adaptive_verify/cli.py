@@ -3,6 +3,7 @@
     adaptive-verify bench planner [options]     planner microbenchmark (CPU; CUDA too when available)
     adaptive-verify bench confidence [options]  confidence-head microbenchmark
     adaptive-verify bench sampling [options]    rejection-sampling microbenchmark
+    adaptive-verify bench attention [options]   verification attention (CPU kernel for now) vs padded SDPA
     adaptive-verify calibrate DUMP [options]    fit STS temperatures to a dump of (logits, accepted lengths)
     adaptive-verify info                        how the extension was built and whether CUDA can run
 """
@@ -15,6 +16,7 @@ import sys
 from typing import Optional
 
 BENCHMARKS = {
+    "attention": "adaptive_verify.bench.attention",
     "confidence": "adaptive_verify.bench.confidence",
     "planner": "adaptive_verify.bench.planner",
     "sampling": "adaptive_verify.bench.sampling",

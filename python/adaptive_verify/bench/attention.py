@@ -1,0 +1,143 @@
+"""Verification-attention benchmark: `adaptive-verify bench attention` (or `python benchmarks/bench_attention.py`).
+
+R requests, each verifying q_len in 1..8 tokens (a fixed mix) against a paged bf16 KV cache of `context`
+tokens, for a Llama-70B-class layer at TP1 (Hq=64, Hkv=8, D=128) and at TP8 (Hq=8, Hkv=1, D=128).
+Compared with a padded torch baseline that an engine without a paged varlen kernel would run: gather each
+request's pages into a dense KV tensor, pad the queries to the longest request, and call
+scaled_dot_product_attention with a causal-in-block mask. The figure that matters is achieved bandwidth
+over the KV bytes that must be read (2 x seq_len x Hkv x D x 2 bytes per request), against a plain
+copy's bandwidth in the same process; on CUDA the L2 cache is flushed before every timed call.
+"""
+from __future__ import annotations
+
+import datetime
+import statistics
+from typing import Optional
+
+import torch
+
+from ..attention import verify_attention
+from .report import cli_main, markdown_table
+from .timing import copy_bandwidth_gbps, host_time_us
+
+LAYERS = {"tp1": (64, 8, 128), "tp8": (8, 1, 128)}
+R_VALUES = (1, 8, 32, 128, 256)
+CONTEXTS = (512, 2048, 8192, 16384)
+CPU_R_VALUES = (1, 8)
+CPU_CONTEXTS = (512, 2048)
+BLOCK_SIZE = 16
+
+
+def make_inputs(R, context, layer, device, seed=0):
+    Hq, Hkv, D = LAYERS[layer]
+    g = torch.Generator().manual_seed(seed)
+    q_len = (torch.arange(R) % 8 + 1).to(torch.int32)  # the mix 1..8
+    qsl = torch.zeros(R + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(q_len, 0)
+    T = int(qsl[-1])
+    blocks_per_req = (context + BLOCK_SIZE - 1) // BLOCK_SIZE
+    num_blocks = R * blocks_per_req
+    block_table = torch.randperm(num_blocks, generator=g).to(torch.int32).view(R, blocks_per_req)
+    mk = lambda *s: (torch.randn(*s, generator=g) * 0.5).to(torch.bfloat16).to(device)  # noqa: E731
+    return dict(q=mk(T, Hq, D), k_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D), v_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D),
+                block_table=block_table.to(device), seq_lens=torch.full((R,), context, dtype=torch.int32, device=device),
+                query_start_loc=qsl.to(device), max_query_len=8)
+
+
+def padded_sdpa(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len):
+    """Dense baseline: gather pages, pad queries, one SDPA call with a causal-in-block mask."""
+    R, blocks = block_table.shape
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    ctx = blocks * BLOCK_SIZE
+    k = k_cache[block_table.long()].reshape(R, ctx, Hkv, D).transpose(1, 2)  # [R, Hkv, ctx, D]
+    v = v_cache[block_table.long()].reshape(R, ctx, Hkv, D).transpose(1, 2)
+    k = k.repeat_interleave(Hq // Hkv, dim=1)
+    v = v.repeat_interleave(Hq // Hkv, dim=1)
+    qsl = query_start_loc.long()
+    q_len = qsl[1:] - qsl[:-1]
+    idx = qsl[:-1, None] + torch.arange(max_query_len, device=q.device)[None, :]  # [R, max_q]
+    valid = torch.arange(max_query_len, device=q.device)[None, :] < q_len[:, None]
+    qp = q[idx.clamp(max=T - 1)].transpose(1, 2)  # [R, Hq, max_q, D]
+    limit = seq_lens.long()[:, None] - q_len[:, None] + torch.arange(max_query_len, device=q.device)[None, :]
+    mask = torch.arange(ctx, device=q.device)[None, None, :] <= limit[:, :, None]  # [R, max_q, ctx]
+    out = torch.nn.functional.scaled_dot_product_attention(qp, k, v, attn_mask=mask[:, None])
+    return out.transpose(1, 2)[valid]  # [T, Hq, D]
+
+
+def _cuda_cold_us(fn, reps=10) -> float:
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fn()
+    samples = []
+    for _ in range(reps):
+        flush.zero_()  # evict the KV cache from L2
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(samples)
+
+
+def bench_one(R, context, layer, device, min_time_s) -> dict:
+    args = make_inputs(R, context, layer, device)
+    Hq, Hkv, D = LAYERS[layer]
+    ours = lambda: verify_attention(**args)  # noqa: E731
+    base = lambda: padded_sdpa(**args)  # noqa: E731
+    if device.type == "cuda":
+        t_ours, t_base = _cuda_cold_us(ours), _cuda_cold_us(base)
+    else:
+        t_ours = host_time_us(ours, min_time_s=min_time_s, warmup=1, max_iters=20)
+        t_base = host_time_us(base, min_time_s=min_time_s, warmup=1, max_iters=20)
+    err = (ours().float() - base().float()).abs().max().item()
+    nbytes = 2 * R * context * Hkv * D * 2
+    return dict(layer=layer, R=R, context=context, ours_us=t_ours, baseline_us=t_base, speedup=t_base / t_ours,
+                gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6, max_abs_diff=err)
+
+
+COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
+           ("baseline_us", "padded SDPA us"), ("speedup", "baseline / ours"), ("gbps", "GB/s"),
+           ("pct_copy", "% of copy BW"), ("max_abs_diff", "max |diff|")]
+
+
+def run(r_values=None, contexts=None, layers=tuple(LAYERS), *, device="auto", min_time_s=0.2) -> dict:
+    dev = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
+    r_values = r_values or (R_VALUES if dev.type == "cuda" else CPU_R_VALUES)
+    contexts = contexts or (CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
+    copy = copy_bandwidth_gbps(dev, nbytes=(1 << 30) if dev.type == "cuda" else (1 << 28))
+    rows = [bench_one(R, c, layer, dev, min_time_s) for layer in layers for R in r_values for c in contexts]
+    for r in rows:
+        r["pct_copy"] = 100 * r["gbps"] / copy
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+            "copy_gbps": copy, "rows": rows}
+
+
+def report(result: dict) -> str:
+    cold = "L2 flushed before each call, median of 10" if result["device"] != "cpu" else "median of 5 batches"
+    return "\n".join([
+        f"## Verification attention ({result['date']}, {result['device']}, torch {result['torch']})",
+        "",
+        f"bf16 paged KV (block size {BLOCK_SIZE}), q_len mix 1..8; {cold}. Copy bandwidth in the same process: "
+        f"{result['copy_gbps']:.0f} GB/s.",
+        "",
+        markdown_table(result["rows"], COLUMNS),
+    ]) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    def add_arguments(ap):
+        ap.add_argument("--reqs", type=int, nargs="+", help="R values (default depends on the device)")
+        ap.add_argument("--contexts", type=int, nargs="+", help="context lengths")
+        ap.add_argument("--layers", nargs="+", choices=sorted(LAYERS), default=list(LAYERS))
+        ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+        ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
+
+    return cli_main(argv, prog="adaptive-verify bench attention", description=__doc__.split("\n\n")[0],
+                    add_arguments=add_arguments, report=report,
+                    run=lambda a: run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
