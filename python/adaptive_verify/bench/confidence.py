@@ -55,6 +55,52 @@ def bench_one(R, K, H, Q, dtype, device, min_time_s) -> dict:
                 speedup=t_chain / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6, max_abs_diff=err)
 
 
+def bench_small_ops(device, min_time_s) -> list[dict]:
+    """The other ops of the area against their torch equivalents: confidence_from_logits, draft_margin
+    (a stream over draft logits) and AcceptanceStats.update."""
+    from ..confidence import confidence_from_logits, draft_margin
+    from ..stats import AcceptanceStats
+
+    g = torch.Generator().manual_seed(1)
+    R, K = 256, 8
+    logits = torch.randn(R, K, generator=g).to(device)
+    temperature = (torch.rand(K, generator=g) + 0.5).to(device)
+    conf = torch.rand(R, K, generator=g).to(device)
+    vl = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32).to(device)
+    na = torch.minimum(vl, torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32).to(device))
+    stats = AcceptanceStats(K, device=device)
+    bins = torch.zeros(K, 16, dtype=torch.int64, device=device)
+
+    def torch_stats():  # the same counts with torch ops: masks, bin ids, index_put_ with accumulate
+        j = torch.arange(K, device=device)[None, :]
+        trial = (j < vl[:, None]) & (j <= na[:, None])
+        b = (conf * 16).long().clamp(0, 15)
+        bins.index_put_((j.expand(R, K)[trial], b[trial]), torch.ones((), dtype=torch.int64, device=device),
+                        accumulate=True)
+
+    cases = [("confidence_from_logits", f"[{R}, {K}]", lambda: confidence_from_logits(logits, temperature, survival=True),
+              lambda: torch.cumprod(torch.sigmoid(logits / temperature), 1), R * K * 4),
+             ("AcceptanceStats.update", f"[{R}, {K}]", lambda: stats.update(conf, vl, na), torch_stats, R * K * 4)]
+    for V in (32000, 151936):
+        x = torch.randn(64, K, V, generator=g).to(torch.bfloat16).to(device)
+        cases.append(("draft_margin", f"[64, {K}, {V}] bf16", lambda x=x: draft_margin(x),
+                      lambda x=x: (lambda t: t[..., 0] - t[..., 1])(torch.topk(x.float(), 2, dim=-1).values),
+                      x.numel() * 2))
+    rows = []
+    for name, shape, ours, base, nbytes in cases:
+        if device.type == "cuda":
+            t_ours, t_base = cuda_graph_time_us(ours), cuda_graph_time_us(base)
+        else:
+            t_ours = host_time_us(ours, min_time_s=min_time_s, max_iters=2000)
+            t_base = host_time_us(base, min_time_s=min_time_s, max_iters=2000)
+        rows.append(dict(op=name, shape=shape, ours_us=t_ours, torch_us=t_base, speedup=t_base / t_ours,
+                         gbps=nbytes / (t_ours * 1e-6) / 1e9))
+    return rows
+
+
+SMALL_COLUMNS = [("op", "op"), ("shape", "shape"), ("ours_us", "ours us"), ("torch_us", "torch us"),
+                 ("speedup", "torch / ours"), ("gbps", "GB/s read")]
+
 COLUMNS = [("R", "R"), ("K", "K"), ("H", "H"), ("Q", "Q"), ("dtype", "dtype"), ("mbytes", "MB read"),
            ("ours_us", "ours us"), ("chain_us", "torch chain us"), ("speedup", "chain / ours"), ("gbps", "GB/s"),
            ("pct_copy", "% of copy BW")]
@@ -68,7 +114,7 @@ def run(shapes=SHAPES, *, device: str = "auto", min_time_s: float = 0.2) -> dict
         r["pct_copy"] = 100 * r["gbps"] / copy
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-            "torch": torch.__version__, "copy_gbps": copy, "rows": rows}
+            "torch": torch.__version__, "copy_gbps": copy, "rows": rows, "small": bench_small_ops(dev, min_time_s)}
 
 
 def report(result: dict) -> str:
@@ -81,6 +127,10 @@ def report(result: dict) -> str:
         f"process: {result['copy_gbps']:.0f} GB/s (read + write). The torch chain upcasts and uses matmuls.",
         "",
         markdown_table(result["rows"], COLUMNS),
+        "",
+        "The area's other ops against their torch equivalents (same timing):",
+        "",
+        markdown_table(result["small"], SMALL_COLUMNS),
     ]) + "\n"
 
 

@@ -81,6 +81,10 @@ def bench_cpu(R: int, K: int, ct: CostTable, *, min_time_s: float) -> dict:
     out = VerifyPlan.allocate(a.num_reqs_padded, a.num_tokens_padded, "cpu")
     err = errors.error_buffer("cpu")
     kernel = host_time_us(lambda: _launch_plan(a, out, out.budget, out.expected_tokens, err), min_time_s=min_time_s)
+    surv_out = torch.empty_like(survival)
+    survival_us = host_time_us(lambda: prefix_survival(conf, drafts, out=surv_out), min_time_s=min_time_s)
+    survival_torch_us = host_time_us(lambda: torch.cumprod(conf.clamp(0, 1), 1).masked_fill(
+        torch.arange(K)[None, :] >= drafts[:, None], 0.0), min_time_s=min_time_s)
     op = host_time_us(lambda: plan_verification(survival, drafts, ct, mode="global", out=out), min_time_s=min_time_s)
     ref = host_time_us(lambda: reference.plan_verification(survival, drafts, ct, mode="global"), min_time_s=min_time_s,
                        warmup=2, max_iters=200)
@@ -92,6 +96,7 @@ def bench_cpu(R: int, K: int, ct: CostTable, *, min_time_s: float) -> dict:
     plan = plan_verification(survival, drafts, ct, mode="global")
     same = int(budget) == int(plan.budget) and torch.equal(lens, plan.verify_lens)
     return dict(R=R, K=K, budget=int(plan.budget), kernel_us=kernel, op_us=op, reference_us=ref, chain_us=chain,
+                survival_us=survival_us, survival_torch_us=survival_torch_us,
                 chain_over_kernel=chain / kernel, chain_over_op=chain / op, reference_over_kernel=ref / kernel,
                 chain_agrees=same)
 
@@ -125,7 +130,8 @@ def launch_floor_us() -> float:
 CPU_COLUMNS = [("R", "R"), ("K", "K"), ("budget", "budget"), ("kernel_us", "kernel us"), ("op_us", "op us"),
                ("reference_us", "reference us"), ("chain_us", "torch chain us"),
                ("chain_over_kernel", "chain / kernel"), ("chain_over_op", "chain / op"),
-               ("reference_over_kernel", "reference / kernel"), ("chain_agrees", "chain agrees")]
+               ("reference_over_kernel", "reference / kernel"), ("chain_agrees", "chain agrees"),
+               ("survival_us", "prefix_survival us"), ("survival_torch_us", "torch cumprod us")]
 CUDA_COLUMNS = [("R", "R"), ("K", "K"), ("launches", "launches/call"), ("kernel_us", "kernel us"),
                 ("graph_us", "in graph us"), ("eager_op_us", "eager op us"), ("chain_launches", "chain launches"),
                 ("chain_kernel_us", "chain kernels us"), ("chain_graph_us", "chain in graph us"),
