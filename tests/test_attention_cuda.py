@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import adaptive_verify as av
+from attention_inputs import _kv_problem
 from adaptive_verify import reference as ref
 
 pytestmark = [
@@ -18,17 +19,6 @@ NAN = float("nan")
 
 def bits(t):
     return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def _kv_problem(seed, dtype, T, Hkv, D, num_blocks, block_size, n_skip):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(T, Hkv, D, generator=g).to(dtype)
-    v = torch.randn(T, Hkv, D, generator=g).to(dtype)
-    slots = torch.randperm(num_blocks * block_size, generator=g)[:T]  # distinct: no write order to depend on
-    slots[torch.randperm(T, generator=g)[:n_skip]] = -1
-    k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN, dtype=dtype)
-    v_cache = torch.full((num_blocks, block_size, Hkv, D), NAN, dtype=dtype)
-    return k, v, k_cache, v_cache, slots.to(torch.int64)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=lambda d: str(d)[6:])

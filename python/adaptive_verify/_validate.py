@@ -40,6 +40,15 @@ def check_tensor(name, t, *, dtypes=None, device=None, ndim=None, shape=None, in
     return t
 
 
+def run_op(custom_op: str, launch, *args) -> None:
+    """Eager calls go straight to the kernel launcher (no dispatcher cost on the hot path); while
+    torch.compile traces, the same arguments go through the registered torch.library custom op."""
+    if torch.compiler.is_compiling():
+        getattr(torch.ops.adaptive_verify, custom_op)(*args)
+    else:
+        launch(*args)
+
+
 def stream_of(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 

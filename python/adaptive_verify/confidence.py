@@ -18,7 +18,7 @@ import torch
 
 from . import errors
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_device, check_tensor, check_temperature, ptr, stream_of
+from ._validate import DTYPE_CODES, check_device, check_tensor, check_temperature, ptr, run_op, stream_of
 
 MAX_DRAFTS = 32
 
@@ -88,10 +88,7 @@ def confidence(
         bias_value = float(bias)
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
-    if torch.compiler.is_compiling():
-        torch.ops.adaptive_verify.confidence_into(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
-    else:
-        _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    run_op("confidence_into", _launch_confidence, hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
     return out
 
 
@@ -120,10 +117,7 @@ def confidence_from_logits(
     _check_k("logits", K)
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
-    if torch.compiler.is_compiling():
-        torch.ops.adaptive_verify.confidence_from_logits_into(logits, temperature, out, survival)
-    else:
-        _launch_from_logits(logits, temperature, out, survival)
+    run_op("confidence_from_logits_into", _launch_from_logits, logits, temperature, out, survival)
     return out
 
 
@@ -151,10 +145,7 @@ def draft_margin(draft_logits: torch.Tensor, *, out: Optional[torch.Tensor] = No
         raise ValueError(f"draft_logits must have a vocabulary of at least 1, got shape {tuple(draft_logits.shape)}")
     out = _out(out, R, K, device)
     err = errors.error_buffer(device)
-    if torch.compiler.is_compiling():
-        torch.ops.adaptive_verify.draft_margin_into(draft_logits, out, err)
-    else:
-        _launch_margin(draft_logits, out, err)
+    run_op("draft_margin_into", _launch_margin, draft_logits, out, err)
     return out
 
 

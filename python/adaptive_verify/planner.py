@@ -41,7 +41,7 @@ import torch
 
 from . import errors
 from ._ext import _C, check_status
-from ._validate import check_device, check_tensor
+from ._validate import check_device, check_tensor, run_op
 from .cost import CostTable
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}
@@ -186,11 +186,7 @@ def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor, *, out: Optional[t
         out = torch.empty(R, K, dtype=torch.float32, device=device)
     else:
         _check_tensor("out", out, dtype=torch.float32, device=device, shape=(R, K))
-    err = errors.error_buffer(device)
-    if torch.compiler.is_compiling():
-        torch.ops.adaptive_verify.prefix_survival_into(conf, drafts, out, err)
-    else:
-        _launch_survival(conf, drafts, out, err)
+    run_op("prefix_survival_into", _launch_survival, conf, drafts, out, errors.error_buffer(device))
     return out
 
 

@@ -36,7 +36,7 @@ import torch
 
 from . import errors
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_device, check_tensor, ptr, stream_of
+from ._validate import DTYPE_CODES, check_device, check_tensor, ptr, run_op, stream_of
 
 
 def _offset(offset, device):
@@ -125,10 +125,7 @@ def rejection_sample(
     err = errors.error_buffer(device)
     args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, out[0], out[1],
             err, host_offset)
-    if torch.compiler.is_compiling():
-        torch.ops.adaptive_verify.rejection_sample_into(*args)
-    else:
-        _launch_rejection(*args)
+    run_op("rejection_sample_into", _launch_rejection, *args)
     return out[0], out[1]
 
 
@@ -172,10 +169,7 @@ def sample(
     else:
         check_tensor("out", out, dtypes=(torch.int32,), device=device, shape=(N,), inner_contiguous=False)
     err = errors.error_buffer(device)
-    if torch.compiler.is_compiling():
-        torch.ops.adaptive_verify.sample_into(logits, temperature, seeds, offset_t, out, err, host_offset)
-    else:
-        _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset)
+    run_op("sample_into", _launch_sample, logits, temperature, seeds, offset_t, out, err, host_offset)
     return out
 
 

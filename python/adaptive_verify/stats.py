@@ -21,7 +21,7 @@ import torch
 
 from . import errors
 from ._ext import _C, check_status
-from ._validate import check_device, check_tensor, stream_of
+from ._validate import check_device, check_tensor, run_op, stream_of
 
 _FIXED_ONE = 2.0**32
 
@@ -63,11 +63,8 @@ class AcceptanceStats:
             raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
         verify_lens = _int32("verify_lens", verify_lens, self.device, R)
         num_accepted = _int32("num_accepted", num_accepted, self.device, R)
-        if torch.compiler.is_compiling():
-            torch.ops.adaptive_verify.stats_update_(conf, verify_lens, num_accepted, self.trials, self.survivals,
-                                                    self._conf_fixed, self._errors)
-        else:
-            _launch_update(conf, verify_lens, num_accepted, self.trials, self.survivals, self._conf_fixed, self._errors)
+        run_op("stats_update_", _launch_update, conf, verify_lens, num_accepted, self.trials, self.survivals,
+               self._conf_fixed, self._errors)
 
     def reset(self) -> None:
         """Zeroes every count (asynchronously on CUDA)."""
