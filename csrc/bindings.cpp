@@ -317,7 +317,8 @@ int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_s
                         uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_table, int64_t block_table_stride,
                         int32_t max_blocks, uintptr_t seq_lens, uintptr_t qsl, int32_t dtype, int32_t R, int64_t T,
                         int32_t Hq, int32_t Hkv, int32_t D, int32_t block_size, int64_t num_blocks,
-                        int32_t max_query_len, double scale, uintptr_t out, uintptr_t lse, uintptr_t error_counts) {
+                        int32_t max_query_len, double scale, uintptr_t out, uintptr_t lse, uintptr_t error_counts,
+                        uintptr_t workspace) {
   attention::AttentionParams p;
   p.q = ptr<const void>(q);
   p.q_stride_t = q_stride_t;
@@ -342,10 +343,14 @@ int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_s
   p.out = ptr<void>(out);
   p.lse = ptr<float>(lse);
   p.error_counts = ptr<int32_t>(error_counts);
-  // The CUDA kernel (tensor cores, split-KV) is not written yet: the Python layer rejects CUDA tensors.
-  if (on_cuda) return kErrBadArgument;
+  if (!on_cuda) return attention::verify_attention_cpu(p);
+#ifdef AV_WITH_CUDA
+  return attention::verify_attention_cuda(p, ptr<float>(workspace), reinterpret_cast<void*>(stream));
+#else
   (void)stream;
-  return attention::verify_attention_cpu(p);
+  (void)workspace;
+  return kNoCuda;
+#endif
 }
 
 int write_kv_op(bool on_cuda, uintptr_t stream, uintptr_t k, uintptr_t v, int64_t k_stride_t, int64_t k_stride_h,
@@ -401,6 +406,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("sample", &sample_op);
   m.def("verify_attention", &verify_attention_op);
   m.def("write_kv", &write_kv_op);
+  m.attr("ATTENTION_SPLIT_TOKENS") = int(attention::kSplitTokens);
   m.attr("STATUS_QUERY_LEN") = int(kErrQueryLen);
   m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
   m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);

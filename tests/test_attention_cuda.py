@@ -134,3 +134,77 @@ def test_write_kv_cuda_element_offsets_past_2_31():
     # nothing else written (counted on the int16 bits: no temporary the size of the 4 GiB caches)
     assert int(torch.count_nonzero(bits(k_cache))) == 3 * Hkv * D
     assert int(torch.count_nonzero(bits(v_cache))) == 3 * Hkv * D
+
+
+# ------------------------------------------------------------------------------------------------------
+# verify_attention on CUDA (the SIMT split-KV kernel) against the float64 oracle
+# ------------------------------------------------------------------------------------------------------
+
+from test_attention import PAIRWISE, check_against_reference, random_problem  # noqa: E402
+
+
+def _cuda_args(p):
+    q, kc, vc, bt, sl, qsl, mql = p.args()
+    return (q.cuda(), kc.cuda(), vc.cuda(), bt.cuda(), sl.cuda(), qsl.cuda(), mql)
+
+
+@pytest.mark.parametrize("dtype,D,block_size,group", PAIRWISE)
+def test_verify_attention_cuda_matches_reference(dtype, D, block_size, group):
+    Hkv = 2 if group <= 4 else 1
+    p = random_problem(101 + D + block_size + group, dtype, D, block_size, Hkv, group, max_seq=3000)
+    out = torch.full_like(p.q, float("nan")).cuda()
+    got, lse = av.verify_attention(*_cuda_args(p), out=out, return_lse=True)
+    assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
+    check_against_reference(p, got.cpu(), lse.cpu())
+    again = av.verify_attention(*_cuda_args(p))
+    assert torch.equal(again, got), "run-to-run difference: a race"
+
+
+def test_verify_attention_cuda_batch_invariance():
+    p = random_problem(7, torch.bfloat16, 128, 16, 2, 4, R=6, max_seq=2500)
+    whole = av.verify_attention(*_cuda_args(p)).cpu()
+    for r in range(p.R):
+        if p.q_lens[r] == 0:
+            continue
+        q, kc, vc, bt, sl, qsl, mql = p.args()
+        rows = p.rows(r)
+        alone = av.verify_attention(q[rows].cuda(), kc.cuda(), vc.cuda(), bt[r:r + 1].cuda(), sl[r:r + 1].cuda(),
+                                    torch.tensor([0, p.q_lens[r]], dtype=torch.int32, device="cuda"), mql).cpu()
+        assert torch.equal(alone, whole[rows]), f"request {r} differs alone vs in the batch"
+
+
+def test_verify_attention_cuda_graph_replays_new_lengths():
+    p = random_problem(9, torch.float16, 64, 32, 1, 8, R=5, max_seq=1500)
+    bufs = list(_cuda_args(p))
+    out = torch.empty_like(bufs[0])
+
+    def step():
+        return av.verify_attention(*bufs, out=out)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    # New per-request lengths in the same buffers: shorter contexts and shifted query boundaries.
+    seq = bufs[4].clone()
+    for shrink in (0, 7, 300):
+        bufs[4].copy_(torch.maximum(seq - shrink, torch.diff(bufs[5]).to(torch.int32)))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = av.verify_attention(*bufs)
+        assert torch.equal(out, eager), f"replay differs from eager after shrinking contexts by {shrink}"
+
+
+def test_verify_attention_cuda_counts_and_pads_bad_lengths():
+    p = random_problem(11, torch.bfloat16, 128, 16, 1, 2, R=4, max_seq=600)
+    args = list(_cuda_args(p))
+    seq = args[4].clone()
+    r = next(i for i in range(p.R) if p.q_lens[i] > 0)
+    seq[r] = 0  # shorter than its own q_len: cannot be checked on the host without a sync
+    args[4] = seq
+    av.reset_error_counts("cuda")
+    got = av.verify_attention(*args).cpu()
+    assert (got[p.rows(r)] == 0).all(), "an invalid request must be padding"
+    assert av.error_counts("cuda")["query_len_out_of_range"] == 1

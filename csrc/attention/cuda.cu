@@ -7,5 +7,9 @@ namespace attention {
 
 int write_kv_cuda(const WriteKvParams& p, void* s) { return int(launch_write_kv(p, cudaStream_t(s))); }
 
+int verify_attention_cuda(const AttentionParams& p, float* workspace, void* s) {
+  return int(launch_verify_attention(p, workspace, cudaStream_t(s)));
+}
+
 }  // namespace attention
 }  // namespace adaptive_verify

@@ -5,9 +5,11 @@ the attention reads every length from device memory: query token i of request r 
 0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
 ``write_kv`` with the planner's slot_mapping).
 
-Status: the C++ CPU kernel and the torch oracle (``adaptive_verify.reference.verify_attention``) are here;
-the CUDA kernel (tensor cores, GQA packing, split-KV) is not written yet, and CUDA tensors are rejected
-with a clear error. ``write_kv`` has both kernels.
+Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and a SIMT
+CUDA kernel (split-KV in two launches, correctness first; it has not yet run on a GPU). The tensor-core
+kernel the design asks for (GQA rows packed into the MMA M dimension, K/V read once per KV head) is still
+to write. On CUDA, lengths and block ids that the host cannot check without a sync make their request
+padding (or skip the bad block) and are counted in ``error_counts()``. ``write_kv`` has both kernels.
 
 Decisions:
 - Split-KV with a fixed kSplitTokens = 512 KV positions per split, merged by log-sum-exp in order: a
@@ -84,9 +86,6 @@ def verify_attention(
     """
     check_tensor("q", q, dtypes=tuple(_DTYPES), ndim=3)
     device = check_device("q", q)
-    if device.type == "cuda":
-        raise RuntimeError("adaptive_verify.verify_attention: the CUDA kernel is not implemented yet; "
-                           "CPU tensors only for now")
     T, Hq, D = q.shape
     if D not in HEAD_DIMS:
         raise ValueError(f"q: head dim D must be one of {HEAD_DIMS}, got {D}")
@@ -116,11 +115,19 @@ def verify_attention(
     else:
         check_tensor("out", out, dtypes=(q.dtype,), device=device, shape=(T, Hq, D), inner_contiguous=False)
     lse = torch.empty(T, Hq, dtype=torch.float32, device=device) if return_lse else None
+    workspace = None
+    if device.type == "cuda":
+        if R > 65535:
+            raise ValueError(f"block_table: at most 65535 requests per call on CUDA, got {R}")
+        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions.
+        splits = max(1, -(-block_table.shape[1] * block_size // _C.ATTENTION_SPLIT_TOKENS))
+        workspace = torch.empty(T * Hq * splits * (D + 2), dtype=torch.float32, device=device)
     status = _C.verify_attention(
         q.is_cuda, stream_of(device), q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
         block_table.data_ptr(), block_table.stride(0), block_table.shape[1], seq_lens.data_ptr(),
         query_start_loc.data_ptr(), _DTYPES[q.dtype], R, T, Hq, Hkv, D, block_size, num_blocks, max_query_len, scale,
         out.data_ptr(), 0 if lse is None else lse.data_ptr(), errors.error_buffer(device).data_ptr(),
+        0 if workspace is None else workspace.data_ptr(),
     )
     _raise_for(status, "verify_attention", device)
     return (out, lse) if return_lse else out

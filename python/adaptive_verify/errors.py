@@ -21,12 +21,15 @@ COUNTER_NAMES = (
     "nan_survival",
     "drafts_out_of_range",  # drafts[r] outside [0, K] on CUDA: clamped (the CPU raises ValueError)
     # planner on CUDA: a position beyond the block table (slot written as -1); write_kv on CUDA: a slot outside
-    # the cache (skipped). The CPU raises ValueError for both.
+    # the cache (skipped); verify_attention on CUDA: a block id outside the cache (position skipped). The CPU
+    # raises ValueError for all three.
     "slot_out_of_range",
     "nan_logits",  # NaN logits: ignored by draft_margin, never emitted by rejection_sample / sample
     "nan_confidence",  # NaN confidences: skipped by AcceptanceStats.update (no trial recorded)
     "draft_id_out_of_range",  # rejection_sample: a draft id outside [0, V): rejected, never used as an index
-    "query_len_out_of_range",  # rejection_sample: q_len < 0 or rows past T (padding), q_len > K + 1 (clamped)
+    # rejection_sample: q_len < 0 or rows past T (padding), q_len > K + 1 (clamped); verify_attention on CUDA:
+    # a request whose lengths are invalid (q_len > max_query_len, seq_lens < q_len, ...) is made padding.
+    "query_len_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

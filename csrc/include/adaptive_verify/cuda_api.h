@@ -30,6 +30,7 @@ int stats_update_cuda(const StatsParams& p, void* stream);
 
 namespace attention {
 int write_kv_cuda(const WriteKvParams& p, void* stream);
+int verify_attention_cuda(const AttentionParams& p, float* workspace, void* stream);
 }  // namespace attention
 
 namespace sampling {
