@@ -55,6 +55,9 @@ bench_conf_rc=$?
 timeout 150 python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
   --json "$log/bench_sampling.json" >"$log/bench_sampling.txt" 2>&1
 bench_samp_rc=$?
+timeout 150 python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 128 --contexts 512 2048 8192 \
+  --markdown "$log/bench_attention.md" --json "$log/bench_attention.json" >"$log/bench_attention.txt" 2>&1
+bench_att_rc=$?
 
 {
   echo "# GPU check: $(date -u +%Y-%m-%d)"
@@ -75,6 +78,7 @@ bench_samp_rc=$?
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
   echo "| sampling benchmark | $(status $bench_samp_rc) |"
+  echo "| attention benchmark (SIMT kernel) | $(status $bench_att_rc) |"
   echo
   echo "## Kernel resources (ptxas)"
   echo
@@ -82,7 +86,7 @@ bench_samp_rc=$?
   cat "$log/ptxas.txt"
   echo '```'
   echo
-  for b in planner confidence sampling; do
+  for b in planner confidence sampling attention; do
     if [ -s "$log/bench_$b.md" ]; then cat "$log/bench_$b.md"; else echo '```'; tail -40 "$log/bench_$b.txt"; echo '```'; fi
     echo
   done
@@ -106,4 +110,4 @@ bench_samp_rc=$?
 } >"$report"
 cp "$log"/*.txt "$log"/*.json "$(dirname "$report")"/ 2>/dev/null || true
 echo "report written to $report"
-[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ]
+[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ]
