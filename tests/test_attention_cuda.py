@@ -1,7 +1,6 @@
-"""write_kv's CUDA kernel == the C++ CPU kernel bit for bit, inside a captured CUDA graph replayed with new
-slots in the same buffers, and with element offsets past 2^31. Skipped without a GPU.
-
-(verify_attention's CUDA tests come with its CUDA kernel.)"""
+"""Attention-area CUDA kernels, skipped without a GPU: write_kv == the C++ CPU kernel bit for bit (also in a
+captured CUDA graph, and with element offsets past 2^31); verify_attention against the float64 oracle,
+batch invariance, graph replay with new lengths, and device-side length errors counted."""
 import pytest
 import torch
 

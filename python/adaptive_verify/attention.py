@@ -102,6 +102,8 @@ def verify_attention(
         raise ValueError(f"q / k_cache: Hq / Hkv must be one of {GQA_RATIOS}, got Hq={Hq}, Hkv={Hkv}")
     check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
     R = block_table.shape[0]
+    if block_table.shape[1] * block_size > 2**31 - 1:
+        raise ValueError(f"block_table: {block_table.shape[1]} blocks of {block_size} tokens exceed int32 positions")
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
     check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
                  inner_contiguous=False)

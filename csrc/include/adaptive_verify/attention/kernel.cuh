@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(128) attention_partials_kernel(const Attention
   const T* vc = static_cast<const T*>(p.v_cache);
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
   const int32_t s0 = s * kSplitTokens;
+  if (s0 > span.kv_len - 1) return;  // past this request's context: the merge reads only its own splits
   for (int32_t row = warp; row < rows; row += nwarps) {
     const int32_t i = row / group, qh = h * group + row % group;
     const int64_t token = span.begin + i;
@@ -96,7 +97,8 @@ __global__ void __launch_bounds__(128) attention_partials_kernel(const Attention
     for (int32_t pos = s0; pos <= s1; ++pos) {
       const int32_t block = table[pos / p.block_size];
       if (block < 0 || block >= p.num_blocks) {  // cannot be checked on the host without a sync
-        if (lane == 0 && row == 0) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
+        // Counted once per bad position, by the row that sees every position (the last token, first head).
+        if (lane == 0 && h == 0 && row == rows - group) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
         continue;
       }
       const int64_t base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + lane * kPerLane;
@@ -144,25 +146,26 @@ __global__ void __launch_bounds__(128) attention_merge_kernel(const AttentionPar
     owned = span.valid && token >= span.begin && token < span.begin + span.q_len;
   }
   T* out = static_cast<T*>(p.out);
+  // Only this request's splits were written: ceil(kv_len / kSplitTokens) of them.
+  const int32_t splits = owned ? int32_t((int64_t(p.seq_lens[r]) + kSplitTokens - 1) / kSplitTokens) : 0;
+  const int32_t used = splits < num_splits ? splits : num_splits;
   for (int32_t qh = 0; qh < p.num_q_heads; ++qh) {
     float M = -INFINITY, L = 0.f;
     const int64_t cell0 = (token * p.num_q_heads + qh) * num_splits;
-    if (owned) {
-      for (int32_t s = 0; s < num_splits; ++s)
-        if (ws_ml[2 * (cell0 + s) + 1] > 0.f) M = fmaxf(M, ws_ml[2 * (cell0 + s)]);
-      for (int32_t s = 0; s < num_splits; ++s) {
-        const float l = ws_ml[2 * (cell0 + s) + 1];
-        if (l > 0.f) L += l * expf(ws_ml[2 * (cell0 + s)] - M);
-      }
+    // l != 0 (not l > 0): a NaN or inf score must reach the output as it does on the CPU, not drop a split.
+    for (int32_t s = 0; s < used; ++s)
+      if (ws_ml[2 * (cell0 + s) + 1] != 0.f) M = fmaxf(M, ws_ml[2 * (cell0 + s)]);
+    for (int32_t s = 0; s < used; ++s) {
+      const float l = ws_ml[2 * (cell0 + s) + 1];
+      if (l != 0.f) L += l * expf(ws_ml[2 * (cell0 + s)] - M);
     }
     const float inv = L > 0.f ? 1.f / L : 0.f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float v = 0.f;
-      if (owned)
-        for (int32_t s = 0; s < num_splits; ++s) {
-          const float l = ws_ml[2 * (cell0 + s) + 1];
-          if (l > 0.f) v += ws_acc[(cell0 + s) * D + d] * expf(ws_ml[2 * (cell0 + s)] - M);
-        }
+      for (int32_t s = 0; s < used; ++s) {
+        const float l = ws_ml[2 * (cell0 + s) + 1];
+        if (l != 0.f) v += ws_acc[(cell0 + s) * D + d] * expf(ws_ml[2 * (cell0 + s)] - M);
+      }
       from_float(v * inv, out + (token * p.num_q_heads + qh) * D + d);
     }
     if (threadIdx.x == 0 && p.lse != nullptr) p.lse[token * p.num_q_heads + qh] = L > 0.f ? M + logf(L) : -INFINITY;
