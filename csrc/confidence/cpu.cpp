@@ -38,9 +38,7 @@ void confidence_impl(const ConfidenceParams& p) {
       float z = dot(hidden + r * p.hidden_stride_r + j * p.hidden_stride_k, p.weight, p.hidden_size);
       if (markov)
         z += dot(markov + r * p.markov_stride_r + j * p.markov_stride_k, p.weight + p.hidden_size, p.markov_size);
-      z += bias;
-      if (p.temperature) z /= p.temperature[j];
-      const float c = sigmoid(z);
+      const float c = head_confidence(z + bias, p.temperature, j);
       a = p.survival ? a * c : c;
       out[j] = a;
     }
@@ -54,9 +52,7 @@ void from_logits_impl(const LogitParams& p) {
     float* out = p.out + int64_t(r) * p.max_drafts;
     float a = 1.f;
     for (int32_t j = 0; j < p.max_drafts; ++j) {
-      float z = to_float(logits[r * p.logits_stride + j]);
-      if (p.temperature) z /= p.temperature[j];
-      const float c = sigmoid(z);
+      const float c = head_confidence(to_float(logits[r * p.logits_stride + j]), p.temperature, j);
       a = p.survival ? a * c : c;
       out[j] = a;
     }

@@ -18,48 +18,23 @@ struct CpuRows {
 
   // Largest logit, ties to the smallest id, NaN ignored (and counted); 0 when no logit is a number.
   int64_t argmax(const T* row, int64_t V) const {
-    float best = -INFINITY;
-    int64_t id = -1;
-    int32_t nan = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = to_float(row[v]);
-      nan += x != x;
-      if (x > best || (id < 0 && x == best)) {
-        best = x;
-        id = v;
-      }
-    }
-    count_nan(nan);
-    return id < 0 ? 0 : id;
+    ArgmaxBest best;
+    for (int64_t v = 0; v < V; ++v) best.push(to_float(row[v]), v);
+    count_nan(best.nan);
+    return best.id < 0 ? 0 : best.id;
   }
 
   float max_scaled(const T* row, int64_t V, float temp) const {
-    float m = -INFINITY;
-    int32_t nan = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float z = fdiv(to_float(row[v]), temp);
-      nan += z != z;
-      m = z > m ? z : m;
-    }
-    count_nan(nan);
-    return m;
+    ScaledMax mx;
+    for (int64_t v = 0; v < V; ++v) mx.push(fdiv(to_float(row[v]), temp));
+    count_nan(mx.nan);
+    return mx.m;
   }
 
   int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) const {
-    const float floor_z = max_scaled(row, V, temp) - kRaceWindow;
-    float best = -INFINITY;
-    int64_t id = -1;
-    RaceUniforms u{rng, j, stream};
-    for (int64_t v = 0; v < V; ++v) {
-      const float z = fdiv(to_float(row[v]), temp);
-      if (!(z >= floor_z)) continue;  // cannot win (or NaN)
-      const float s = race_score(z, u, v);
-      if (better(s, v, best, id)) {
-        best = s;
-        id = v;
-      }
-    }
-    return id < 0 ? 0 : id;
+    RaceBest best{max_scaled(row, V, temp) - kRaceWindow, RaceUniforms{rng, j, stream}};
+    for (int64_t v = 0; v < V; ++v) best.push(fdiv(to_float(row[v]), temp), v);
+    return best.id < 0 ? 0 : best.id;
   }
 
   SoftmaxStats softmax_stats(const T* row, int64_t V, float temp) const {

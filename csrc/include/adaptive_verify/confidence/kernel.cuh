@@ -85,9 +85,7 @@ __global__ void __launch_bounds__(ConfidenceConfig::kWarps * 32) confidence_kern
     const int32_t j = threadIdx.x;
     float z = 0.f;
     for (int s = 0; s < slices; ++s) z += partial[j][s];
-    z += p.bias_ptr != nullptr ? *p.bias_ptr : p.bias;
-    if (p.temperature != nullptr) z /= p.temperature[j];
-    conf[j] = sigmoid(z);
+    conf[j] = head_confidence(z + (p.bias_ptr != nullptr ? *p.bias_ptr : p.bias), p.temperature, j);
   }
   __syncthreads();
   if (p.survival) {
@@ -110,9 +108,7 @@ __global__ void from_logits_kernel(const LogitParams p) {
   const T* row = static_cast<const T*>(p.logits) + int64_t(r) * p.logits_stride;
   float a = 1.f;
   for (int32_t j = 0; j < p.max_drafts; ++j) {
-    float z = to_float(row[j]);
-    if (p.temperature != nullptr) z /= p.temperature[j];
-    const float c = sigmoid(z);
+    const float c = head_confidence(to_float(row[j]), p.temperature, j);
     a = p.survival ? __fmul_rn(a, c) : c;
     p.out[int64_t(r) * p.max_drafts + j] = a;
   }

@@ -17,6 +17,11 @@ AV_HD float sigmoid(float x) {
 #endif
 }
 
+// Confidence of position j from its head logit z: sigmoid(z / T_j) (no temperature: sigmoid(z)).
+AV_HD float head_confidence(float z, const float* temperature, int32_t j) {
+  return sigmoid(temperature != nullptr ? z / temperature[j] : z);
+}
+
 // Bin of a confidence among num_bins equal-width bins of [0, 1]; values outside are clamped.
 // Clamped in float before the conversion: a float-to-int conversion out of range is undefined, and x86
 // (INT_MIN) and CUDA (saturating) disagree, which would put c = 1e9 or +inf in opposite bins.

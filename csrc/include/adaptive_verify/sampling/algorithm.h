@@ -33,6 +33,47 @@ AV_HD bool better(float s, int64_t v, float best_s, int64_t best_v) {
   return s > best_s || (s == best_s && v < best_v && best_v >= 0);
 }
 
+// Running argmax of logits: ties to the smallest id, NaN ignored (and counted), -inf a real candidate (a
+// row of -inf returns its first id).
+struct ArgmaxBest {
+  float x = -INFINITY;
+  int64_t id = -1;
+  int32_t nan = 0;
+  AV_HD void push(float xv, int64_t v) {
+    nan += xv != xv;
+    if (xv > x || (id < 0 && xv == x)) {
+      x = xv;
+      id = v;
+    }
+  }
+};
+
+// Running max of temperature-scaled logits, NaN ignored (and counted).
+struct ScaledMax {
+  float m = -INFINITY;
+  int32_t nan = 0;
+  AV_HD void push(float z) {
+    nan += z != z;
+    m = z > m ? z : m;
+  }
+};
+
+// Running winner of a race: ids below the window floor cannot win and draw no random number.
+struct RaceBest {
+  float floor_z;
+  RaceUniforms u;
+  float score = -INFINITY;
+  int64_t id = -1;
+  AV_HD void push(float z, int64_t v) {
+    if (!(z >= floor_z)) return;  // cannot win (or NaN)
+    const float s = race_score(z, u, v);
+    if (better(s, v, score, id)) {
+      score = s;
+      id = v;
+    }
+  }
+};
+
 // Running winner of the residual race: argmax_v max(p_v - q_v, 0) / E_v, and of argmax_v p_v / E_v for
 // the fallback when every residual weight is 0 (p == q up to rounding).
 struct ResidualBest {

@@ -90,53 +90,26 @@ struct GpuRows {
   }
 
   __device__ int64_t argmax(const T* row, int64_t V) const {
-    float best = -INFINITY;
-    int64_t id = -1;
-    int32_t nan = 0;
-    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
-      const float x = to_float(row[v]);
-      nan += x != x;
-      if (x > best || (id < 0 && x == best)) {
-        best = x;
-        id = v;
-      }
-    }
-    count_nan(nan);
-    // -inf entries are real candidates here (a row of -inf returns its first id, like the CPU's 0).
-    const int64_t w = block_best(best, id, sh);
+    ArgmaxBest best;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) best.push(to_float(row[v]), v);
+    count_nan(best.nan);
+    const int64_t w = block_best(best.x, best.id, sh);
     return w < 0 ? 0 : w;
   }
 
   __device__ float max_scaled(const T* row, int64_t V, float temp) const {
-    float m = -INFINITY;
-    int32_t nan = 0;
-    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
-      const float z = fdiv(to_float(row[v]), temp);
-      nan += z != z;
-      m = z > m ? z : m;
-    }
-    count_nan(nan);
-    return block_max(m, sh);
+    ScaledMax mx;
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) mx.push(fdiv(to_float(row[v]), temp));
+    count_nan(mx.nan);
+    return block_max(mx.m, sh);
   }
 
   __device__ int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) const {
-    const float floor_z = max_scaled(row, V, temp) - kRaceWindow;
-    float best = -INFINITY;
-    int64_t id = -1;
-    RaceUniforms u{rng, j, stream};
+    RaceBest best{max_scaled(row, V, temp) - kRaceWindow, RaceUniforms{rng, j, stream}};
     // Each thread takes 4 consecutive ids: one Philox call serves all four (argmax order is free here).
-    for (int64_t v0 = int64_t(threadIdx.x) * 4; v0 < V; v0 += 4 * SamplerConfig::kThreads) {
-      for (int64_t v = v0; v < v0 + 4 && v < V; ++v) {
-        const float z = fdiv(to_float(row[v]), temp);
-        if (!(z >= floor_z)) continue;
-        const float s = race_score(z, u, v);
-        if (better(s, v, best, id)) {
-          best = s;
-          id = v;
-        }
-      }
-    }
-    const int64_t w = block_best(best, id, sh);
+    for (int64_t v0 = int64_t(threadIdx.x) * 4; v0 < V; v0 += 4 * SamplerConfig::kThreads)
+      for (int64_t v = v0; v < v0 + 4 && v < V; ++v) best.push(fdiv(to_float(row[v]), temp), v);
+    const int64_t w = block_best(best.score, best.id, sh);
     return w < 0 ? 0 : w;
   }
 
