@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..attention import verify_attention
+from ..attention import verify_attention, write_kv
 from .report import cli_main, markdown_table
 from .timing import copy_bandwidth_gbps, host_time_us
 
@@ -101,6 +101,40 @@ def bench_one(R, context, layer, device, min_time_s) -> dict:
                 gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6, max_abs_diff=err)
 
 
+def bench_write_kv(device, min_time_s) -> list[dict]:
+    """write_kv of T new tokens into a paged cache against torch's indexed assignment on a flat view."""
+    rows = []
+    for layer, T in (("tp1", 256), ("tp1", 2048), ("tp8", 2048)):
+        _, Hkv, D = LAYERS[layer]
+        g = torch.Generator().manual_seed(T)
+        num_blocks = 4 * T // BLOCK_SIZE
+        k = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16).to(device)
+        v = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16).to(device)
+        k_cache = torch.zeros(num_blocks, BLOCK_SIZE, Hkv, D, dtype=torch.bfloat16, device=device)
+        v_cache = torch.zeros_like(k_cache)
+        slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=g)[:T].to(device)
+        ours = lambda: write_kv(k, v, k_cache, v_cache, slots)  # noqa: E731
+
+        def base():
+            k_cache.view(-1, Hkv, D)[slots] = k
+            v_cache.view(-1, Hkv, D)[slots] = v
+
+        if device.type == "cuda":
+            from .timing import cuda_graph_time_us
+
+            t_ours, t_base = cuda_graph_time_us(ours), cuda_graph_time_us(base)
+        else:
+            t_ours = host_time_us(ours, min_time_s=min_time_s)
+            t_base = host_time_us(base, min_time_s=min_time_s)
+        nbytes = 2 * 2 * T * Hkv * D * 2  # read k, v and write them
+        rows.append(dict(layer=layer, T=T, ours_us=t_ours, torch_us=t_base, speedup=t_base / t_ours,
+                         gbps=nbytes / (t_ours * 1e-6) / 1e9))
+    return rows
+
+
+KV_COLUMNS = [("layer", "layer"), ("T", "tokens"), ("ours_us", "write_kv us"), ("torch_us", "torch index_put us"),
+              ("speedup", "torch / ours"), ("gbps", "GB/s moved")]
+
 COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
            ("baseline_us", "padded SDPA us"), ("speedup", "baseline / ours"), ("gbps", "GB/s"),
            ("pct_copy", "% of copy BW"), ("max_abs_diff", "max |diff|")]
@@ -116,7 +150,7 @@ def run(r_values=None, contexts=None, layers=tuple(LAYERS), *, device="auto", mi
         r["pct_copy"] = 100 * r["gbps"] / copy
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "copy_gbps": copy, "rows": rows}
+            "copy_gbps": copy, "rows": rows, "write_kv": bench_write_kv(dev, min_time_s)}
 
 
 def report(result: dict) -> str:
@@ -128,6 +162,10 @@ def report(result: dict) -> str:
         f"{result['copy_gbps']:.0f} GB/s.",
         "",
         markdown_table(result["rows"], COLUMNS),
+        "",
+        "write_kv (bf16, random slots):",
+        "",
+        markdown_table(result["write_kv"], KV_COLUMNS),
     ]) + "\n"
 
 
