@@ -10,7 +10,10 @@ set -uo pipefail
 report=${1:?usage: benchmarks/gpu_check.sh REPORT.md}
 cd "$(dirname "$0")/.."
 mkdir -p "$(dirname "$report")"
-log=$(mktemp -d)
+# Logs go beside the report as each step finishes, so a run killed at its time limit still leaves them.
+log="$(dirname "$report")/logs"
+mkdir -p "$log"
+export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -40,22 +43,22 @@ cuda_ok=$(python3 -c "import adaptive_verify as av; i = av.build_info(); print('
 case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too)
-timeout 300 python3 -m pytest tests -q -m cuda -p no:cacheprovider >"$log/cuda_tests.txt" 2>&1
+timeout 240 python3 -m pytest tests -q -m cuda --durations=15 -p no:cacheprovider >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
-timeout 180 python3 -m pytest tests -q -x -m "not cuda" -p no:cacheprovider >"$log/cpu_tests.txt" 2>&1
+timeout 150 python3 -m pytest tests -q -x -n 8 -m "not cuda" -p no:cacheprovider >"$log/cpu_tests.txt" 2>&1
 cpu_rc=$?
 
 # 3. benchmarks
-timeout 150 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
+timeout 100 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
   --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
 bench_rc=$?
-timeout 120 python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
+timeout 90 python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
   --json "$log/bench_confidence.json" >"$log/bench_confidence.txt" 2>&1
 bench_conf_rc=$?
-timeout 150 python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
+timeout 100 python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
   --json "$log/bench_sampling.json" >"$log/bench_sampling.txt" 2>&1
 bench_samp_rc=$?
-timeout 150 python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 128 --contexts 512 2048 8192 \
+timeout 100 python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 128 --contexts 512 2048 8192 \
   --markdown "$log/bench_attention.md" --json "$log/bench_attention.json" >"$log/bench_attention.txt" 2>&1
 bench_att_rc=$?
 
@@ -108,6 +111,5 @@ bench_att_rc=$?
   echo
   echo "Total time: $(( $(date +%s) - start )) s"
 } >"$report"
-cp "$log"/*.txt "$log"/*.json "$(dirname "$report")"/ 2>/dev/null || true
 echo "report written to $report"
 [ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ]
