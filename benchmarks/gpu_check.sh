@@ -30,12 +30,14 @@ case "$cap" in
   *) arch=$cap ;;
 esac
 
+stamp() { echo "$1 $(( $(date +%s) - start )) s" >>"$log/steps.txt"; }
 status() { if [ "$1" -eq 0 ]; then echo "ok"; else echo "FAILED (exit $1)"; fi; }
 
 # 1. build for the local GPU only (fast), with register/smem/spill report
 AV_CUDA_ARCHS=$arch AV_PTXAS_VERBOSE=1 MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -v -e . \
   >"$log/build.txt" 2>&1
 build_rc=$?
+stamp build_rc
 grep -E "ptxas info|spill|Compiling entry" "$log/build.txt" | sed 's/^ *//' >"$log/ptxas.txt" || true
 
 # A build that cannot run CUDA here would make every CUDA test skip: say so loudly instead.
@@ -43,24 +45,31 @@ cuda_ok=$(python3 -c "import adaptive_verify as av; i = av.build_info(); print('
 case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too)
-timeout 240 python3 -m pytest tests -q -m cuda --durations=15 -p no:cacheprovider >"$log/cuda_tests.txt" 2>&1
+timeout 240 python3 -m pytest tests -q -m cuda -rf --tb=short --durations=15 -p no:cacheprovider >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
-timeout 150 python3 -m pytest tests -q -x -n 8 -m "not cuda" -p no:cacheprovider >"$log/cpu_tests.txt" 2>&1
+stamp cuda_rc
+# Two torch threads per xdist worker: 8 workers each spinning 16 OpenMP threads starve each other.
+OMP_NUM_THREADS=2 timeout 150 python3 -m pytest tests -q -n 8 --timeout 90 -rf --tb=short --durations=15 -m "not cuda" -p no:cacheprovider >"$log/cpu_tests.txt" 2>&1
 cpu_rc=$?
+stamp cpu_rc
 
 # 3. benchmarks
 timeout 100 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
   --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
 bench_rc=$?
+stamp bench_rc
 timeout 90 python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
   --json "$log/bench_confidence.json" >"$log/bench_confidence.txt" 2>&1
 bench_conf_rc=$?
+stamp bench_conf_rc
 timeout 100 python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
   --json "$log/bench_sampling.json" >"$log/bench_sampling.txt" 2>&1
 bench_samp_rc=$?
+stamp bench_samp_rc
 timeout 100 python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 128 --contexts 512 2048 8192 \
   --markdown "$log/bench_attention.md" --json "$log/bench_attention.json" >"$log/bench_attention.txt" 2>&1
 bench_att_rc=$?
+stamp bench_att_rc
 
 {
   echo "# GPU check: $(date -u +%Y-%m-%d)"
@@ -109,7 +118,10 @@ bench_att_rc=$?
     echo '```'
   fi
   echo
+  echo "Step end times: $(tr "\n" ";" <"$log/steps.txt")"
   echo "Total time: $(( $(date +%s) - start )) s"
 } >"$report"
+# The device tool brings back only a few files: one archive holds every log.
+tar czf "$(dirname "$report")/logs.tgz" -C "$(dirname "$report")" logs && rm -rf "$log"
 echo "report written to $report"
 [ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ]

@@ -71,12 +71,11 @@ def bench_small_ops(device, min_time_s) -> list[dict]:
     stats = AcceptanceStats(K, device=device)
     bins = torch.zeros(K, 16, dtype=torch.int64, device=device)
 
-    def torch_stats():  # the same counts with torch ops: masks, bin ids, index_put_ with accumulate
+    def torch_stats():  # the same counts with torch ops: masks, bin ids, index_add_ (no boolean indexing: graph-safe)
         j = torch.arange(K, device=device)[None, :]
         trial = (j < vl[:, None]) & (j <= na[:, None])
         b = (conf * 16).long().clamp(0, 15)
-        bins.index_put_((j.expand(R, K)[trial], b[trial]), torch.ones((), dtype=torch.int64, device=device),
-                        accumulate=True)
+        bins.view(-1).index_add_(0, (j * 16 + b).flatten(), trial.flatten().long())
 
     cases = [("confidence_from_logits", f"[{R}, {K}]", lambda: confidence_from_logits(logits, temperature, survival=True),
               lambda: torch.cumprod(torch.sigmoid(logits / temperature), 1), R * K * 4),
