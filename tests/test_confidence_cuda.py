@@ -46,7 +46,8 @@ def test_draft_margin_cuda_matches_cpu(dtype, V):
     x = (torch.randn(4, 3, V) * 3).to(dtype)
     x[1, 1, V // 2] = float("nan")
     av.reset_error_counts("cuda")
-    assert torch.equal(av.draft_margin(x.cuda()).cpu(), av.draft_margin(x))
+    # The NaN row's margin is NaN on both devices: compare bit for bit with NaN equal to NaN.
+    torch.testing.assert_close(av.draft_margin(x.cuda()).cpu(), av.draft_margin(x), rtol=0, atol=0, equal_nan=True)
     assert av.error_counts("cuda")["nan_logits"] == 1
     strided = (torch.randn(4, 6, V + 1) * 3).to(dtype)[:, ::2, 1:]
     assert torch.equal(av.draft_margin(strided.cuda()).cpu(), av.draft_margin(strided))
