@@ -160,7 +160,8 @@ __device__ __forceinline__ uint4 load_word(const T* src, bool vec) {
 // A NaN or inf reaches (m, l, acc) exactly when the CPU's position-by-position update would make it NaN:
 // a visible score that is NaN or +inf, or a split whose first visible score is -inf.
 // __launch_bounds__(kThreads, 1): without the explicit minimum ptxas capped these at 128 registers and
-// spilled a few bytes; they use 100-130 (4 blocks of 128 threads per SM for bf16 D=128).
+// spilled a few bytes; they use 100-130 on sm_90a, 125-153 on sm_100a (bf16 D=128 on sm_90a: 113,
+// so 4 blocks of 128 threads per SM, which its 46 KB of smem also allows).
 template <typename T, int D>
 __global__ void __launch_bounds__(PartialsConfig<T, D>::kThreads, 1)
     attention_partials_kernel(const AttentionParams p, int32_t num_splits, int32_t num_chunks, bool vec_loads,
@@ -195,8 +196,8 @@ __global__ void __launch_bounds__(PartialsConfig<T, D>::kThreads, 1)
   if (row0 >= rows || s0 > span.kv_len - 1) return;
   const int32_t nrows = rows - row0 < kRows ? rows - row0 : kRows;
   // Row i of the request sees positions <= kv_len - q_len + i; the chunk's last row sees the most.
-  const int32_t first_visible_shift = span.kv_len - span.q_len;
-  const int32_t chunk_last = first_visible_shift + (row0 + nrows - 1) / group;
+  const int32_t last_of_token0 = span.kv_len - span.q_len;
+  const int32_t chunk_last = last_of_token0 + (row0 + nrows - 1) / group;
   const int32_t s_end = s0 + kSplitTokens - 1 < chunk_last ? s0 + kSplitTokens - 1 : chunk_last;
   // Bad block ids are counted by the chunk holding the request's last rows: it reads up to kv_len - 1.
   const bool counts_bad = h == 0 && chunk == (rows - 1) / kRows;
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(PartialsConfig<T, D>::kThreads, 1)
     const int32_t lr = warp * kRowsPerWarp + k;
     m[k] = -INFINITY;
     l[k] = 0.f;
-    lim_w[k] = lr < nrows ? first_visible_shift + (row0 + lr) / group : -1;
+    lim_w[k] = lr < nrows ? last_of_token0 + (row0 + lr) / group : -1;
   }
   const bool warp_has_rows = warp * kRowsPerWarp < nrows;
   // P.V accumulators of this thread's rows and columns.
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(PartialsConfig<T, D>::kThreads, 1)
 #pragma unroll
   for (int k = 0; k < kRowsPerThread; ++k) {
     const int32_t lr = rg + kRowGroups * k;
-    lim_t[k] = lr < nrows ? first_visible_shift + (row0 + lr) / group : -1;
+    lim_t[k] = lr < nrows ? last_of_token0 + (row0 + lr) / group : -1;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[k][e] = 0.f;
   }
