@@ -318,7 +318,7 @@ int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_s
                         int32_t max_blocks, uintptr_t seq_lens, uintptr_t qsl, int32_t dtype, int32_t R, int64_t T,
                         int32_t Hq, int32_t Hkv, int32_t D, int32_t block_size, int64_t num_blocks,
                         int32_t max_query_len, double scale, uintptr_t out, uintptr_t lse, uintptr_t error_counts,
-                        uintptr_t workspace) {
+                        uintptr_t workspace, int32_t kernel) {
   attention::AttentionParams p;
   p.q = ptr<const void>(q);
   p.q_stride_t = q_stride_t;
@@ -343,6 +343,7 @@ int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_s
   p.out = ptr<void>(out);
   p.lse = ptr<float>(lse);
   p.error_counts = ptr<int32_t>(error_counts);
+  p.kernel = kernel;  // CUDA implementation (ignored on CPU); the launcher rejects unknown values
   if (!on_cuda) return attention::verify_attention_cpu(p);
 #ifdef AV_WITH_CUDA
   return attention::verify_attention_cuda(p, ptr<float>(workspace), reinterpret_cast<void*>(stream));
@@ -407,6 +408,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("verify_attention", &verify_attention_op);
   m.def("write_kv", &write_kv_op);
   m.attr("ATTENTION_SPLIT_TOKENS") = int(attention::kSplitTokens);
+  m.attr("ATTENTION_KERNEL_ROWWISE") = int(attention::kAttentionRowwise);
+  m.attr("ATTENTION_KERNEL_TILED") = int(attention::kAttentionTiled);
   m.attr("STATUS_QUERY_LEN") = int(kErrQueryLen);
   m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
   m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);

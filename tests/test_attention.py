@@ -474,6 +474,33 @@ def test_verify_attention_bad_inputs_name_the_argument(name, value, exc, named):
     _attn()  # the good arguments pass
 
 
+@pytest.mark.parametrize("value", ["", "Rowwise", "tensor_core", 0, 1, True, ["tiled"]])
+def test_verify_attention_bad_cuda_kernel(monkeypatch, value):
+    """cuda_kernel picks the CUDA implementation; on CPU it is checked, then ignored."""
+    monkeypatch.delenv("AV_ATTENTION_KERNEL", raising=False)
+    with pytest.raises(ValueError, match=names("cuda_kernel")):
+        _attn(cuda_kernel=value)
+
+
+@pytest.mark.parametrize("value", ["", "Tiled", "tensor_core", "0", " rowwise"])
+def test_verify_attention_bad_kernel_environment_variable(monkeypatch, value):
+    monkeypatch.setenv("AV_ATTENTION_KERNEL", value)
+    with pytest.raises(ValueError, match=names("AV_ATTENTION_KERNEL")):
+        _attn()
+    _attn(cuda_kernel="rowwise")  # an explicit argument does not read the variable
+
+
+@pytest.mark.parametrize("env", [None, "rowwise", "tiled"])
+def test_verify_attention_cuda_kernel_is_ignored_on_cpu(monkeypatch, env):
+    if env is None:
+        monkeypatch.delenv("AV_ATTENTION_KERNEL", raising=False)
+    else:
+        monkeypatch.setenv("AV_ATTENTION_KERNEL", env)
+    want = _attn(cuda_kernel="rowwise")
+    for kernel in (None, "rowwise", "tiled"):
+        assert torch.equal(_attn(cuda_kernel=kernel), want), kernel
+
+
 @pytest.mark.parametrize("block_size", [8, 48, 512])
 def test_unsupported_block_size(block_size):
     with pytest.raises(ValueError, match=names("k_cache")):

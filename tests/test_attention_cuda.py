@@ -1,6 +1,7 @@
 """Attention-area CUDA kernels, skipped without a GPU: write_kv == the C++ CPU kernel bit for bit (also in a
 captured CUDA graph, and with element offsets past 2^31); verify_attention against the float64 oracle,
-batch invariance, graph replay with new lengths, and device-side length errors counted."""
+batch invariance, graph replay with new lengths, and device-side length errors counted, each for both CUDA
+implementations (cuda_kernel "rowwise", the default, and "tiled")."""
 import pytest
 import torch
 
@@ -136,10 +137,12 @@ def test_write_kv_cuda_element_offsets_past_2_31():
 
 
 # ------------------------------------------------------------------------------------------------------
-# verify_attention on CUDA (the SIMT split-KV kernel) against the float64 oracle
+# verify_attention on CUDA (both SIMT split-KV kernels) against the float64 oracle
 # ------------------------------------------------------------------------------------------------------
 
 from test_attention import PAIRWISE, check_against_reference, random_problem  # noqa: E402
+
+KERNELS = ["rowwise", "tiled"]  # verify_attention(cuda_kernel=...)
 
 
 def _cuda_args(p):
@@ -147,38 +150,42 @@ def _cuda_args(p):
     return (q.cuda(), kc.cuda(), vc.cuda(), bt.cuda(), sl.cuda(), qsl.cuda(), mql)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype,D,block_size,group", PAIRWISE)
-def test_verify_attention_cuda_matches_reference(dtype, D, block_size, group):
+def test_verify_attention_cuda_matches_reference(dtype, D, block_size, group, kernel):
     Hkv = 2 if group <= 4 else 1
     p = random_problem(101 + D + block_size + group, dtype, D, block_size, Hkv, group, max_seq=3000)
     out = torch.full_like(p.q, float("nan")).cuda()
-    got, lse = av.verify_attention(*_cuda_args(p), out=out, return_lse=True)
+    got, lse = av.verify_attention(*_cuda_args(p), out=out, return_lse=True, cuda_kernel=kernel)
     assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
     check_against_reference(p, got.cpu(), lse.cpu())
-    again = av.verify_attention(*_cuda_args(p))
+    again = av.verify_attention(*_cuda_args(p), cuda_kernel=kernel)
     assert torch.equal(again, got), "run-to-run difference: a race"
 
 
-def test_verify_attention_cuda_batch_invariance():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_verify_attention_cuda_batch_invariance(kernel):
     p = random_problem(7, torch.bfloat16, 128, 16, 2, 4, R=6, max_seq=2500)
-    whole = av.verify_attention(*_cuda_args(p)).cpu()
+    whole = av.verify_attention(*_cuda_args(p), cuda_kernel=kernel).cpu()
     for r in range(p.R):
         if p.q_lens[r] == 0:
             continue
         q, kc, vc, bt, sl, qsl, mql = p.args()
         rows = p.rows(r)
         alone = av.verify_attention(q[rows].cuda(), kc.cuda(), vc.cuda(), bt[r:r + 1].cuda(), sl[r:r + 1].cuda(),
-                                    torch.tensor([0, p.q_lens[r]], dtype=torch.int32, device="cuda"), mql).cpu()
+                                    torch.tensor([0, p.q_lens[r]], dtype=torch.int32, device="cuda"), mql,
+                                    cuda_kernel=kernel).cpu()
         assert torch.equal(alone, whole[rows]), f"request {r} differs alone vs in the batch"
 
 
-def test_verify_attention_cuda_graph_replays_new_lengths():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_verify_attention_cuda_graph_replays_new_lengths(kernel):
     p = random_problem(9, torch.float16, 64, 32, 1, 8, R=5, max_seq=1500)
     bufs = list(_cuda_args(p))
     out = torch.empty_like(bufs[0])
 
     def step():
-        return av.verify_attention(*bufs, out=out)
+        return av.verify_attention(*bufs, out=out, cuda_kernel=kernel)
 
     step()
     torch.cuda.synchronize()
@@ -192,11 +199,12 @@ def test_verify_attention_cuda_graph_replays_new_lengths():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        eager = av.verify_attention(*bufs)
+        eager = av.verify_attention(*bufs, cuda_kernel=kernel)
         assert torch.equal(out, eager), f"replay differs from eager after shrinking contexts by {shrink}"
 
 
-def test_verify_attention_cuda_counts_and_pads_bad_lengths():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_verify_attention_cuda_counts_and_pads_bad_lengths(kernel):
     p = random_problem(11, torch.bfloat16, 128, 16, 1, 2, R=4, max_seq=600)
     args = list(_cuda_args(p))
     seq = args[4].clone()
@@ -204,6 +212,6 @@ def test_verify_attention_cuda_counts_and_pads_bad_lengths():
     seq[r] = 0  # shorter than its own q_len: cannot be checked on the host without a sync
     args[4] = seq
     av.reset_error_counts("cuda")
-    got = av.verify_attention(*args).cpu()
+    got = av.verify_attention(*args, cuda_kernel=kernel).cpu()
     assert (got[p.rows(r)] == 0).all(), "an invalid request must be padding"
     assert av.error_counts("cuda")["query_len_out_of_range"] == 1

@@ -1,4 +1,4 @@
-// Entry points of the attention area's CUDA kernels (kernels in kernel.cuh).
+// Entry points of the attention area's CUDA kernels (kernels in kernel.cuh, kernel_rowwise.cuh, kernel_tiled.cuh).
 #include "adaptive_verify/attention/kernel.cuh"
 #include "adaptive_verify/cuda_api.h"
 

@@ -5,11 +5,13 @@ the attention reads every length from device memory: query token i of request r 
 0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
 ``write_kv`` with the planner's slot_mapping).
 
-Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and a SIMT
-CUDA kernel (split-KV in two launches, correctness first; it has not yet run on a GPU). The tensor-core
-kernel the design asks for (GQA rows packed into the MMA M dimension, K/V read once per KV head) is still
-to write. On CUDA, lengths and block ids that the host cannot check without a sync make their request
-padding (or skip the bad block) and are counted in ``error_counts()``. ``write_kv`` has both kernels.
+Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and two
+SIMT CUDA kernels (split-KV in two launches), chosen with ``cuda_kernel`` / ``AV_ATTENTION_KERNEL``:
+"rowwise" (the default; validated on an H200 on 2026-11-29, but slow) and "tiled" (K/V tiles in shared
+memory; not yet run on a GPU). The tensor-core kernel the design asks for (GQA rows packed into the MMA M
+dimension, K/V read once per KV head) is still to write. On CUDA, lengths and block ids that the host cannot
+check without a sync make their request padding (or skip the bad block) and are counted in
+``error_counts()``. ``write_kv`` has both kernels.
 
 Decisions:
 - Split-KV with a fixed kSplitTokens = 512 KV positions per split, merged by log-sum-exp in order: a
@@ -23,6 +25,7 @@ Decisions:
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -36,6 +39,9 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 GQA_RATIOS = (1, 2, 4, 8, 16)
 MAX_QUERY_LEN = 16
 _DTYPES = {torch.bfloat16: 2, torch.float16: 1}
+# CUDA implementations of verify_attention (AttentionParams::kernel in params.h).
+_CUDA_KERNELS = {"rowwise": _C.ATTENTION_KERNEL_ROWWISE, "tiled": _C.ATTENTION_KERNEL_TILED}
+CUDA_KERNEL_ENV = "AV_ATTENTION_KERNEL"
 
 _MESSAGES = {
     "STATUS_QUERY_LEN": "query_start_loc must be non-decreasing within [0, T] and no request may have more than "
@@ -55,6 +61,21 @@ def _raise_for(status: int, op: str, device: torch.device) -> None:
     check_status(status, op, device)
 
 
+def _cuda_kernel(cuda_kernel: Optional[str]) -> int:
+    """The CUDA implementation's id: ``cuda_kernel``, else $AV_ATTENTION_KERNEL, else "rowwise"."""
+    if cuda_kernel is None:
+        value = os.environ.get(CUDA_KERNEL_ENV)
+        if value is None:  # unset; an empty value is rejected below like any other unknown name
+            return _CUDA_KERNELS["rowwise"]
+        if value not in _CUDA_KERNELS:
+            raise ValueError(f"{CUDA_KERNEL_ENV} (environment variable) must be one of {sorted(_CUDA_KERNELS)} "
+                             f"or unset (= 'rowwise'), got {value!r}")
+        return _CUDA_KERNELS[value]
+    if not isinstance(cuda_kernel, str) or cuda_kernel not in _CUDA_KERNELS:
+        raise ValueError(f"cuda_kernel must be None or one of {sorted(_CUDA_KERNELS)}, got {cuda_kernel!r}")
+    return _CUDA_KERNELS[cuda_kernel]
+
+
 def _cache(name, t, q_dtype, device):
     check_tensor(name, t, dtypes=(q_dtype,), device=device, ndim=4, inner_contiguous=False)
     return t
@@ -72,6 +93,7 @@ def verify_attention(
     scale: Optional[float] = None,
     out: Optional[torch.Tensor] = None,
     return_lse: bool = False,
+    cuda_kernel: Optional[str] = None,
 ):
     """Attention of each request's verified tokens over its paged KV cache.
 
@@ -83,7 +105,16 @@ def verify_attention(
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..16.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
         return_lse: also return lse [T, Hq] float32 (natural log of the softmax denominator, scaled scores).
+        cuda_kernel: CUDA implementation, "rowwise" or "tiled"; None (default) reads the environment variable
+            AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value (argument or variable)
+            raises ValueError. Both give the same results up to fp32 rounding; CPU tensors check the value
+            and otherwise ignore it.
+            - "rowwise" (default): one warp per query row; validated on an H200 on 2026-11-29 (every CUDA
+              test passes), but latency-bound, about 10x slower than it should be.
+            - "tiled": K/V tiles in shared memory, read once per block of 16 query rows; not yet run on
+              a GPU, so opt-in until it passes the CUDA tests.
     """
+    kernel_id = _cuda_kernel(cuda_kernel)
     check_tensor("q", q, dtypes=tuple(_DTYPES), ndim=3)
     device = check_device("q", q)
     T, Hq, D = q.shape
@@ -121,7 +152,8 @@ def verify_attention(
     if device.type == "cuda":
         if R > 65535:
             raise ValueError(f"block_table: at most 65535 requests per call on CUDA, got {R}")
-        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions.
+        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions (the
+        # same layout for both CUDA kernels: attention_workspace_floats in kernel.cuh).
         splits = max(1, -(-block_table.shape[1] * block_size // _C.ATTENTION_SPLIT_TOKENS))
         workspace = torch.empty(T * Hq * splits * (D + 2), dtype=torch.float32, device=device)
     status = _C.verify_attention(
@@ -129,7 +161,7 @@ def verify_attention(
         block_table.data_ptr(), block_table.stride(0), block_table.shape[1], seq_lens.data_ptr(),
         query_start_loc.data_ptr(), _DTYPES[q.dtype], R, T, Hq, Hkv, D, block_size, num_blocks, max_query_len, scale,
         out.data_ptr(), 0 if lse is None else lse.data_ptr(), errors.error_buffer(device).data_ptr(),
-        0 if workspace is None else workspace.data_ptr(),
+        0 if workspace is None else workspace.data_ptr(), kernel_id,
     )
     _raise_for(status, "verify_attention", device)
     return (out, lse) if return_lse else out

@@ -12,6 +12,12 @@ namespace attention {
 // not depend on the rest of the batch (batch invariance); the CPU kernel uses the same boundaries.
 constexpr int32_t kSplitTokens = 512;
 
+// CUDA implementation of verify_attention (AttentionParams::kernel); the CPU kernel ignores it. Both write
+// the same workspace and take the same arguments; other values make the CUDA launcher return
+// cudaErrorInvalidValue. Keep in sync with python/adaptive_verify/attention.py (_CUDA_KERNELS).
+constexpr int32_t kAttentionRowwise = 0;  // default: one warp per query row (validated on an H200)
+constexpr int32_t kAttentionTiled = 1;    // K/V tiles in shared memory (not yet run on a GPU)
+
 struct AttentionParams {
   const void* q = nullptr;  // [T, Hq, D] of `dtype`, strides (q_stride_t, q_stride_h, 1)
   int64_t q_stride_t = 0, q_stride_h = 0;
@@ -32,6 +38,7 @@ struct AttentionParams {
   void* out = nullptr;   // [T, Hq, D] of `dtype`, contiguous
   float* lse = nullptr;  // [T, Hq] or null
   int32_t* error_counts = nullptr;
+  int32_t kernel = kAttentionRowwise;  // kAttentionRowwise or kAttentionTiled (CUDA only)
 };
 
 struct WriteKvParams {

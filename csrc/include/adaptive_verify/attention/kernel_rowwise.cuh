@@ -1,0 +1,150 @@
+// verify_attention, row-wise SIMT kernels (the default; validated on an H200, 2026-11-29: every CUDA test
+// passes, but latency-bound at ~1 us per KV position, about 10x too slow).
+//
+// Split-KV in two launches whose grids depend only on host upper bounds (R, Hkv, and the block table's
+// width), so a captured graph replays any lengths.
+//   1. partials: block (split s, KV head h, request r); each warp takes query rows (token i, head of the
+//      group) in turn, lanes split the head dim, and runs an online softmax over the split's visible
+//      positions, writing (max, sum, acc[D]) per (token, head, split);
+//   2. merge: one block per token merges its splits in order by log-sum-exp.
+// Same split boundaries as the CPU kernel (kSplitTokens), so outputs are batch-invariant; the dot-product
+// order differs from the CPU's, so the two agree to fp32 rounding, not bit for bit.
+// NOTES: this is the SIMT baseline: each warp re-reads its split's K/V for every query row it owns. The
+// kernels are verbatim from commit 13e7f05 (renamed only); kernel_tiled.cuh holds the candidate
+// replacement, selected by AttentionParams::kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "adaptive_verify/attention/params.h"
+#include "adaptive_verify/attention/request_span.cuh"
+#include "adaptive_verify/dtype.h"
+
+namespace adaptive_verify {
+namespace attention {
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128)
+    attention_partials_rowwise_kernel(const AttentionParams p, int32_t num_splits, float* __restrict__ ws_ml,
+                                      float* __restrict__ ws_acc) {
+  constexpr int kPerLane = D / 32;
+  const int32_t s = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  const RequestSpan span = request_span(p, r);
+  if (!span.valid) {
+    if (s == 0 && h == 0 && threadIdx.x == 0 && p.query_start_loc[r + 1] != p.query_start_loc[r])
+      atomicAdd(p.error_counts + kCountQueryLenOutOfRange, 1);
+    return;  // its tokens are padding: the merge kernel writes zeros without reading the workspace
+  }
+  const int32_t group = p.num_q_heads / p.num_kv_heads;
+  const int32_t rows = span.q_len * group;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
+  const int32_t s0 = s * kSplitTokens;
+  if (s0 > span.kv_len - 1) return;  // past this request's context: the merge reads only its own splits
+  for (int32_t row = warp; row < rows; row += nwarps) {
+    const int32_t i = row / group, qh = h * group + row % group;
+    const int64_t token = span.begin + i;
+    const int32_t last = span.kv_len - span.q_len + i;  // last visible position of this row
+    const int32_t s1 = s0 + kSplitTokens - 1 < last ? s0 + kSplitTokens - 1 : last;
+    const T* qrow = static_cast<const T*>(p.q) + token * p.q_stride_t + int64_t(qh) * p.q_stride_h;
+    float qv[kPerLane], acc[kPerLane];
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      qv[e] = to_float(qrow[lane * kPerLane + e]) * p.scale;
+      acc[e] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int32_t pos = s0; pos <= s1; ++pos) {
+      const int32_t block = table[pos / p.block_size];
+      if (block < 0 || block >= p.num_blocks) {  // cannot be checked on the host without a sync
+        // Counted once per bad position, by the row that sees every position (the last token, first head).
+        if (lane == 0 && h == 0 && row == rows - group) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
+        continue;
+      }
+      const int64_t base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + lane * kPerLane;
+      float sc = 0.f;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) sc += qv[e] * to_float(kc[base + e]);
+      for (int off = 16; off > 0; off >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+      if (sc > m) {
+        const float c = expf(m - sc);
+        l *= c;
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) acc[e] *= c;
+        m = sc;
+      }
+      const float w = expf(sc - m);
+      l += w;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) acc[e] += w * to_float(vc[base + e]);
+    }
+    const int64_t cell = (token * p.num_q_heads + qh) * num_splits + s;
+    if (lane == 0) {
+      ws_ml[2 * cell] = m;
+      ws_ml[2 * cell + 1] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) ws_acc[cell * D + lane * kPerLane + e] = acc[e];
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128)
+    attention_merge_rowwise_kernel(const AttentionParams p, int32_t num_splits, const float* __restrict__ ws_ml,
+                                   const float* __restrict__ ws_acc) {
+  const int64_t token = blockIdx.x;
+  // The request owning this token (query_start_loc is non-decreasing for valid inputs): binary search.
+  int32_t lo = 0, hi = p.num_reqs;  // find the last r with query_start_loc[r] <= token
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (p.query_start_loc[mid] <= token) lo = mid; else hi = mid - 1;
+  }
+  const int32_t r = lo;
+  bool owned = r < p.num_reqs;
+  if (owned) {
+    const RequestSpan span = request_span(p, r);
+    owned = span.valid && token >= span.begin && token < span.begin + span.q_len;
+  }
+  T* out = static_cast<T*>(p.out);
+  // Only this request's splits were written: ceil(kv_len / kSplitTokens) of them.
+  const int32_t splits = owned ? int32_t((int64_t(p.seq_lens[r]) + kSplitTokens - 1) / kSplitTokens) : 0;
+  const int32_t used = splits < num_splits ? splits : num_splits;
+  for (int32_t qh = 0; qh < p.num_q_heads; ++qh) {
+    float M = -INFINITY, L = 0.f;
+    const int64_t cell0 = (token * p.num_q_heads + qh) * num_splits;
+    // l != 0 (not l > 0): a NaN or inf score must reach the output as it does on the CPU, not drop a split.
+    for (int32_t s = 0; s < used; ++s)
+      if (ws_ml[2 * (cell0 + s) + 1] != 0.f) M = fmaxf(M, ws_ml[2 * (cell0 + s)]);
+    for (int32_t s = 0; s < used; ++s) {
+      const float l = ws_ml[2 * (cell0 + s) + 1];
+      if (l != 0.f) L += l * expf(ws_ml[2 * (cell0 + s)] - M);
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float v = 0.f;
+      for (int32_t s = 0; s < used; ++s) {
+        const float l = ws_ml[2 * (cell0 + s) + 1];
+        if (l != 0.f) v += ws_acc[(cell0 + s) * D + d] * expf(ws_ml[2 * (cell0 + s)] - M);
+      }
+      from_float(v * inv, out + (token * p.num_q_heads + qh) * D + d);
+    }
+    if (threadIdx.x == 0 && p.lse != nullptr) p.lse[token * p.num_q_heads + qh] = L > 0.f ? M + logf(L) : -INFINITY;
+  }
+}
+
+// Both launches of the row-wise kernel; workspace split as in launch_verify_attention (kernel.cuh).
+template <typename T, int D>
+inline void launch_attention_rowwise(const AttentionParams& p, int32_t num_splits, float* ws_ml, float* ws_acc,
+                                     cudaStream_t stream) {
+  const dim3 grid_partials(unsigned(num_splits), unsigned(p.num_kv_heads), unsigned(p.num_reqs > 0 ? p.num_reqs : 1));
+  if (p.num_reqs > 0)
+    attention_partials_rowwise_kernel<T, D><<<grid_partials, 128, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+  attention_merge_rowwise_kernel<T, D><<<unsigned(p.num_tokens), 128, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+}
+
+}  // namespace attention
+}  // namespace adaptive_verify
