@@ -445,3 +445,23 @@ def test_repr_is_short_and_useful():
     r = repr(staircase_table(metadata={"device": "NVIDIA H200"}))
     assert r.startswith("CostTable(") and "graph_sizes=[8, 16, 32]" in r and "max_tokens=256" in r
     assert "NVIDIA H200" in r and len(r) < 200
+
+
+def test_shifted_is_the_curve_seen_from_the_prompt_tokens():
+    ct = CostTable.from_points({1: 5.0, 64: 6.0, 512: 9.0, 4096: 40.0}, draft_ms={1: 0.5, 64: 1.0},
+                                  graph_sizes=[8, 16, 32, 64], max_tokens=4096)
+    assert ct.shifted(0) is ct
+    s = ct.shifted(300)
+    assert s is ct.shifted(300)  # cached
+    assert s.max_tokens == 4096 - 300 and s.draft_ms == ct.draft_ms
+    base = ct.verify_cost(300) - ct.verify_cost(0)
+    for n in (0, 1, 7, 100, 255, 256, 257, 1000, 3000, 3796):
+        assert s.verify_cost(n) == pytest.approx(ct.verify_cost(n + 300) - base, rel=1e-9, abs=1e-9), n
+    # The staircase below the largest graph size is kept exactly where the shift lands inside it.
+    g = ct.shifted(3)
+    for n in range(0, 70):
+        assert g.verify_cost(n) == pytest.approx(ct.verify_cost(n + 3) - (ct.verify_cost(3) - ct.verify_cost(0))), n
+    with pytest.raises(ValueError, match="tokens=4096 leaves no room"):
+        ct.shifted(4096)
+    with pytest.raises(ValueError, match="tokens"):
+        ct.shifted(-1)

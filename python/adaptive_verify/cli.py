@@ -5,6 +5,8 @@
     adaptive-verify bench sampling [options]    rejection-sampling microbenchmark
     adaptive-verify bench attention [options]   verification attention (CPU kernel for now) vs padded SDPA
     adaptive-verify calibrate DUMP [options]    fit STS temperatures to a dump of (logits, accepted lengths)
+    adaptive-verify sweep [options]             simulate policies x concurrency on a profile (the main job)
+    adaptive-verify profiles                    list the simulator's bundled profiles
     adaptive-verify info                        how the extension was built and whether CUDA can run
 """
 from __future__ import annotations
@@ -61,6 +63,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     b = sub.add_parser("bench", help="run a benchmark", add_help=False)
     b.add_argument("area", choices=sorted(BENCHMARKS), help="which benchmark")
     _add_calibrate(sub)
+    from .sim import cli as sim_cli
+
+    sim_cli.add_parsers(sub)
     sub.add_parser("info", help="build information")
     args, rest = ap.parse_known_args(argv)
     if args.command == "bench":
@@ -71,6 +76,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command == "sweep":
+        return sim_cli.run_sweep(args)
+    if args.command == "profiles":
+        return sim_cli.run_profiles()
     import adaptive_verify
 
     print(json.dumps(adaptive_verify.build_info(), indent=2))

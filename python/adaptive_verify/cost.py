@@ -279,6 +279,7 @@ class CostTable:
 
         self._dense: dict[tuple[str, torch.device], _DenseEntry] = {}
         self._host: dict[str, np.ndarray] = {}  # float32 values per kind, grown with the largest request
+        self._shifted: dict[int, CostTable] = {}
 
     # ----------------------------------------------------------------------------------------------
     # Constructors
@@ -516,6 +517,46 @@ class CostTable:
     def step_cost(self, r: int, n: int) -> float:
         """draft_cost(r) + verify_cost(n): milliseconds of one whole step."""
         return self.draft_cost(r) + self.verify_cost(n)
+
+    def shifted(self, tokens: int) -> CostTable:
+        """The verify curve seen from ``tokens`` non-draft tokens already in the step (prompt chunks):
+        ``n -> verify_cost(n + tokens) - verify_cost(tokens) + verify_cost(0)``, max_tokens reduced by
+        ``tokens``, the same drafter cost. Cached per ``tokens``; ``shifted(0)`` is the table itself.
+
+        For engines with chunked prefill: plan with ``plan_verification(..., cost_table=ct.shifted(X))``
+        rather than ``extra_tokens=X``. Both charge a draft its true marginal time at the step's
+        operating point, but extra_tokens also puts the prompt's time in Theta's denominator as a fixed
+        cost of the step, so any draft whose survival beats the diluted tokens-per-ms gets verified; in a
+        closed loop every output token brings its prompt's work along, so that time is not a cost a step
+        can amortise. The simulator measured the difference (``adaptive_verify.sim.engine``).
+
+        The shifted curve is sampled at every token count up to 256, every 8th up to 4096 and every
+        32nd beyond, then interpolated linearly (graph padding is already inside the sampled values).
+        Requires max_tokens (or the last measured point) above ``tokens``. At most 256 shifts are
+        cached (the cache is emptied when full).
+        """
+        tokens = _check_int("tokens", tokens, minimum=0)
+        if tokens == 0:
+            return self
+        if tokens not in self._shifted:
+            limit = self._max_tokens if self._max_tokens is not None else max(
+                self._verify_points[-1][0], self._graph_sizes[-1] if self._graph_sizes else 0)
+            top = limit - tokens
+            if top < 1:
+                raise ValueError(f"tokens={tokens} leaves no room: the table's limit is {limit} tokens")
+            ns = list(range(1, min(top, 256) + 1)) + list(range(264, min(top, 4096) + 1, 8)) + \
+                list(range(4096 + 32, top + 1, 32))
+            if ns[-1] != top:
+                ns.append(top)
+            base = self._verify_unchecked(tokens) - self._verify_unchecked(0)
+            meta = copy.deepcopy(self._metadata)
+            meta["shifted_by"] = tokens
+            if len(self._shifted) >= 256:
+                self._shifted.clear()
+            self._shifted[tokens] = CostTable.from_points(
+                {n: self._verify_unchecked(n + tokens) - base for n in ns}, self.draft_ms, (),
+                top if self._max_tokens is not None else None, meta)
+        return self._shifted[tokens]
 
     def _verify_unchecked(self, n: int) -> float:
         if not self._graph_sizes:

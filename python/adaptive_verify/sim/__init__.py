@@ -1,0 +1,18 @@
+"""The simulator: what adaptive verification buys on a given GPU, model and drafter, before touching an engine.
+
+    result = adaptive_verify.sim.sweep("dsv4-pro-8xb300")      # or a Profile
+    print(result.table()); result.write("sweep_out")
+
+It runs the library's real planner (the C++ CPU kernel behind :func:`adaptive_verify.plan_verification`)
+inside a closed-loop serving model; see :mod:`adaptive_verify.sim.engine` for what is modelled.
+"""
+from .engine import Policy, parse_policy, simulate
+from .model import Acceptance, Drafter, Profile, Workload, load_profile_file
+from .profiles import PROFILES, get_profile, list_profiles, profile_dict
+from .sweep import DEFAULT_CONCURRENCY, SweepResult, default_policies, pareto_frontier, sweep
+
+__all__ = [
+    "Acceptance", "Drafter", "Profile", "Workload", "load_profile_file", "Policy", "parse_policy", "simulate",
+    "PROFILES", "get_profile", "list_profiles", "profile_dict", "DEFAULT_CONCURRENCY", "SweepResult",
+    "default_policies", "pareto_frontier", "sweep",
+]

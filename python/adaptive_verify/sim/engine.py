@@ -1,0 +1,292 @@
+"""One simulated serving run: a policy at a fixed concurrency.
+
+The loop (closed: a finished request is replaced at once, so ``concurrency`` requests are always in the
+system, each either prefilling or decoding):
+
+1. Every decoding request drafts (the drafter's step cost is paid), its confidences come from the head of
+   :class:`~adaptive_verify.sim.model.Acceptance`, and the policy picks how many drafts it verifies:
+   ``none`` 0, ``k<j>`` min(j, drafts), ``greedy``/``global`` the library's planner
+   (:func:`adaptive_verify.plan_verification`, its C++ CPU kernel), ``lagged`` the planner's global
+   budget from the previous step's survivals (:func:`adaptive_verify.choose_budget`) then ``mode="fixed"``.
+2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
+   scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
+   longer fits waits this step), then prompt chunks of prefilling requests with what is left, first
+   admitted first, at most ``prefill_chunk`` per request. Adaptive: prompt chunks first (within the
+   capacity minus one token per decode), then the planner plans within the capacity they leave
+   (``PREFILL_PLANNING`` says how the planner is told about them).
+3. Verification: a rejection draw per verified draft, stopping at the first rejection; a request emits
+   its accepted drafts plus one token (recovered or bonus), never past its output length. A request
+   whose prompt finishes prefilling emits its first token.
+4. Time advances by ``draft cost + cost_table.verify_cost(decode tokens + prefill tokens)``.
+
+Randomness is common across policies: per-step noise is drawn with fixed shapes [concurrency, K] from a
+stream keyed by (seed, concurrency), and each request's difficulty and lengths from a stream keyed by its
+sequence number, so policies are compared on the same draws (lower-variance differences).
+
+Metrics over the measured steps (after ``warmup`` steps from a staggered start):
+- ``tokens_per_s``: output tokens emitted (first tokens included) per second of simulated time;
+- ``tpot_ms``: decoding time over decode tokens: every decoding request accrues each step's time,
+  scheduled or waiting, so it is the token-weighted mean inter-token latency;
+- ``user_tokens_per_s``: 1000 / tpot_ms, what one user sees;
+- ``emitted_per_step`` and ``verified_per_step``: per scheduled decode request-step.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import planner
+from .model import Profile
+
+__all__ = ["Policy", "parse_policy", "simulate"]
+
+ADAPTIVE = ("greedy", "lagged", "global")
+# How adaptive policies tell the planner about the step's prompt chunks (X tokens):
+# - "shifted" (default): the planner gets the cost curve seen from the step's operating point,
+#   CostTable.shifted(X): cost(n + X) - cost(X) + cost(0), within the capacity X leaves. A draft is then charged its true
+#   marginal time, and the prompt's own time does not enter Theta: in a closed loop every output token
+#   brings its prompt's work along anyway, so the prompt is not a fixed cost a step can amortise.
+# - "extra": X passed as extra_tokens / extra_emitting. Theta then counts the prompt's time as a fixed
+#   cost of the step and verifies any draft whose survival beats the diluted tokens-per-ms: with a
+#   linear cost and heavy prefill that verified drafts which cut throughput by 17% (test_sim's steep case).
+# - "capacity": X only shrinks the capacity; drafts are charged the marginal cost at n instead of n + X,
+#   which is too cheap where the curve steepens (it fell 12% below no speculation at c=256 on the
+#   default profile).
+PREFILL_PLANNING = "shifted"
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str  # "none", "k<j>", "greedy", "lagged", "global"
+    kind: str  # "none", "fixed", "adaptive"
+    k: int = 0  # fixed: drafts verified; adaptive: unused
+
+    @property
+    def speculates(self) -> bool:
+        return self.kind != "none"
+
+
+def parse_policy(name: str, num_drafts: int) -> Policy:
+    """"none", "k1".."kK", "greedy", "lagged" or "global" (ValueError otherwise)."""
+    if not isinstance(name, str):
+        raise TypeError(f"policy must be a str, got {type(name).__name__}")
+    if name == "none":
+        return Policy(name, "none")
+    if name in ADAPTIVE:
+        return Policy(name, "adaptive")
+    m = re.fullmatch(r"k([0-9]+)", name)
+    if m and 1 <= int(m.group(1)) <= num_drafts:
+        return Policy(name, "fixed", int(m.group(1)))
+    raise ValueError(f"unknown policy {name!r}: expected none, k1..k{num_drafts}, greedy, lagged or global")
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    return np.log(p) - np.log1p(-p)
+
+
+class _Requests:
+    """The requests in the system, one per slot; new ones drawn from their own per-request stream."""
+
+    def __init__(self, profile: Profile, concurrency: int, seed: int):
+        self.profile, self.seed = profile, seed
+        c = concurrency
+        self.prefill_left = np.zeros(c, dtype=np.int64)
+        self.generated = np.zeros(c, dtype=np.int64)
+        self.target = np.zeros(c, dtype=np.int64)
+        self.difficulty = np.zeros(c, dtype=np.float64)
+        self.admitted = np.zeros(c, dtype=np.int64)  # admission sequence number (prefill order)
+        self.next_id = 0
+        for slot in range(c):
+            self._admit(slot, staggered=True)
+
+    def _admit(self, slot: int, staggered: bool = False) -> None:
+        w, a = self.profile.workload, self.profile.acceptance
+        rng = np.random.default_rng([self.seed, 1, self.next_id])
+        prompt = int(rng.integers(w.prompt_len[0], w.prompt_len[1] + 1))
+        self.target[slot] = int(rng.integers(w.output_len[0], w.output_len[1] + 1))
+        self.difficulty[slot] = rng.normal(0.0, a.request_sigma) if a.request_sigma > 0 else 0.0
+        if staggered:  # start mid-flight so the run begins near the steady state
+            self.generated[slot] = int(rng.integers(1, self.target[slot]))
+            self.prefill_left[slot] = 0
+        else:
+            self.generated[slot] = 0
+            self.prefill_left[slot] = prompt
+        self.admitted[slot] = self.next_id
+        self.next_id += 1
+
+    def replace_finished(self) -> None:
+        for slot in np.flatnonzero(self.generated >= self.target):
+            self._admit(int(slot))
+
+
+def _schedule_prefill(reqs: "_Requests", budget: int, chunk: int) -> tuple[int, list[int]]:
+    """Prompt chunks within ``budget`` tokens, first admitted first, at most ``chunk`` per request.
+    Returns (tokens scheduled, slots whose prompt finishes this step)."""
+    tokens, finished = 0, []
+    pre = np.flatnonzero(reqs.prefill_left > 0)
+    for slot in pre[np.argsort(reqs.admitted[pre], kind="stable")]:
+        if budget <= 0:
+            break
+        take = int(min(reqs.prefill_left[slot], chunk, budget))
+        reqs.prefill_left[slot] -= take
+        budget -= take
+        tokens += take
+        if reqs.prefill_left[slot] == 0:
+            finished.append(int(slot))
+    return tokens, finished
+
+
+class _Metrics:
+    def __init__(self):
+        self.time_ms = 0.0
+        self.tokens = 0
+        self.decode_time_ms = 0.0  # step time accrued by every decoding request
+        self.decode_tokens = 0
+        self.decode_request_steps = 0  # scheduled decodes
+        self.verified = 0
+        self.waiting = 0  # decodes that did not fit the capacity
+        self.steps = 0
+        self.step_tokens = 0
+
+    def result(self) -> dict:
+        tpot = self.decode_time_ms / self.decode_tokens if self.decode_tokens else float("inf")
+        rs = max(self.decode_request_steps, 1)
+        return {
+            "tokens_per_s": 1000.0 * self.tokens / self.time_ms if self.time_ms else 0.0,
+            "tpot_ms": tpot,
+            "user_tokens_per_s": 1000.0 / tpot if tpot > 0 else 0.0,
+            "emitted_per_step": self.decode_tokens / rs,
+            "verified_per_step": self.verified / rs,
+            "mean_step_ms": self.time_ms / max(self.steps, 1),
+            "mean_step_tokens": self.step_tokens / max(self.steps, 1),
+            "waiting_fraction": self.waiting / max(self.waiting + self.decode_request_steps, 1),
+            "steps": self.steps,
+            "simulated_s": self.time_ms / 1000.0,
+        }
+
+
+def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int = 400, warmup: int = 100,
+             seed: int = 0) -> dict:
+    """Runs ``warmup + steps`` steps of ``policy`` at ``concurrency`` and returns the metrics dict."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    cap = profile.capacity
+    if concurrency > cap:
+        raise ValueError(f"concurrency {concurrency} exceeds the cost table's max_tokens {cap}: every decode "
+                         "needs at least one token per step")
+    ct, acc, K = profile.cost_table, profile.acceptance, profile.drafter.num_drafts
+    chain = profile.drafter.kind == "chain"
+    mu = _logit(np.asarray(acc.conditional[:K], dtype=np.float64))  # [K] median conditional logits
+    reqs = _Requests(profile, concurrency, seed)
+    noise = np.random.default_rng([seed, 0, concurrency])
+    metrics, measured = _Metrics(), None
+    plan_table = ct
+    prev = None  # lagged: (survival, drafts) of the previous step
+    for step in range(warmup + steps):
+        if step == warmup:
+            measured = metrics = _Metrics()
+        # Per-step draws, fixed shapes whatever the policy (common random numbers).
+        eps = noise.normal(0.0, 1.0, (concurrency, K)) * acc.token_sigma
+        head = noise.normal(0.0, 1.0, (concurrency, K)) * acc.head_noise
+        uni = noise.random((concurrency, K))
+        rot = int(noise.integers(0, concurrency))
+
+        dec = np.flatnonzero(reqs.prefill_left == 0)
+        R = dec.size
+        remaining = reqs.target[dec] - reqs.generated[dec]  # >= 1
+        cap_drafts = policy.k if policy.kind == "fixed" else (K if policy.speculates else 0)
+        drafts = np.minimum(cap_drafts, remaining - 1).astype(np.int32)  # never draft past the output
+        z = mu[None, :] + reqs.difficulty[dec, None] + eps[dec]  # [R, K] true conditional logits
+        draft_ms = 0.0
+        if policy.speculates and R:
+            draft_ms = ct.draft_cost(R) * ((drafts.max() / K) if chain else 1.0)
+
+        verify = np.zeros(R, dtype=np.int64)
+        if policy.kind == "adaptive":
+            # Prompt chunks are scheduled first, within the capacity left after one token per decode (an
+            # engine knows its chunked-prefill tokens before it plans; this keeps drafts from starving
+            # admissions); the planner fills at most what remains. See PREFILL_PLANNING.
+            prefill_tokens, finished_prefill = _schedule_prefill(reqs, cap - R, profile.workload.prefill_chunk)
+            if PREFILL_PLANNING == "extra":
+                plan_kw = dict(capacity=cap, extra_tokens=prefill_tokens, extra_emitting=len(finished_prefill))
+            elif PREFILL_PLANNING == "capacity":
+                plan_kw = dict(capacity=cap - prefill_tokens)
+            else:
+                plan_kw = dict(capacity=cap - prefill_tokens)
+                if R:  # the prompt chunks leave room for at least one token per decode
+                    plan_table = ct.shifted(prefill_tokens)
+        if policy.kind == "fixed":
+            verify[:] = drafts
+        elif policy.kind == "adaptive" and R:
+            conf = _sigmoid(z + head[dec]) if acc.head_temperature == 1.0 and acc.head_bias == 0.0 else \
+                _sigmoid((z + head[dec]) / acc.head_temperature + acc.head_bias)
+            conf_t = torch.from_numpy(conf.astype(np.float32))
+            drafts_t = torch.from_numpy(drafts)
+            survival = planner.prefix_survival(conf_t, drafts_t)
+            if policy.name == "lagged":
+                # No previous step, or more previous decodes than this step has room for (a prompt
+                # chunk took the capacity): plan this step with greedy, which is lossless too.
+                if prev is None or prev[1].numel() > plan_kw["capacity"]:
+                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode="greedy", **plan_kw)
+                else:
+                    # The budget the previous step's drafts justify, priced at this step's operating
+                    # point (the cost curve is known now; only the survivals must come from the past
+                    # for losslessness); mode="fixed" clamps it to this step's [B_min, B_max].
+                    budget = planner.choose_budget(prev[0], prev[1], plan_table, mode="global", **plan_kw)
+                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode="fixed",
+                                                     budget=int(budget), **plan_kw)
+                prev = (survival, drafts_t)
+            else:
+                with warnings.catch_warnings():  # global is simulated on purpose, as the upper bound
+                    warnings.filterwarnings("ignore", message=r"plan_verification\(mode='global'\)")
+                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode=policy.name, **plan_kw)
+            verify = plan.verify_lens.numpy()[:R].astype(np.int64)
+
+        # Schedule decodes within the capacity, in a rotating order; the rest wait this step.
+        order = np.roll(np.arange(R), -rot) if R else np.arange(0)
+        need = 1 + verify[order]
+        fits = np.cumsum(need) <= cap
+        scheduled = order[fits]
+        decode_tokens = int(need[fits].sum())
+        metrics.waiting += R - scheduled.size
+
+        if policy.kind != "adaptive":  # vLLM's order: running decodes first, prompt chunks get what is left
+            prefill_tokens, finished_prefill = _schedule_prefill(reqs, cap - decode_tokens, profile.workload.prefill_chunk)
+
+        step_ms = draft_ms + ct.verify_cost(decode_tokens + prefill_tokens)
+
+        # Rejection draws for the scheduled decodes: accepted = leading run of u < p over the verified.
+        emitted_total = 0
+        if scheduled.size:
+            v = verify[scheduled]
+            rows = dec[scheduled]
+            p = _sigmoid(z[scheduled])
+            ok = (uni[rows] < p) & (np.arange(K)[None, :] < v[:, None])
+            accepted = np.where(ok.all(axis=1), K, np.argmin(ok, axis=1))  # first failure
+            accepted = np.minimum(accepted, v)
+            emitted = np.minimum(accepted + 1, remaining[scheduled])
+            reqs.generated[rows] += emitted
+            emitted_total = int(emitted.sum())
+            metrics.verified += int(v.sum())
+        for slot in finished_prefill:  # the prefill's last chunk samples the first token
+            reqs.generated[slot] = 1
+
+        metrics.steps += 1
+        metrics.time_ms += step_ms
+        metrics.tokens += emitted_total + len(finished_prefill)
+        metrics.decode_time_ms += step_ms * R
+        metrics.decode_tokens += emitted_total
+        metrics.decode_request_steps += int(scheduled.size)
+        metrics.step_tokens += decode_tokens + prefill_tokens
+        reqs.replace_finished()
+    out = (measured or metrics).result()
+    out.update(policy=policy.name, concurrency=concurrency)
+    return out

@@ -1,0 +1,207 @@
+"""`sweep`: every (policy, concurrency) of a profile, the Pareto frontier, and the files the CLI writes."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence
+
+from .engine import parse_policy, simulate
+from .model import Profile
+from .profiles import get_profile
+
+__all__ = ["SweepResult", "sweep", "default_policies", "DEFAULT_CONCURRENCY", "pareto_frontier"]
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+COLUMNS = ("policy", "concurrency", "tokens_per_s", "tpot_ms", "user_tokens_per_s", "emitted_per_step",
+           "verified_per_step", "mean_step_ms", "mean_step_tokens", "waiting_fraction", "steps", "simulated_s",
+           "on_frontier")
+
+
+def default_policies(num_drafts: int) -> list[str]:
+    """none, k1..kK, greedy, lagged, global."""
+    return ["none"] + [f"k{k}" for k in range(1, num_drafts + 1)] + ["greedy", "lagged", "global"]
+
+
+def pareto_frontier(rows: Sequence[dict]) -> list[int]:
+    """Indices of the rows no other row beats on both tokens_per_s and user_tokens_per_s (ties kept)."""
+    keep = []
+    for i, a in enumerate(rows):
+        dominated = any(
+            b["tokens_per_s"] >= a["tokens_per_s"] and b["user_tokens_per_s"] >= a["user_tokens_per_s"]
+            and (b["tokens_per_s"] > a["tokens_per_s"] or b["user_tokens_per_s"] > a["user_tokens_per_s"])
+            for j, b in enumerate(rows) if j != i)
+        if not dominated:
+            keep.append(i)
+    return keep
+
+
+@dataclass
+class SweepResult:
+    """rows: one dict per (policy, concurrency) with the COLUMNS keys; profile: the profile's dict."""
+
+    profile: dict
+    rows: list[dict]
+    settings: dict = field(default_factory=dict)
+
+    def get(self, policy: str, concurrency: int) -> dict:
+        for r in self.rows:
+            if r["policy"] == policy and r["concurrency"] == concurrency:
+                return r
+        raise KeyError(f"no row for policy {policy!r} at concurrency {concurrency}")
+
+    def policies(self) -> list[str]:
+        return list(dict.fromkeys(r["policy"] for r in self.rows))
+
+    def concurrencies(self) -> list[int]:
+        return sorted({r["concurrency"] for r in self.rows})
+
+    def table(self) -> str:
+        """Terminal table: tokens/s and TPOT per policy (rows) and concurrency (columns)."""
+        cs = self.concurrencies()
+        head = f"{'policy':>8} | " + " | ".join(f"c={c:<4}".rjust(15) for c in cs)
+        lines = ["output tokens/s (TPOT ms); * = on the Pareto frontier", head, "-" * len(head)]
+        for p in self.policies():
+            cells = []
+            for c in cs:
+                r = self.get(p, c)
+                cells.append(f"{r['tokens_per_s']:7.0f} ({r['tpot_ms']:5.1f}){'*' if r['on_frontier'] else ' '}")
+            lines.append(f"{p:>8} | " + " | ".join(x.rjust(15) for x in cells))
+        return "\n".join(lines)
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump({"profile": self.profile, "settings": self.settings, "rows": self.rows}, f, indent=1)
+
+    def to_csv(self, path: str | os.PathLike) -> None:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: r[k] for k in COLUMNS})
+
+    def plot(self, path: str | os.PathLike) -> None:
+        """PNG: the Pareto frontier (throughput vs per-user tokens/s) and throughput vs concurrency."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
+        fixed = [p for p in self.policies() if p.startswith("k")]
+        shades = plt.get_cmap("Blues")
+        named = {"none": dict(color="black", ls="-", lw=1.4), "greedy": dict(color="tab:red", ls="-", lw=2.4),
+                 "lagged": dict(color="tab:orange", ls="-", lw=2.0), "global": dict(color="tab:purple", ls="--", lw=1.4)}
+        for p in self.policies():
+            rs = sorted((r for r in self.rows if r["policy"] == p), key=lambda r: r["concurrency"])
+            style = named.get(p) or dict(color=shades(0.35 + 0.6 * fixed.index(p) / max(len(fixed) - 1, 1)), ls=":",
+                                         lw=1.2)
+            ax0.plot([r["user_tokens_per_s"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", ms=3,
+                     label=p, **style)
+            ax1.plot([r["concurrency"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", ms=3, label=p,
+                     **style)
+        front = sorted((r for r in self.rows if r["on_frontier"]), key=lambda r: r["user_tokens_per_s"])
+        ax0.plot([r["user_tokens_per_s"] for r in front], [r["tokens_per_s"] for r in front], color="tab:green",
+                 lw=6, alpha=0.25, label="Pareto frontier", zorder=0)
+        ax0.set_xlabel("per-user output tokens/s (1000 / TPOT)")
+        ax0.set_ylabel("output tokens/s")
+        ax0.set_title("throughput vs interactivity")
+        ax1.set_xscale("log", base=2)
+        ax1.set_xlabel("concurrency")
+        ax1.set_ylabel("output tokens/s")
+        ax1.set_title("throughput vs concurrency")
+        for ax in (ax0, ax1):
+            ax.grid(alpha=0.3)
+        ax0.legend(fontsize=8, ncol=2)
+        fig.suptitle(f"adaptive-verify sweep: {self.profile.get('name', '')}", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+    def write(self, out_dir: str | os.PathLike, plot: bool = True) -> dict[str, str]:
+        """sweep.csv, sweep.json and (plot=True) sweep.png under out_dir; returns their paths."""
+        os.makedirs(out_dir, exist_ok=True)
+        paths = {"csv": os.path.join(out_dir, "sweep.csv"), "json": os.path.join(out_dir, "sweep.json")}
+        self.to_csv(paths["csv"])
+        self.to_json(paths["json"])
+        if plot:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                print("sweep: matplotlib is not installed, so no sweep.png (pip install 'adaptive-verify[plot]')",
+                      file=sys.stderr)
+                return paths
+            paths["png"] = os.path.join(out_dir, "sweep.png")
+            self.plot(paths["png"])
+        return paths
+
+
+def _progress_bar(total: int, stream=sys.stderr) -> Callable[[int, str], None]:
+    start = time.perf_counter()
+
+    def update(done: int, label: str) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        elapsed = time.perf_counter() - start
+        stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<16} {elapsed:5.1f}s")
+        if done == total:
+            stream.write("\n")
+        stream.flush()
+
+    return update
+
+
+def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[int] = DEFAULT_CONCURRENCY,
+          policies: Optional[Iterable[str]] = None, steps: int = 400, warmup: Optional[int] = None, seed: int = 0,
+          progress: bool = False) -> SweepResult:
+    """Simulates every policy at every concurrency and marks the Pareto frontier.
+
+    profile: a :class:`Profile` or a bundled profile's name (``adaptive-verify profiles`` lists them).
+    concurrency: ints >= 1 (at most the profile's token capacity). policies: names for
+    :func:`~adaptive_verify.sim.engine.parse_policy`; default none, k1..kK, greedy, lagged, global.
+    steps: measured steps per point (>= 1), times 16 // c below concurrency 16 (low concurrencies see few
+    requests per step); warmup: unmeasured steps first (default steps // 4, scaled the same way).
+    Same arguments and seed, same numbers.
+    """
+    if isinstance(profile, str):
+        profile = get_profile(profile)
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a Profile or a bundled profile's name, got {type(profile).__name__}")
+    cs = list(concurrency)
+    if not cs:
+        raise ValueError("concurrency must list at least one value")
+    for c in cs:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise ValueError(f"concurrency values must be ints >= 1, got {c!r}")
+        if c > profile.capacity:
+            raise ValueError(f"concurrency {c} exceeds the profile's token capacity {profile.capacity}")
+    names = default_policies(profile.drafter.num_drafts) if policies is None else list(policies)
+    if not names:
+        raise ValueError("policies must list at least one policy")
+    pols = [parse_policy(n, profile.drafter.num_drafts) for n in names]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    warmup = steps // 4 if warmup is None else warmup
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+    total = len(pols) * len(cs)
+    bar = _progress_bar(total) if progress else None
+    rows = []
+    for c in cs:
+        for pol in pols:
+            # Low concurrencies see few requests per step: run them longer for comparable sample sizes.
+            n = steps * max(1, 16 // c)
+            rows.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=seed))
+            if bar:
+                bar(len(rows), f"{pol.name} c={c}")
+    front = set(pareto_frontier(rows))
+    for i, r in enumerate(rows):
+        r["on_frontier"] = i in front
+    settings = {"concurrency": cs, "policies": names, "steps": steps, "warmup": warmup, "seed": seed}
+    return SweepResult(profile=profile.to_dict(), rows=rows, settings=settings)

@@ -1,0 +1,219 @@
+"""The simulator and `adaptive-verify sweep`: it runs the library's planner, its limits behave as they
+must, the bundled default reproduces the published qualitative findings, and the CLI keeps its promises."""
+import json
+
+import numpy as np
+import pytest
+
+import adaptive_verify as av
+from adaptive_verify import cli, planner
+from adaptive_verify.sim import (Profile, get_profile, parse_policy, pareto_frontier, profile_dict, simulate, sweep)
+
+
+def flat_profile(verify_ms, *, head_noise=0.0, draft_ms=0.0, capacity=4096, K=4):
+    d = profile_dict("dsv4-pro-8xb300")
+    d["cost"] = {"table": {"format_version": 1, "verify_ms": verify_ms, "draft_ms": draft_ms, "graph_sizes": [],
+                           "max_tokens": capacity, "metadata": {}}}
+    d["acceptance"]["head_noise"] = head_noise
+    d["acceptance"]["conditional"] = d["acceptance"]["conditional"][:K]
+    d["drafter"] = {"num_drafts": K, "kind": "block"}
+    return Profile.from_dict(d)
+
+
+@pytest.fixture(scope="module")
+def default_sweep():
+    return sweep()  # the README's main job: bundled default profile, default settings
+
+
+def test_simulator_calls_the_library_planner(monkeypatch):
+    prof = get_profile("dsv4-pro-8xb300")
+    honest = simulate(prof, parse_policy("greedy", 7), 16, steps=60, seed=3)
+    real = planner.plan_verification
+
+    def zero_budget(survival, drafts, cost_table=None, **kw):  # a deliberately wrong planner: verify nothing
+        kw.update(mode="fixed", budget=0)
+        return real(survival, drafts, cost_table, **kw)
+
+    monkeypatch.setattr(planner, "plan_verification", zero_budget)
+    broken = simulate(prof, parse_policy("greedy", 7), 16, steps=60, seed=3)
+    assert honest["verified_per_step"] > 2.0
+    assert broken["verified_per_step"] == 0.0 and broken["emitted_per_step"] == 1.0
+    assert broken["tokens_per_s"] < 0.8 * honest["tokens_per_s"]
+
+
+def test_perfect_head_and_flat_cost_make_adaptive_equal_fixed_K():
+    prof = flat_profile([[1, 10.0], [4096, 10.0]], head_noise=0.0)
+    for c in (1, 8, 64):
+        fixed = simulate(prof, parse_policy("k4", 4), c, steps=80, seed=1)
+        for pol in ("greedy", "global"):  # same draws, same decisions: identical numbers
+            adaptive = simulate(prof, parse_policy(pol, 4), c, steps=80, seed=1)
+            assert adaptive["verified_per_step"] == pytest.approx(fixed["verified_per_step"], abs=1e-12), (pol, c)
+            assert adaptive["tokens_per_s"] == pytest.approx(fixed["tokens_per_s"], rel=1e-12), (pol, c)
+        # lagged takes the previous step's budget: short only where the previous step drafted fewer
+        # (a request near its end, or just admitted)
+        lagged = simulate(prof, parse_policy("lagged", 4), c, steps=80, seed=1)
+        assert lagged["tokens_per_s"] == pytest.approx(fixed["tokens_per_s"], rel=0.02), c
+
+
+def test_steep_cost_adaptive_never_far_below_no_speculation():
+    # Every token costs 1 ms and nothing is fixed: speculation cannot pay, no speculation is cheapest.
+    prof = flat_profile([[1, 1.0], [4096, 4096.0]], head_noise=0.5)
+    for c in (1, 16, 128):
+        none = simulate(prof, parse_policy("none", 4), c, steps=150, seed=2)
+        k4 = simulate(prof, parse_policy("k4", 4), c, steps=150, seed=2)
+        assert k4["tokens_per_s"] < 0.97 * none["tokens_per_s"]  # the cost really is steep: speculation loses
+        for pol in ("greedy", "lagged"):
+            adaptive = simulate(prof, parse_policy(pol, 4), c, steps=150, seed=2)
+            assert adaptive["tokens_per_s"] >= 0.97 * none["tokens_per_s"], (pol, c, adaptive, none)
+
+
+def test_default_profile_reproduces_the_published_findings(default_sweep):
+    res = default_sweep
+    cs = res.concurrencies()
+    fixed = [p for p in res.policies() if p.startswith("k")]
+    assert fixed == [f"k{k}" for k in range(1, 8)] and cs[0] == 1 and cs[-1] == 256
+    tput = lambda p, c: res.get(p, c)["tokens_per_s"]  # noqa: E731
+    for pol in ("greedy", "lagged"):
+        # c = 1: adaptive within 3% of the best fixed k
+        assert tput(pol, 1) >= 0.97 * max(tput(k, 1) for k in fixed), pol
+        # c = 256: above every fixed k and above no speculation
+        assert tput(pol, 256) > max(tput(k, 256) for k in fixed), pol
+        assert tput(pol, 256) > tput("none", 256), pol
+        # on the frontier at every concurrency: no fixed-k point beats it on both axes by more than 2%
+        for c in cs:
+            a = res.get(pol, c)
+            for r in res.rows:
+                if r["policy"] in fixed:
+                    assert not (r["tokens_per_s"] > 1.02 * a["tokens_per_s"]
+                                and r["user_tokens_per_s"] > 1.02 * a["user_tokens_per_s"]), (pol, c, r)
+    # Fixed k = 7 falls below no speculation at high concurrency; adaptive does not.
+    assert tput("k7", 256) < tput("none", 256)
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers():
+    kw = dict(concurrency=[1, 16], policies=["none", "k3", "greedy", "lagged"], steps=40)
+    a, b = sweep(seed=5, **kw), sweep(seed=5, **kw)
+    assert a.rows == b.rows
+    c = sweep(seed=6, **kw)
+    assert [r["tokens_per_s"] for r in c.rows] != [r["tokens_per_s"] for r in a.rows]
+
+
+def test_pareto_frontier():
+    rows = [dict(tokens_per_s=t, user_tokens_per_s=u) for t, u in [(10, 1), (5, 5), (1, 10), (4, 4), (10, 1)]]
+    assert pareto_frontier(rows) == [0, 1, 2, 4]
+
+
+def test_cli_writes_the_promised_files(tmp_path, capsys):
+    out = tmp_path / "sw"
+    rc = cli.main(["sweep", "--concurrency", "1,8", "--policies", "none,k2,greedy", "--steps", "30", "--quiet",
+                   "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "greedy" in printed and "c=8" in printed
+    for name in ("sweep.csv", "sweep.json", "sweep.png"):
+        assert (out / name).stat().st_size > 0
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(out / "sweep.png"))
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    data = json.loads((out / "sweep.json").read_text())
+    assert len(data["rows"]) == 6 and data["settings"]["steps"] == 30
+    lines = (out / "sweep.csv").read_text().strip().splitlines()
+    assert len(lines) == 7 and lines[0].startswith("policy,concurrency,tokens_per_s")
+
+
+def test_cli_profiles_lists_the_bundled_ones(capsys):
+    assert cli.main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "dsv4-pro-8xb300" in out and "llama3-70b-8xh200" in out
+
+
+def test_cli_user_cost_table_and_acceptance(tmp_path, capsys):
+    ct = av.CostTable.from_points({1: 5.0, 64: 6.0, 1024: 20.0}, draft_ms=0.5, max_tokens=1024)
+    ct.to_json(tmp_path / "ct.json")
+    (tmp_path / "acc.json").write_text(json.dumps({
+        "acceptance": {"conditional": [0.8, 0.7, 0.6]}, "drafter": {"num_drafts": 3}}))
+    rc = cli.main(["sweep", "--cost-table", str(tmp_path / "ct.json"), "--acceptance", str(tmp_path / "acc.json"),
+                   "--concurrency", "4", "--steps", "20", "--quiet", "--no-plot", "--out", str(tmp_path / "o")])
+    assert rc == 0
+    assert (tmp_path / "o" / "sweep.csv").exists() and not (tmp_path / "o" / "sweep.png").exists()
+    assert "k3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--profile", "no-such-profile"], "unknown profile 'no-such-profile'"),
+    (["--concurrency", "0,4"], "--concurrency values must be >= 1"),
+    (["--concurrency", "-3"], "--concurrency values must be >= 1"),
+    (["--concurrency", "a,b"], "comma-separated list of ints"),
+    (["--policies", "k9"], "unknown policy 'k9'"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--cost-table", "x.json"], "--cost-table and --acceptance go together"),
+])
+def test_cli_errors(argv, message, capsys, tmp_path):
+    assert cli.main(["sweep", "--quiet", "--out", str(tmp_path / "o")] + argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_cli_malformed_json_names_the_missing_key(tmp_path, capsys):
+    d = profile_dict("dsv4-pro-8xb300")
+    del d["acceptance"]["conditional"]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    assert cli.main(["sweep", "--profile", str(p), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "missing key 'conditional'" in err and "bad.json" in err
+    p.write_text("{not json")
+    assert cli.main(["sweep", "--profile", str(p), "--quiet"]) == 1
+    assert "not valid JSON" in capsys.readouterr().err
+    ct = av.CostTable.from_points({1: 5.0}, max_tokens=64)
+    ct.to_json(tmp_path / "ct.json")
+    (tmp_path / "acc.json").write_text(json.dumps({"acceptance": {"conditional": [0.8]}}))
+    assert cli.main(["sweep", "--cost-table", str(tmp_path / "ct.json"), "--acceptance",
+                     str(tmp_path / "acc.json"), "--quiet"]) == 1
+    assert "missing key 'drafter'" in capsys.readouterr().err
+
+
+def test_api_errors():
+    prof = get_profile("dsv4-pro-8xb300")
+    with pytest.raises(ValueError, match="unknown profile"):
+        get_profile("nope")
+    with pytest.raises(ValueError, match="concurrency values must be ints >= 1"):
+        sweep(concurrency=[0])
+    with pytest.raises(ValueError, match="exceeds the profile's token capacity"):
+        sweep(concurrency=[prof.capacity + 1])
+    with pytest.raises(ValueError, match="concurrency must be an int >= 1"):
+        simulate(prof, parse_policy("none", 7), -1)
+    with pytest.raises(ValueError, match="unknown policy"):
+        parse_policy("k0", 7)
+    d = profile_dict("dsv4-pro-8xb300")
+    d["acceptance"]["conditional"] = [0.9, 1.5]
+    with pytest.raises(ValueError, match=r"acceptance.conditional\[1\]"):
+        Profile.from_dict(d)
+    d = profile_dict("dsv4-pro-8xb300")
+    del d["cost"]["table"]["max_tokens"]
+    with pytest.raises(ValueError, match="max_tokens"):
+        Profile.from_dict(d)
+
+
+def test_acceptance_model_matches_its_definition():
+    """Emitted tokens per step under fixed k equal 1 + the model's expected survival sum (Monte Carlo)."""
+    prof = flat_profile([[1, 10.0], [4096, 10.0]], K=4)
+    a = prof.acceptance
+    rng = np.random.default_rng(0)
+    mu = np.log(a.conditional) - np.log1p(-np.asarray(a.conditional))
+    z = mu + rng.normal(0, a.request_sigma, (400000, 1)) + rng.normal(0, a.token_sigma, (400000, 4))
+    expected = 1 + np.cumprod(1 / (1 + np.exp(-z)), axis=1).sum(axis=1).mean()
+    # Long outputs so the end-of-request cap barely matters; many requests for the difficulty spread.
+    d = prof.to_dict()
+    d["workload"] = {"prompt_len": 8, "output_len": [4000, 4000]}
+    got = simulate(Profile.from_dict(d), parse_policy("k4", 4), 256, steps=200, seed=0)["emitted_per_step"]
+    assert got == pytest.approx(expected, rel=0.03)
+
+
+def test_bundled_profiles_round_trip_and_run():
+    for name in ("dsv4-pro-8xb300", "llama3-70b-8xh200"):
+        prof = get_profile(name)
+        again = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
+        assert again.cost_table == prof.cost_table and again.acceptance == prof.acceptance
+        r = simulate(prof, parse_policy("greedy", prof.drafter.num_drafts), 8, steps=20)
+        assert r["tokens_per_s"] > 0 and np.isfinite(r["tpot_ms"])
