@@ -178,7 +178,30 @@ bool walk_rows_sse2(const WalkArgs& a, const Params& p, int32_t* words, uint16_t
     int32_t cap = drafts < max_verify ? drafts : max_verify;
     const float* row = p.survival + int64_t(r) * p.survival_stride;
     const int64_t o = int64_t(r) * K;
-    const bool full = cap == K;
+    if (!kForced && cap == K) {
+      // Fast path: every slot is a candidate and none is forced; a NaN sends the row to the general path.
+      __m128 running = one;
+      int32_t v = 0;
+      for (; v < K; v += 4) {
+        const __m128 raw = _mm_loadu_ps(row + v);
+        if (_mm_movemask_ps(_mm_cmpunord_ps(raw, raw))) break;
+        __m128 s = _mm_min_ps(_mm_max_ps(raw, zero), one);
+        s = _mm_min_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(2, 1, 0, 0)));
+        s = _mm_min_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(1, 0, 0, 0)));
+        s = _mm_min_ps(s, running);
+        running = _mm_shuffle_ps(s, s, _MM_SHUFFLE(3, 3, 3, 3));
+        const __m128i bits = _mm_castps_si128(s);
+        __m128i q = _mm_packs_epi32(_mm_srl_epi32(_mm_sub_epi32(one_bits, bits), shift), _mm_setzero_si128());
+        q = _mm_add_epi16(_mm_min_epi16(q, last16), nf16);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(words + o + v), bits);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(slot_bucket + o + v), q);
+        _mm_storeu_ps(slot_fixed + o + v, _mm_mul_ps(s, scale));
+      }
+      if (v == K) {
+        caps[r] = K;
+        continue;
+      }
+    }
     __m128i window = _mm_set1_epi32(cap);
     __m128 running = one;
     __m128i j = lane;
@@ -209,11 +232,9 @@ bool walk_rows_sse2(const WalkArgs& a, const Params& p, int32_t* words, uint16_t
       } else {
         q = _mm_add_epi16(q, nf16);
       }
-      if (!full || nan_lanes) {
-        u = _mm_or_si128(_mm_and_si128(in, u), _mm_andnot_si128(in, no_slot));
-        const __m128i in16 = _mm_packs_epi32(in, in);
-        q = _mm_or_si128(_mm_and_si128(in16, q), _mm_andnot_si128(in16, dummy16));
-      }
+      u = _mm_or_si128(_mm_and_si128(in, u), _mm_andnot_si128(in, no_slot));
+      const __m128i in16 = _mm_packs_epi32(in, in);
+      q = _mm_or_si128(_mm_and_si128(in16, q), _mm_andnot_si128(in16, dummy16));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(words + o + v), u);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(slot_bucket + o + v), q);
       _mm_storeu_ps(slot_fixed + o + v, _mm_mul_ps(s, scale));  // garbage lanes land in the dummy bucket
@@ -284,7 +305,8 @@ struct Workspace {
   std::vector<int64_t> fill;     // [buckets] scatter cursor while materialising
   std::vector<uint64_t> sorted;  // [n] keys by rank; valid inside materialised buckets only
   std::vector<uint64_t> scratch;
-  std::vector<int32_t> lens;     // [R] verified drafts per request
+  std::vector<int32_t> lens;     // [R + 1] verified drafts per request
+  std::vector<int32_t> group_counts;  // [R * K / 8 + 1] words above the threshold per 8 slots
 };
 
 template <typename T>
@@ -299,20 +321,21 @@ __attribute__((noinline)) Workspace* thread_workspace() {
   return &ws;
 }
 
-// Whether any of 16 words lies in [lo, hi] (0 <= lo <= hi < INT32_MAX).
-inline bool block_hit(const int32_t* w, int32_t lo, int32_t hi) {
+// Bit t set when w[t] lies in [lo, hi], for 16 words (0 <= lo <= hi < INT32_MAX).
+inline uint32_t block_hits(const int32_t* w, int32_t lo, int32_t hi) {
 #if defined(__SSE2__)
   const __m128i below = _mm_set1_epi32(lo - 1), above = _mm_set1_epi32(hi + 1);
-  __m128i any = _mm_setzero_si128();
+  uint32_t mask = 0;
   for (int t = 0; t < 16; t += 4) {
     const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + t));
-    any = _mm_or_si128(any, _mm_and_si128(_mm_cmpgt_epi32(u, below), _mm_cmpgt_epi32(above, u)));
+    const __m128i in = _mm_and_si128(_mm_cmpgt_epi32(u, below), _mm_cmpgt_epi32(above, u));
+    mask |= uint32_t(_mm_movemask_ps(_mm_castsi128_ps(in))) << t;
   }
-  return _mm_movemask_epi8(any) != 0;
+  return mask;
 #else
-  uint32_t any = 0;
-  for (int t = 0; t < 16; ++t) any |= uint32_t(w[t] >= lo) & uint32_t(w[t] <= hi);
-  return any != 0;
+  uint32_t mask = 0;
+  for (int t = 0; t < 16; ++t) mask |= uint32_t(w[t] >= lo && w[t] <= hi) << t;
+  return mask;
 #endif
 }
 
@@ -350,16 +373,15 @@ class Order {
     uint64_t* sorted = ws_.sorted.data();
     // Blocks of 16 words are tested without branches (SSE2, or a loop the compiler vectorises); only
     // blocks that hold a hit are looked at one by one. kNoSlot (-1) is below every bucket's words.
+    // Request of slot i as a multiply-shift when exact: ceil(2^32 / K) * i >> 32 == i / K for i * K < 2^32.
+    const uint64_t magic = ((uint64_t(1) << 32) + uint64_t(K_) - 1) / uint64_t(K_);
+    const bool exact = uint64_t(n_slots_) * uint64_t(K_) < (uint64_t(1) << 32);
     for (int64_t i0 = 0; i0 < n_slots_; i0 += kBlock) {
-      if (!block_hit(words + i0, int32_t(lo), int32_t(lo + width))) continue;
-      int32_t r = int32_t(i0 / K_), j = int32_t(i0 - int64_t(r) * K_);  // one division per block with a hit
-      for (int t = 0; t < kBlock; ++t, ++j) {
-        if (j == K_) {
-          j = 0;
-          ++r;
-        }
-        const int32_t u = words[i0 + t];
-        if (uint32_t(u) - lo <= width) sorted[fill[bk_.of(u)]++] = word_key(u, j, r);
+      for (uint32_t hits = block_hits(words + i0, int32_t(lo), int32_t(lo + width)); hits; hits &= hits - 1) {
+        const int64_t i = i0 + __builtin_ctz(hits);
+        const int32_t u = words[i];
+        const int32_t r = exact ? int32_t((uint64_t(i) * magic) >> 32) : int32_t(i / K_);
+        sorted[fill[bk_.of(u)]++] = word_key(u, int32_t(i - int64_t(r) * K_), r);
       }
     }
     for (int32_t k = k0; k < k1; ++k) {
@@ -404,6 +426,15 @@ class Order {
     return key_at(b, k);
   }
 
+  // Whether a candidate ranked before b shares rank b's ranking word (it can only be rank b - 1 of the
+  // same bucket, keys being ordered by word first). Only then do position and request decide the allocation.
+  bool tie_before(int64_t b) {
+    if (b <= 0 || b >= start(bk_.num)) return false;
+    const int32_t k = bucket_of_rank(b);
+    if (start(k) == b) return false;
+    return (key_at(b - 1, k) >> 31) == (key_at(b, k) >> 31);
+  }
+
   static constexpr int kBlock = 16;
 
  private:
@@ -419,8 +450,9 @@ class Order {
 struct Threshold {
   int32_t u = 0, j = 0, r = 0;
   bool none = true;  // no threshold: every candidate is verified
+  bool tie = false;  // some candidate ranked before it has word u (else the count is just words > u)
 
-  explicit Threshold(uint64_t key) {
+  Threshold(uint64_t key, bool tie_before) : tie(tie_before) {
     if (key == kNoCandidate) return;
     none = false;
     const bool forced = (key >> 63) == 0;
@@ -459,12 +491,47 @@ struct Threshold {
   }
 };
 
-// dst[i] = value + step * i for i < count (count <= span). When `room` allows, whole vectors covering `span`
+// Per request, the words above u, for K % 8 == 0 (no ties to break). Rows are cut into groups of 8 slots:
+// 16 slots are compared at once, the masks packed to bytes and summed per 8 bytes by PSADBW.
+void count_above(const int32_t* words, int64_t n_padded, int32_t K, int32_t u, int32_t* lens,
+                 std::vector<int32_t>& group_counts) {
+  const int32_t per_row = K / 8;
+  grow(group_counts, size_t(n_padded / 8));
+  int32_t* g = per_row == 1 ? lens : group_counts.data();  // lens has room for the padding group
+#if defined(__SSE2__)
+  const __m128i tu = _mm_set1_epi32(u), zero = _mm_setzero_si128();
+  for (int64_t i = 0; i < n_padded; i += 16, g += 2) {
+    const __m128i* w = reinterpret_cast<const __m128i*>(words + i);
+    const __m128i m01 = _mm_packs_epi32(_mm_cmpgt_epi32(_mm_loadu_si128(w), tu), _mm_cmpgt_epi32(_mm_loadu_si128(w + 1), tu));
+    const __m128i m23 = _mm_packs_epi32(_mm_cmpgt_epi32(_mm_loadu_si128(w + 2), tu), _mm_cmpgt_epi32(_mm_loadu_si128(w + 3), tu));
+    const __m128i sums = _mm_sad_epu8(_mm_sub_epi8(zero, _mm_packs_epi16(m01, m23)), zero);  // -1 -> 1 per slot
+    g[0] = _mm_cvtsi128_si32(sums);
+    g[1] = _mm_extract_epi16(sums, 4);
+  }
+#else
+  for (int64_t i = 0; i < n_padded; i += 8, ++g) {
+    int32_t n = 0;
+    for (int t = 0; t < 8; ++t) n += words[i + t] > u;
+    *g = n;
+  }
+#endif
+  if (per_row > 1) {
+    const int64_t R = n_padded / K;  // rows whose groups were all counted (padding groups hold 0)
+    const int32_t* c = group_counts.data();
+    for (int64_t r = 0; r < R; ++r) {
+      int32_t n = 0;
+      for (int32_t q = 0; q < per_row; ++q) n += c[r * per_row + q];
+      lens[r] = n;
+    }
+  }
+}
+
+// dst[i] = value + step * i for i < count (count <= span, step 0 or 1). When `room` allows, whole vectors covering `span`
 // entries are stored instead (the next request overwrites the excess), so no trip count depends on data.
 inline void write_run(int32_t* dst, int64_t room, int32_t count, int32_t span, int32_t value, int32_t step) {
 #if defined(__SSE2__)
   if (room >= (span + 3) / 4 * 4) {
-    __m128i v = _mm_add_epi32(_mm_set1_epi32(value), _mm_mullo_epi16(_mm_set1_epi32(step), _mm_setr_epi32(0, 1, 2, 3)));
+    __m128i v = _mm_add_epi32(_mm_set1_epi32(value), _mm_and_si128(_mm_set1_epi32(-step), _mm_setr_epi32(0, 1, 2, 3)));
     const __m128i inc = _mm_set1_epi32(4 * step);
     for (int32_t i = 0; i < span; i += 4, v = _mm_add_epi32(v, inc))
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), v);
@@ -603,7 +670,7 @@ int plan_cpu(const Params& p) {
   grow(ws.fill, size_t(bk.num));
   grow(ws.kept, size_t(bk.num));
   grow(ws.groups, size_t(bk.num / kGroup + 1));
-  grow(ws.hist, size_t(bk.num) + 1);
+  grow(ws.hist, 2 * (size_t(bk.num) + 1));
   grow(ws.slot_bucket, size_t(n_slots));
   grow(ws.slot_fixed, size_t(n_slots));
   uint32_t* count = ws.count.data();
@@ -611,7 +678,7 @@ int plan_cpu(const Params& p) {
   uint64_t* hist = ws.hist.data();
   AV_PHASE(0);
   if (n_slots < kPackedSlots) {
-    std::memset(hist, 0, (size_t(bk.num) + 1) * sizeof(uint64_t));
+    std::memset(hist, 0, 2 * (size_t(bk.num) + 1) * sizeof(uint64_t));
   } else {
     std::memset(count, 0, (size_t(bk.num) + 1) * sizeof(uint32_t));
     std::memset(sum, 0, (size_t(bk.num) + 1) * sizeof(uint64_t));
@@ -659,13 +726,20 @@ int plan_cpu(const Params& p) {
   int64_t rank = 0;
   uint64_t total = 0;
   if (n_slots < kPackedSlots) {
-    for (int64_t i = 0; i < n_slots; ++i)
+    uint64_t* hist2 = hist + bk.num + 1;
+    int64_t i = 0;
+    for (; i + 1 < n_slots; i += 2) {
       hist[slot_bucket[i]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i]));
+      hist2[slot_bucket[i + 1]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i + 1]));
+    }
+    if (i < n_slots) hist[slot_bucket[i]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i]));
+    AV_PHASE(11);
     for (int32_t k = 0; k < bk.num; ++k) {
+      const uint64_t h = hist[k] + hist2[k];
       start[k] = rank;
       psum[k] = total;
-      rank += int64_t(hist[k] >> 48);
-      total += hist[k] & (kPackedOne - 1);
+      rank += int64_t(h >> 48);
+      total += h & (kPackedOne - 1);
     }
   } else {
     for (int64_t i = 0; i < n_slots; ++i) {
@@ -729,18 +803,38 @@ int plan_cpu(const Params& p) {
   if (!p.write_plan) return kOk;  // choose_budget: budget only
 
   // ---- allocation: a request's verified drafts are its candidates ranked before the threshold key ----
-  const Threshold threshold(order.threshold(budget, n_cand));
+  const Threshold threshold(order.threshold(budget, n_cand), order.tie_before(budget));
   AV_PHASE(4);
-  grow(ws.lens, size_t(R));
+  grow(ws.lens, size_t(R) + 1);
   int32_t* lens = ws.lens.data();
+  const int64_t T_pad = p.num_tokens_padded;
   int64_t tok = 0;  // local token index (global index - token_offset)
-  for (int32_t r = 0; r < R; ++r) {
-    const int32_t L = threshold.none ? caps[r] : threshold.count_before(words + int64_t(r) * K, K, r);
-    lens[r] = L;
-    p.verify_lens[r] = L;
-    if (p.query_start_loc) p.query_start_loc[r] = int32_t(p.token_offset + tok);
-    tok += 1 + L;
+  // Counts first, offsets second: the running offset depends on every count, and computing both in one
+  // loop would chain each request's vector count into the next request's stores.
+  if (threshold.none) {
+    for (int32_t r = 0; r < R; ++r) lens[r] = caps[r];
+  } else if (!threshold.tie && K % 8 == 0) {
+    count_above(words, n_padded, K, threshold.u, lens, ws.group_counts);
+  } else {
+    for (int32_t r = 0; r < R; ++r) lens[r] = threshold.count_before(words + int64_t(r) * K, K, r);
   }
+  std::memcpy(p.verify_lens, lens, size_t(R) * sizeof(int32_t));
+  AV_PHASE(12);
+  if (p.query_start_loc && p.token_req) {
+    for (int32_t r = 0; r < R; ++r) {
+      p.query_start_loc[r] = int32_t(p.token_offset + tok);
+      write_run(p.token_req + tok, T_pad - tok, 1 + lens[r], K + 1, r, 0);
+      tok += 1 + lens[r];
+    }
+  } else {
+    for (int32_t r = 0; r < R; ++r) {
+      if (p.query_start_loc) p.query_start_loc[r] = int32_t(p.token_offset + tok);
+      if (p.token_req) write_run(p.token_req + tok, T_pad - tok, 1 + lens[r], K + 1, r, 0);
+      tok += 1 + lens[r];
+    }
+  }
+  if (p.token_req)
+    for (int64_t t = tok; t < T_pad; ++t) p.token_req[t] = -1;
   const int32_t end = int32_t(p.token_offset + tok);
   for (int32_t r = R; r < p.num_reqs_padded; ++r) {
     p.verify_lens[r] = 0;
@@ -752,12 +846,6 @@ int plan_cpu(const Params& p) {
   if (p.num_tokens) *p.num_tokens = end;
 
   // ---- metadata: one loop per output; runs of a request's tokens are written as whole vectors ----
-  const int64_t T_pad = p.num_tokens_padded;
-  if (p.token_req) {
-    int64_t t = 0;
-    for (int32_t r = 0; r < R; t += 1 + lens[r], ++r) write_run(p.token_req + t, T_pad - t, 1 + lens[r], K + 1, r, 0);
-    for (; t < T_pad; ++t) p.token_req[t] = -1;
-  }
   if (p.seq_lens)
     for (int32_t r = 0; r < R; ++r) p.seq_lens[r] = (p.context_lens ? p.context_lens[r] : 0) + 1 + lens[r];
   if (p.positions) {
