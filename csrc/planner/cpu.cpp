@@ -25,6 +25,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(AV_PLANNER_NO_AVX2)
+#define AV_PLANNER_AVX2 1
+#include <immintrin.h>
+#endif
 
 #include "adaptive_verify/planner/cpu.h"
 #include "adaptive_verify/planner/math.h"
@@ -160,8 +164,8 @@ inline int32_t walk_row_scalar(const WalkArgs& a, const float* row, int32_t cap,
 // window are masked; the survivals stored there (padding, anything) never reach a word. Rows whose window
 // is all K slots (the common case) skip the masking. Returns false at the first drafts[r] out of range.
 template <bool kForced>
-bool walk_rows_sse2(const WalkArgs& a, const Params& p, int32_t* words, uint16_t* slot_bucket, float* slot_fixed,
-                    int32_t* caps, int32_t* nan_rows) {
+bool walk_rows_sse2(const WalkArgs& a, const Params& p, bool pre_walked, int32_t* words, uint16_t* slot_bucket,
+                    float* slot_fixed, int32_t* caps, int32_t* nan_rows) {
   const int32_t R = p.num_reqs, K = a.K, max_verify = p.max_verify;
   const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.f), scale = _mm_set1_ps(4294967296.0f);
   const __m128i lane = _mm_setr_epi32(0, 1, 2, 3), four = _mm_set1_epi32(4);
@@ -173,12 +177,13 @@ bool walk_rows_sse2(const WalkArgs& a, const Params& p, int32_t* words, uint16_t
   const __m128i shift = _mm_cvtsi32_si128(a.bk.shift);
   int32_t nan = 0;
   for (int32_t r = 0; r < R; ++r) {
+    if (pre_walked && caps[r] >= 0) continue;  // done by the AVX2 walk (which checked drafts already)
     const int32_t drafts = p.drafts[r];
     if (drafts < 0 || drafts > K) return false;
     int32_t cap = drafts < max_verify ? drafts : max_verify;
     const float* row = p.survival + int64_t(r) * p.survival_stride;
     const int64_t o = int64_t(r) * K;
-    if (!kForced && cap == K) {
+    if (!kForced && cap == K && !pre_walked) {
       // Fast path: every slot is a candidate and none is forced; a NaN sends the row to the general path.
       __m128 running = one;
       int32_t v = 0;
@@ -248,6 +253,61 @@ bool walk_rows_sse2(const WalkArgs& a, const Params& p, int32_t* words, uint16_t
   }
   *nan_rows = nan;
   return true;
+}
+#endif
+
+#if defined(AV_PLANNER_AVX2)
+// The SSE2 fast path eight slots at a time, for machines with AVX2 (checked once at run time; the build
+// itself targets baseline x86-64). Rows with K % 8 == 0, every slot a candidate, none forced and no NaN
+// are done here; every other row is marked with caps[r] = -1 for the general walk (counted in *left). The arithmetic is the
+// same IEEE max/min/multiply, so the words are identical. Returns false at the first drafts[r] out of range.
+__attribute__((target("avx2"))) bool walk_full_rows_avx2(const Params& p, const Buckets& bk, int32_t* words,
+                                                         uint16_t* slot_bucket, float* slot_fixed, int32_t* caps,
+                                                         int32_t* left) {
+  const int32_t R = p.num_reqs, K = p.max_drafts, max_verify = p.max_verify;
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.f), scale = _mm256_set1_ps(4294967296.0f);
+  const __m256i one_bits = _mm256_set1_epi32(int32_t(kOneBits)), last = _mm256_set1_epi32(bk.per_half - 1);
+  const __m256i nf_offset = _mm256_set1_epi32(bk.nf_offset);
+  const __m256i low_to_high = _mm256_setr_epi32(0, 1, 2, 3, 3, 3, 3, 3), top = _mm256_set1_epi32(7);
+  const __m128i shift = _mm_cvtsi32_si128(bk.shift);
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t drafts = p.drafts[r];
+    if (drafts < 0 || drafts > K) return false;
+    caps[r] = -1;
+    ++*left;
+    if ((drafts < max_verify ? drafts : max_verify) != K) continue;
+    const float* row = p.survival + int64_t(r) * p.survival_stride;
+    const int64_t o = int64_t(r) * K;
+    __m256 running = one;
+    int32_t v = 0;
+    for (; v < K; v += 8) {
+      const __m256 raw = _mm256_loadu_ps(row + v);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(raw, raw, _CMP_UNORD_Q))) break;
+      __m256 s = _mm256_min_ps(_mm256_max_ps(raw, zero), one);
+      s = _mm256_min_ps(s, _mm256_shuffle_ps(s, s, _MM_SHUFFLE(2, 1, 0, 0)));
+      s = _mm256_min_ps(s, _mm256_shuffle_ps(s, s, _MM_SHUFFLE(1, 0, 0, 0)));
+      s = _mm256_min_ps(s, _mm256_permutevar8x32_ps(s, low_to_high));  // upper half: min with lane 3
+      s = _mm256_min_ps(s, running);
+      running = _mm256_permutevar8x32_ps(s, top);
+      const __m256i bits = _mm256_castps_si256(s);
+      __m256i q = _mm256_srl_epi32(_mm256_sub_epi32(one_bits, bits), shift);
+      q = _mm256_add_epi32(_mm256_min_epi32(q, last), nf_offset);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(words + o + v), bits);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(slot_bucket + o + v),
+                       _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+      _mm256_storeu_ps(slot_fixed + o + v, _mm256_mul_ps(s, scale));
+    }
+    if (v == K) {
+      caps[r] = K;
+      --*left;
+    }
+  }
+  return true;
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
 }
 #endif
 
@@ -526,6 +586,45 @@ void count_above(const int32_t* words, int64_t n_padded, int32_t K, int32_t u, i
   }
 }
 
+// query_start_loc[r] and the run of request r in token_req, for every request; returns the tokens written.
+// The run of 1 + lens[r] <= K + 1 entries is stored as kVec whole vectors (a compile-time count, so the
+// stores are unrolled) while the buffer has room; the next request overwrites the excess.
+template <int kVec>
+int64_t write_token_runs_n(int32_t* qsl, int32_t* token_req, const int32_t* lens, int32_t R, int64_t offset,
+                           int64_t T_pad) {
+  int64_t tok = 0;
+  int32_t r = 0;
+#if defined(__SSE2__)
+  for (; r < R && tok + 4 * kVec <= T_pad; ++r) {
+    qsl[r] = int32_t(offset + tok);
+    const __m128i v = _mm_set1_epi32(r);
+    for (int q = 0; q < kVec; ++q) _mm_storeu_si128(reinterpret_cast<__m128i*>(token_req + tok + 4 * q), v);
+    tok += 1 + lens[r];
+  }
+#endif
+  for (; r < R; ++r) {
+    qsl[r] = int32_t(offset + tok);
+    for (int32_t i = 0; i <= lens[r]; ++i) token_req[tok + i] = r;
+    tok += 1 + lens[r];
+  }
+  return tok;
+}
+
+int64_t write_token_runs(int32_t* qsl, int32_t* token_req, const int32_t* lens, int32_t R, int32_t K,
+                         int64_t offset, int64_t T_pad) {
+  switch ((K + 4) / 4) {  // vectors covering K + 1 entries
+    case 1: return write_token_runs_n<1>(qsl, token_req, lens, R, offset, T_pad);
+    case 2: return write_token_runs_n<2>(qsl, token_req, lens, R, offset, T_pad);
+    case 3: return write_token_runs_n<3>(qsl, token_req, lens, R, offset, T_pad);
+    case 4: return write_token_runs_n<4>(qsl, token_req, lens, R, offset, T_pad);
+    case 5: return write_token_runs_n<5>(qsl, token_req, lens, R, offset, T_pad);
+    case 6: return write_token_runs_n<6>(qsl, token_req, lens, R, offset, T_pad);
+    case 7: return write_token_runs_n<7>(qsl, token_req, lens, R, offset, T_pad);
+    case 8: return write_token_runs_n<8>(qsl, token_req, lens, R, offset, T_pad);
+    default: return write_token_runs_n<9>(qsl, token_req, lens, R, offset, T_pad);
+  }
+}
+
 // dst[i] = value + step * i for i < count (count <= span, step 0 or 1). When `room` allows, whole vectors covering `span`
 // entries are stored instead (the next request overwrites the excess), so no trip count depends on data.
 inline void write_run(int32_t* dst, int64_t room, int32_t count, int32_t span, int32_t value, int32_t step) {
@@ -683,6 +782,7 @@ int plan_cpu(const Params& p) {
     std::memset(count, 0, (size_t(bk.num) + 1) * sizeof(uint32_t));
     std::memset(sum, 0, (size_t(bk.num) + 1) * sizeof(uint64_t));
   }
+  AV_PHASE(13);
 
   // ---- walk: ranking words, then histogram (same window, sanitising and running minimum as walk_row) ----
   int32_t* words = ws.words.data();
@@ -693,15 +793,26 @@ int plan_cpu(const Params& p) {
   int32_t nan_count = 0;
   const WalkArgs wa{K, p.min_verify, bk};
   bool simd = false;
+  bool pre_walked = false;  // rows with caps[r] >= 0 are done
+  int32_t left = R;         // rows not done yet
+#if defined(AV_PLANNER_AVX2)
+  if (K % 8 == 0 && p.min_verify <= 0 && cpu_has_avx2()) {
+    left = 0;
+    if (!walk_full_rows_avx2(p, bk, words, slot_bucket, slot_fixed, caps, &left)) return kErrDraftsOutOfRange;
+    pre_walked = true;
+  }
+  AV_PHASE(14);
+#endif
 #if defined(__SSE2__)
-  if (K % 4 == 0) {
+  if (K % 4 == 0 && left > 0) {
     simd = true;
-    const bool ok = p.min_verify > 0 ? walk_rows_sse2<true>(wa, p, words, slot_bucket, slot_fixed, caps, &nan_count)
-                                     : walk_rows_sse2<false>(wa, p, words, slot_bucket, slot_fixed, caps, &nan_count);
+    const bool ok = p.min_verify > 0
+                        ? walk_rows_sse2<true>(wa, p, pre_walked, words, slot_bucket, slot_fixed, caps, &nan_count)
+                        : walk_rows_sse2<false>(wa, p, pre_walked, words, slot_bucket, slot_fixed, caps, &nan_count);
     if (!ok) return kErrDraftsOutOfRange;
   }
 #endif
-  if (!simd) {
+  if (!simd && left > 0) {
     for (int32_t r = 0; r < R; ++r) {
       const int32_t drafts = p.drafts[r];
       if (drafts < 0 || drafts > K) return kErrDraftsOutOfRange;
@@ -712,10 +823,9 @@ int plan_cpu(const Params& p) {
       nan_count += caps[r] < cap;
     }
   }
-  for (int32_t r = 0; r < R; ++r) {
-    n_cand += caps[r];
-    n_forced += p.min_verify < caps[r] ? p.min_verify : caps[r];
-  }
+  for (int32_t r = 0; r < R; ++r) n_cand += caps[r];
+  if (p.min_verify > 0)
+    for (int32_t r = 0; r < R; ++r) n_forced += p.min_verify < caps[r] ? p.min_verify : caps[r];
   AV_PHASE(1);
   for (int64_t i = n_slots; i < n_padded; ++i) words[i] = kNoSlot;
   if (nan_count && p.error_counts) p.error_counts[kCountNanSurvival] += nan_count;
@@ -821,11 +931,7 @@ int plan_cpu(const Params& p) {
   std::memcpy(p.verify_lens, lens, size_t(R) * sizeof(int32_t));
   AV_PHASE(12);
   if (p.query_start_loc && p.token_req) {
-    for (int32_t r = 0; r < R; ++r) {
-      p.query_start_loc[r] = int32_t(p.token_offset + tok);
-      write_run(p.token_req + tok, T_pad - tok, 1 + lens[r], K + 1, r, 0);
-      tok += 1 + lens[r];
-    }
+    tok = write_token_runs(p.query_start_loc, p.token_req, lens, R, K, p.token_offset, T_pad);
   } else {
     for (int32_t r = 0; r < R; ++r) {
       if (p.query_start_loc) p.query_start_loc[r] = int32_t(p.token_offset + tok);
