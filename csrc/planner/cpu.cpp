@@ -270,13 +270,19 @@ __attribute__((target("avx2"))) bool walk_full_rows_avx2(const Params& p, const 
   const __m256i nf_offset = _mm256_set1_epi32(bk.nf_offset);
   const __m256i low_to_high = _mm256_setr_epi32(0, 1, 2, 3, 3, 3, 3, 3), top = _mm256_set1_epi32(7);
   const __m128i shift = _mm_cvtsi32_si128(bk.shift);
+  int32_t not_done = 0;  // a local: stores through `left` inside the loop would chain every row
+  const int32_t* drafts_in = p.drafts;  // locals, so no store in the loop makes the compiler reload them
+  const float* survival = p.survival;
+  const int64_t stride = p.survival_stride;
   for (int32_t r = 0; r < R; ++r) {
-    const int32_t drafts = p.drafts[r];
+    const int32_t drafts = drafts_in[r];
     if (drafts < 0 || drafts > K) return false;
-    caps[r] = -1;
-    ++*left;
-    if ((drafts < max_verify ? drafts : max_verify) != K) continue;
-    const float* row = p.survival + int64_t(r) * p.survival_stride;
+    if ((drafts < max_verify ? drafts : max_verify) != K) {
+      caps[r] = -1;
+      ++not_done;
+      continue;
+    }
+    const float* row = survival + int64_t(r) * stride;
     const int64_t o = int64_t(r) * K;
     __m256 running = one;
     int32_t v = 0;
@@ -297,11 +303,11 @@ __attribute__((target("avx2"))) bool walk_full_rows_avx2(const Params& p, const 
                        _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
       _mm256_storeu_ps(slot_fixed + o + v, _mm256_mul_ps(s, scale));
     }
-    if (v == K) {
-      caps[r] = K;
-      --*left;
-    }
+    const bool done = v == K;
+    caps[r] = done ? K : -1;
+    not_done += !done;
   }
+  *left = not_done;
   return true;
 }
 
@@ -357,6 +363,7 @@ struct Workspace {
   std::vector<uint64_t> hist;    // [buckets + 1] count << 48 | survival sum, below kPackedSlots slots
   std::vector<uint32_t> count;   // [buckets + 1] candidates per bucket
   std::vector<uint64_t> sum;     // [buckets + 1] fixed-point survival sum per bucket
+  std::vector<uint64_t> packed;  // [buckets + 1] below kPackedSlots: start << 48 | psum
   std::vector<int64_t> start;    // [buckets + 1] rank of each bucket's first candidate
   std::vector<uint64_t> psum;    // [buckets + 1] P(start[k])
   std::vector<uint8_t> ready;    // [buckets] 1 once the bucket's keys are in `sorted`, ordered
@@ -399,21 +406,48 @@ inline uint32_t block_hits(const int32_t* w, int32_t lo, int32_t hi) {
 #endif
 }
 
+// Calls f(i) for every i < n (a multiple of 16) with words[i] in [lo, hi], in ascending order.
+template <typename F>
+inline void for_each_hit(const int32_t* words, int64_t n, int32_t lo, int32_t hi, F&& f) {
+  for (int64_t i0 = 0; i0 < n; i0 += 16)
+    for (uint32_t hits = block_hits(words + i0, lo, hi); hits; hits &= hits - 1) f(i0 + __builtin_ctz(hits));
+}
+#if defined(AV_PLANNER_AVX2)
+template <typename F>
+__attribute__((target("avx2"))) void for_each_hit_avx2(const int32_t* words, int64_t n, int32_t lo, int32_t hi,
+                                                        F&& f) {
+  const __m256i below = _mm256_set1_epi32(lo - 1), above = _mm256_set1_epi32(hi + 1);
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i0));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i0 + 8));
+    const __m256i in_a = _mm256_and_si256(_mm256_cmpgt_epi32(a, below), _mm256_cmpgt_epi32(above, a));
+    const __m256i in_b = _mm256_and_si256(_mm256_cmpgt_epi32(b, below), _mm256_cmpgt_epi32(above, b));
+    uint32_t hits = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(in_a))) |
+                    (uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(in_b))) << 8);
+    for (; hits; hits &= hits - 1) f(i0 + __builtin_ctz(hits));
+  }
+}
+#endif
+
 // The canonical order, materialised lazily by bucket.
 class Order {
  public:
-  Order(Workspace& ws, const Buckets& bk, int32_t K, int64_t n_slots)
-      : ws_(ws), bk_(bk), K_(K), n_slots_(n_slots) {}
+  Order(Workspace& ws, const Buckets& bk, int32_t K, int64_t n_slots, bool packed)
+      : ws_(ws), bk_(bk), K_(K), n_slots_(n_slots), packed_(packed) {}
 
-  int64_t start(int32_t k) const { return ws_.start[size_t(k)]; }
-  uint64_t psum(int32_t k) const { return ws_.psum[size_t(k)]; }
+  // Rank of bucket k's first candidate, and P there. Below kPackedSlots slots both live in one running
+  // word, count << 48 | sum, which halves the prefix pass's stores.
+  int64_t start(int32_t k) const { return packed_ ? int64_t(ws_.packed[size_t(k)] >> 48) : ws_.start[size_t(k)]; }
+  uint64_t psum(int32_t k) const {
+    return packed_ ? ws_.packed[size_t(k)] & (kPackedOne - 1) : ws_.psum[size_t(k)];
+  }
 
   // Bucket holding rank i (i < n): the last bucket whose start is <= i. `hint` must be <= the answer.
   int32_t bucket_of_rank(int64_t i, int32_t hint = 0) const {
     int32_t lo = hint, hi = bk_.num - 1;  // answer in [lo, hi]
     while (lo < hi) {
       const int32_t mid = lo + (hi - lo + 1) / 2;
-      if (ws_.start[size_t(mid)] <= i) lo = mid; else hi = mid - 1;
+      if (start(mid) <= i) lo = mid; else hi = mid - 1;
     }
     return lo;
   }
@@ -425,6 +459,7 @@ class Order {
     while (k0 < k1 && (ws_.ready[size_t(k0)] || start(k0) == start(k0 + 1))) ++k0;
     while (k1 > k0 && (ws_.ready[size_t(k1 - 1)] || start(k1 - 1) == start(k1))) --k1;
     if (k0 >= k1) return;
+    AV_PHASE(16);
     const uint32_t lo = uint32_t(bk_.min_word(k1 - 1));
     const uint32_t width = uint32_t(bk_.max_word(k0)) - lo;
     int64_t* fill = ws_.fill.data();
@@ -436,14 +471,20 @@ class Order {
     // Request of slot i as a multiply-shift when exact: ceil(2^32 / K) * i >> 32 == i / K for i * K < 2^32.
     const uint64_t magic = ((uint64_t(1) << 32) + uint64_t(K_) - 1) / uint64_t(K_);
     const bool exact = uint64_t(n_slots_) * uint64_t(K_) < (uint64_t(1) << 32);
-    for (int64_t i0 = 0; i0 < n_slots_; i0 += kBlock) {
-      for (uint32_t hits = block_hits(words + i0, int32_t(lo), int32_t(lo + width)); hits; hits &= hits - 1) {
-        const int64_t i = i0 + __builtin_ctz(hits);
-        const int32_t u = words[i];
-        const int32_t r = exact ? int32_t((uint64_t(i) * magic) >> 32) : int32_t(i / K_);
-        sorted[fill[bk_.of(u)]++] = word_key(u, int32_t(i - int64_t(r) * K_), r);
-      }
+    auto gather = [&](int64_t i) {
+      const int32_t u = words[i];
+      const int32_t r = exact ? int32_t((uint64_t(i) * magic) >> 32) : int32_t(i / K_);
+      sorted[fill[bk_.of(u)]++] = word_key(u, int32_t(i - int64_t(r) * K_), r);
+    };
+#if defined(AV_PLANNER_AVX2)
+    if (cpu_has_avx2()) {
+      for_each_hit_avx2(words, n_slots_, int32_t(lo), int32_t(lo + width), gather);
+    } else
+#endif
+    {
+      for_each_hit(words, n_slots_, int32_t(lo), int32_t(lo + width), gather);
     }
+    AV_PHASE(15);
     for (int32_t k = k0; k < k1; ++k) {
       const int64_t b = start(k), e = start(k + 1);
       if (e - b > 1) sort_keys(sorted + b, e - b, ws_.scratch);
@@ -502,6 +543,7 @@ class Order {
   const Buckets& bk_;
   int32_t K_;
   int64_t n_slots_;
+  bool packed_;
 };
 
 // The threshold key split into its fields: key(u, j, r) < key(tu, tj, tr) exactly when u > tu, or u == tu
@@ -649,16 +691,31 @@ inline float step_cost(const ThetaEval& theta, int64_t budget) {
   return theta.draft_cost + theta.verify_cost[n];
 }
 
+// Whether v[n + 1] >= v[n] fails (a decrease or a NaN) for some n in [lo, hi). Accumulated rather than
+// breaking out, so the loop vectorises; the AVX2 clone is the same loop compiled for eight lanes.
+inline bool cost_decreases(const float* v, int64_t lo, int64_t hi) {
+  uint32_t bad = 0;
+  for (int64_t n = lo; n < hi; ++n) bad |= uint32_t(!(v[n + 1] >= v[n]));
+  return bad != 0;
+}
+#if defined(AV_PLANNER_AVX2)
+__attribute__((target("avx2"))) bool cost_decreases_avx2(const float* v, int64_t lo, int64_t hi) {
+  uint32_t bad = 0;
+  for (int64_t n = lo; n < hi; ++n) bad |= uint32_t(!(v[n + 1] >= v[n]));
+  return bad != 0;
+}
+#endif
+
 // True when cost(b) is positive and non-decreasing for b in [b_lo, b_hi]: the condition under which the
 // pruning bound of the global search holds. Also false for any NaN in the range.
 bool cost_monotone_positive(const ThetaEval& theta, int64_t b_lo, int64_t b_hi) {
   if (!(step_cost(theta, b_lo) > 0.f)) return false;
   const int64_t last = theta.verify_cost_len - 1;
   const int64_t n_lo = std::min(theta.base_tokens + b_lo, last), n_hi = std::min(theta.base_tokens + b_hi, last);
-  const float* v = theta.verify_cost;
-  uint32_t bad = 0;  // accumulated rather than breaking out, so the loop vectorises
-  for (int64_t n = n_lo; n < n_hi; ++n) bad |= uint32_t(!(v[n + 1] >= v[n]));
-  return bad == 0;
+#if defined(AV_PLANNER_AVX2)
+  if (cpu_has_avx2()) return !cost_decreases_avx2(theta.verify_cost, n_lo, n_hi);
+#endif
+  return !cost_decreases(theta.verify_cost, n_lo, n_hi);
 }
 
 // First argmax of Theta over [b_min, b_max] for a positive non-decreasing cost; same result as the plain
@@ -831,12 +888,9 @@ int plan_cpu(const Params& p) {
   if (nan_count && p.error_counts) p.error_counts[kCountNanSurvival] += nan_count;
   // Slots without a candidate carry bucket bk.num (a dummy counter) so this loop has no branch. Below 2^16
   // slots a bucket's count and survival sum share one word (count << 48: sums stay below 2^16 * 2^32).
-  int64_t* start = ws.start.data();
-  uint64_t* psum = ws.psum.data();
-  int64_t rank = 0;
-  uint64_t total = 0;
-  if (n_slots < kPackedSlots) {
-    uint64_t* hist2 = hist + bk.num + 1;
+  const bool packed = n_slots < kPackedSlots;
+  if (packed) {
+    uint64_t* hist2 = hist + bk.num + 1;  // a second copy: consecutive slots never wait on each other's add
     int64_t i = 0;
     for (; i + 1 < n_slots; i += 2) {
       hist[slot_bucket[i]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i]));
@@ -844,31 +898,36 @@ int plan_cpu(const Params& p) {
     }
     if (i < n_slots) hist[slot_bucket[i]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i]));
     AV_PHASE(11);
+    grow(ws.packed, size_t(bk.num) + 1);
+    uint64_t* prefix = ws.packed.data();
+    uint64_t running = 0;  // count << 48 | sum: neither field overflows below 2^16 slots
     for (int32_t k = 0; k < bk.num; ++k) {
-      const uint64_t h = hist[k] + hist2[k];
-      start[k] = rank;
-      psum[k] = total;
-      rank += int64_t(h >> 48);
-      total += h & (kPackedOne - 1);
+      prefix[k] = running;
+      running += hist[k] + hist2[k];
     }
+    prefix[bk.num] = running;
   } else {
     for (int64_t i = 0; i < n_slots; ++i) {
       ++count[slot_bucket[i]];
       sum[slot_bucket[i]] += uint64_t(static_cast<int64_t>(slot_fixed[i]));
     }
+    int64_t* start = ws.start.data();
+    uint64_t* psum = ws.psum.data();
+    int64_t rank = 0;
+    uint64_t total = 0;
     for (int32_t k = 0; k < bk.num; ++k) {
       start[k] = rank;
       psum[k] = total;
       rank += count[k];
       total += sum[k];
     }
+    start[bk.num] = rank;
+    psum[bk.num] = total;
   }
-  start[bk.num] = rank;
-  psum[bk.num] = total;
   std::memset(ws.ready.data(), 0, size_t(bk.num));
   AV_PHASE(2);
   grow(ws.sorted, size_t(n_cand));
-  Order order(ws, bk, K, n_padded);
+  Order order(ws, bk, K, n_padded, packed);
 
   // ---- budget ----
   const int64_t b_max = std::min(n_cand, p.budget_cap);
