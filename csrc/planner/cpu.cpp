@@ -2,20 +2,25 @@
 // -> metadata), computed without sorting every candidate. Integer results equal the CUDA kernel's and the
 // torch reference's.
 //
-// NOTES: where the time goes, and why the phases look the way they do (2048 candidates, R=256, K=8, must
-// take a few microseconds; a comparison sort of them alone costs ~25 us):
-//  - One pass over the survivals (walk) writes each slot's 32-bit ranking word and a histogram of the
-//    words: a count and an exact fixed-point survival sum per bucket. Bucket boundaries therefore give the
-//    exact rank and the exact P(b) there without ordering anything.
+// NOTES: where the time goes, and why the phases look the way they do (R=256, K=8: 2048 candidates in
+// ~3.5 us on a Zen 4 core; a comparison sort of them alone costs ~25 us):
+//  - walk: one vector pass over the survivals writes each slot's 32-bit ranking word (sanitised running
+//    minimum, exactly walk_row's), its bucket and survival * 2^32; AVX2 (checked at run time) or SSE2 for
+//    K % 4 == 0, scalar otherwise. Then a scalar histogram adds a count and the exact fixed-point survival
+//    per bucket (the one loop that cannot be vectorised; two copies halve its store-to-load waits). Bucket
+//    boundaries thus give exact ranks and exact P(b) without ordering anything.
 //  - Only buckets whose ranks the budget search or the allocation actually has to see are ordered
-//    ("materialised"): they are gathered by a vectorisable scan of the ranking words, and sorted by the full
-//    64-bit candidate key (math.h), so ties break exactly as the canonical order says.
-//  - Global mode (argmax of Theta) prunes buckets with an upper bound of Theta that needs no division: with
-//    a non-decreasing positive cost, Theta(b) <= (base + P(end of bucket)) / cost(start of bucket), and a
-//    bucket whose bound is below a Theta value actually attained cannot hold the first argmax. The exact
-//    Theta (one double division, as math.h's ThetaEval) is evaluated only inside the surviving buckets.
-//    Unusual cost tables (decreasing somewhere, zero, negative, NaN) take the plain exact scan.
+//    ("materialised"): gathered by a vector scan of the ranking words and sorted by the full 64-bit
+//    candidate key (math.h), so ties break exactly as the canonical order says.
+//  - Global mode (argmax of Theta) prunes groups of buckets, then buckets, with an upper bound of Theta that
+//    needs no division: for a non-decreasing positive cost, Theta(b) <= (base + P(end)) / cost(start), and a
+//    range whose bound is below a Theta value actually attained cannot hold the first argmax. The exact
+//    Theta (one double division, as math.h's ThetaEval) is evaluated only inside the surviving buckets
+//    (~30 ranks of 2048 in the benchmark). Other cost tables (decreasing somewhere, zero, negative, NaN)
+//    take the plain exact scan.
 //  - Greedy scans ranks in order, materialising buckets in growing chunks; fixed/all need one bucket.
+//  - Allocation counts, per request, the words before the threshold key with compares only (PSADBW sums
+//    eight slots at once); token runs are written as whole vectors.
 //  - All scratch is thread_local and reused: a decode loop plans every step, so steady state allocates
 //    nothing.
 #include <algorithm>
@@ -32,9 +37,6 @@
 
 #include "adaptive_verify/planner/cpu.h"
 #include "adaptive_verify/planner/math.h"
-#ifndef AV_PHASE
-#define AV_PHASE(i)
-#endif
 
 namespace adaptive_verify {
 namespace planner {
@@ -87,6 +89,7 @@ inline uint64_t word_key(int32_t u, int32_t j, int32_t r) {
 constexpr int kOctaves = 16;
 constexpr int kMinBucketBits = 5;   // 32 buckets: small problems are dominated by the per-call constant
 constexpr int kMaxBucketBits = 11;  // 2048: beyond that clearing and scanning counters costs more than it saves
+static_assert(23 + 4 - kMaxBucketBits >= 16, "the vector walks compute buckets in 16-bit lanes: shift >= 16");
 
 struct Buckets {
   int shift = 0;          // bits of (kOneBits - bits(s)) dropped
@@ -95,7 +98,8 @@ struct Buckets {
   int32_t num = 0;        // total buckets
 
   void init(int64_t n_slots, bool has_forced) {
-    // About two candidates per bucket in the occupied octaves (measured best at R=256, K=8).
+    // At most a quarter as many buckets per half as slots (measured best at R=256, K=8: fewer buckets make
+    // the ordered buckets bigger, more make the prefix pass and the pruning longer).
     int bits = kMinBucketBits;
     while (bits < kMaxBucketBits && (int64_t(1) << (bits + 1)) <= n_slots / 4) ++bits;
     per_half = int32_t(1) << bits;
@@ -259,8 +263,9 @@ bool walk_rows_sse2(const WalkArgs& a, const Params& p, bool pre_walked, int32_t
 #if defined(AV_PLANNER_AVX2)
 // The SSE2 fast path eight slots at a time, for machines with AVX2 (checked once at run time; the build
 // itself targets baseline x86-64). Rows with K % 8 == 0, every slot a candidate, none forced and no NaN
-// are done here; every other row is marked with caps[r] = -1 for the general walk (counted in *left). The arithmetic is the
-// same IEEE max/min/multiply, so the words are identical. Returns false at the first drafts[r] out of range.
+// are done here; every other row is marked with caps[r] = -1 for the general walk (counted in *left). The
+// arithmetic is the same IEEE max/min/multiply, so the words are identical. Returns false at the first
+// drafts[r] out of range.
 __attribute__((target("avx2"))) bool walk_full_rows_avx2(const Params& p, const Buckets& bk, int32_t* words,
                                                          uint16_t* slot_bucket, float* slot_fixed, int32_t* caps,
                                                          int32_t* left) {
@@ -346,6 +351,7 @@ void sort_keys(uint64_t* a, int64_t n, std::vector<uint64_t>& scratch) {
   uint64_t* src = a;
   uint64_t* dst = scratch.data();
   for (int shift = lo; shift < hi; shift += 8) {
+    if (((varying >> shift) & 255u) == 0) continue;  // e.g. request bits above the largest request
     uint32_t count[257] = {};
     for (int64_t i = 0; i < n; ++i) ++count[((src[i] >> shift) & 255u) + 1];
     for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
@@ -360,7 +366,7 @@ struct Workspace {
   std::vector<int32_t> caps;     // [R] candidates per row
   std::vector<uint16_t> slot_bucket;  // [R * K] bucket of every slot (buckets + 1: no candidate)
   std::vector<float> slot_fixed;      // [R * K] survival * 2^32, the argument of to_fixed
-  std::vector<uint64_t> hist;    // [buckets + 1] count << 48 | survival sum, below kPackedSlots slots
+  std::vector<uint64_t> hist;    // [2, buckets + 1] count << 48 | survival sum, below kPackedSlots slots
   std::vector<uint32_t> count;   // [buckets + 1] candidates per bucket
   std::vector<uint64_t> sum;     // [buckets + 1] fixed-point survival sum per bucket
   std::vector<uint64_t> packed;  // [buckets + 1] below kPackedSlots: start << 48 | psum
@@ -459,7 +465,6 @@ class Order {
     while (k0 < k1 && (ws_.ready[size_t(k0)] || start(k0) == start(k0 + 1))) ++k0;
     while (k1 > k0 && (ws_.ready[size_t(k1 - 1)] || start(k1 - 1) == start(k1))) --k1;
     if (k0 >= k1) return;
-    AV_PHASE(16);
     const uint32_t lo = uint32_t(bk_.min_word(k1 - 1));
     const uint32_t width = uint32_t(bk_.max_word(k0)) - lo;
     int64_t* fill = ws_.fill.data();
@@ -484,7 +489,6 @@ class Order {
     {
       for_each_hit(words, n_slots_, int32_t(lo), int32_t(lo + width), gather);
     }
-    AV_PHASE(15);
     for (int32_t k = k0; k < k1; ++k) {
       const int64_t b = start(k), e = start(k + 1);
       if (e - b > 1) sort_keys(sorted + b, e - b, ws_.scratch);
@@ -604,8 +608,8 @@ void count_above(const int32_t* words, int64_t n_padded, int32_t K, int32_t u, i
   const __m128i tu = _mm_set1_epi32(u), zero = _mm_setzero_si128();
   for (int64_t i = 0; i < n_padded; i += 16, g += 2) {
     const __m128i* w = reinterpret_cast<const __m128i*>(words + i);
-    const __m128i m01 = _mm_packs_epi32(_mm_cmpgt_epi32(_mm_loadu_si128(w), tu), _mm_cmpgt_epi32(_mm_loadu_si128(w + 1), tu));
-    const __m128i m23 = _mm_packs_epi32(_mm_cmpgt_epi32(_mm_loadu_si128(w + 2), tu), _mm_cmpgt_epi32(_mm_loadu_si128(w + 3), tu));
+    auto above = [&](int q) { return _mm_cmpgt_epi32(_mm_loadu_si128(w + q), tu); };
+    const __m128i m01 = _mm_packs_epi32(above(0), above(1)), m23 = _mm_packs_epi32(above(2), above(3));
     const __m128i sums = _mm_sad_epu8(_mm_sub_epi8(zero, _mm_packs_epi16(m01, m23)), zero);  // -1 -> 1 per slot
     g[0] = _mm_cvtsi128_si32(sums);
     g[1] = _mm_extract_epi16(sums, 4);
@@ -667,8 +671,9 @@ int64_t write_token_runs(int32_t* qsl, int32_t* token_req, const int32_t* lens, 
   }
 }
 
-// dst[i] = value + step * i for i < count (count <= span, step 0 or 1). When `room` allows, whole vectors covering `span`
-// entries are stored instead (the next request overwrites the excess), so no trip count depends on data.
+// dst[i] = value + step * i for i < count (count <= span, step 0 or 1). When `room` allows, whole vectors
+// covering `span` entries are stored instead (the next request overwrites the excess), so no trip count
+// depends on data.
 inline void write_run(int32_t* dst, int64_t room, int32_t count, int32_t span, int32_t value, int32_t step) {
 #if defined(__SSE2__)
   if (room >= (span + 3) / 4 * 4) {
@@ -759,7 +764,6 @@ int64_t global_argmax(Order& order, const Buckets& bk, const ThetaEval& theta, i
   };
   for (int32_t k = k_first + kGroup; k < k_end + kGroup; k += kGroup) consider(std::min(k, k_end));
   double L = std::max(best, theta(l_b, l_p));
-  AV_PHASE(7);
   double L_margin = L * (1.0 - 1.0 / 281474976710656.0);  // L (1 - 2^-48)
   // Bound test for ranks (lo, hi]: false when every Theta there is certainly below L.
   auto may_hold = [&](int64_t lo, int64_t hi, uint64_t p_hi) {
@@ -780,7 +784,6 @@ int64_t global_argmax(Order& order, const Buckets& bk, const ThetaEval& theta, i
     for (int32_t k = g; k < std::min(g + kGroup, k_end); ++k)
       if (may_hold(order.start(k), order.start(k + 1), order.psum(k + 1))) kept[n_kept++] = k;
   }
-  AV_PHASE(8);
   for (int32_t i = 0; i < n_kept;) {
     // A run of kept buckets, bridging gaps of few candidates (one scan gathers the whole run; a wide gap
     // is cheaper to skip with a second scan than to order).
@@ -789,7 +792,6 @@ int64_t global_argmax(Order& order, const Buckets& bk, const ThetaEval& theta, i
     order.materialise(kept[i], kept[e - 1] + 1);
     i = e;
   }
-  AV_PHASE(9);
   for (int32_t i = 0; i < n_kept; ++i) {
     const int32_t k = kept[i];
     uint64_t prefix = order.psum(k);
@@ -803,7 +805,6 @@ int64_t global_argmax(Order& order, const Buckets& bk, const ThetaEval& theta, i
       }
     }
   }
-  AV_PHASE(10);
   return best_b;
 }
 
@@ -832,14 +833,12 @@ int plan_cpu(const Params& p) {
   uint32_t* count = ws.count.data();
   uint64_t* sum = ws.sum.data();
   uint64_t* hist = ws.hist.data();
-  AV_PHASE(0);
   if (n_slots < kPackedSlots) {
     std::memset(hist, 0, 2 * (size_t(bk.num) + 1) * sizeof(uint64_t));
   } else {
     std::memset(count, 0, (size_t(bk.num) + 1) * sizeof(uint32_t));
     std::memset(sum, 0, (size_t(bk.num) + 1) * sizeof(uint64_t));
   }
-  AV_PHASE(13);
 
   // ---- walk: ranking words, then histogram (same window, sanitising and running minimum as walk_row) ----
   int32_t* words = ws.words.data();
@@ -858,7 +857,6 @@ int plan_cpu(const Params& p) {
     if (!walk_full_rows_avx2(p, bk, words, slot_bucket, slot_fixed, caps, &left)) return kErrDraftsOutOfRange;
     pre_walked = true;
   }
-  AV_PHASE(14);
 #endif
 #if defined(__SSE2__)
   if (K % 4 == 0 && left > 0) {
@@ -883,7 +881,6 @@ int plan_cpu(const Params& p) {
   for (int32_t r = 0; r < R; ++r) n_cand += caps[r];
   if (p.min_verify > 0)
     for (int32_t r = 0; r < R; ++r) n_forced += p.min_verify < caps[r] ? p.min_verify : caps[r];
-  AV_PHASE(1);
   for (int64_t i = n_slots; i < n_padded; ++i) words[i] = kNoSlot;
   if (nan_count && p.error_counts) p.error_counts[kCountNanSurvival] += nan_count;
   // Slots without a candidate carry bucket bk.num (a dummy counter) so this loop has no branch. Below 2^16
@@ -897,7 +894,6 @@ int plan_cpu(const Params& p) {
       hist2[slot_bucket[i + 1]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i + 1]));
     }
     if (i < n_slots) hist[slot_bucket[i]] += kPackedOne + uint64_t(static_cast<int64_t>(slot_fixed[i]));
-    AV_PHASE(11);
     grow(ws.packed, size_t(bk.num) + 1);
     uint64_t* prefix = ws.packed.data();
     uint64_t running = 0;  // count << 48 | sum: neither field overflows below 2^16 slots
@@ -925,7 +921,6 @@ int plan_cpu(const Params& p) {
     psum[bk.num] = total;
   }
   std::memset(ws.ready.data(), 0, size_t(bk.num));
-  AV_PHASE(2);
   grow(ws.sorted, size_t(n_cand));
   Order order(ws, bk, K, n_padded, packed);
 
@@ -963,7 +958,6 @@ int plan_cpu(const Params& p) {
   } else if (p.mode != kAll) {
     return kErrBadArgument;
   }
-  AV_PHASE(3);
   const uint64_t prefix = order.prefix(budget);
 
   *p.budget_out = int32_t(budget);
@@ -973,7 +967,6 @@ int plan_cpu(const Params& p) {
 
   // ---- allocation: a request's verified drafts are its candidates ranked before the threshold key ----
   const Threshold threshold(order.threshold(budget, n_cand), order.tie_before(budget));
-  AV_PHASE(4);
   grow(ws.lens, size_t(R) + 1);
   int32_t* lens = ws.lens.data();
   const int64_t T_pad = p.num_tokens_padded;
@@ -988,7 +981,6 @@ int plan_cpu(const Params& p) {
     for (int32_t r = 0; r < R; ++r) lens[r] = threshold.count_before(words + int64_t(r) * K, K, r);
   }
   std::memcpy(p.verify_lens, lens, size_t(R) * sizeof(int32_t));
-  AV_PHASE(12);
   if (p.query_start_loc && p.token_req) {
     tok = write_token_runs(p.query_start_loc, p.token_req, lens, R, K, p.token_offset, T_pad);
   } else {
@@ -1006,7 +998,6 @@ int plan_cpu(const Params& p) {
     if (p.query_start_loc) p.query_start_loc[r] = end;
     if (p.seq_lens) p.seq_lens[r] = 0;
   }
-  AV_PHASE(5);
   if (p.query_start_loc) p.query_start_loc[p.num_reqs_padded] = end;
   if (p.num_tokens) *p.num_tokens = end;
 
@@ -1042,7 +1033,6 @@ int plan_cpu(const Params& p) {
     }
     for (; t < p.num_tokens_padded; ++t) p.input_ids[t] = 0;
   }
-  AV_PHASE(6);
   return slot_error ? kErrBlockTableTooShort : kOk;
 }
 
