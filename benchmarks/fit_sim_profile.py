@@ -3,7 +3,7 @@
     python benchmarks/fit_sim_profile.py            # how close the bundled profile lands (the notes' table)
     python benchmarks/fit_sim_profile.py --search   # refit the step-cost knots and drafter cost (minutes)
 
-What is fitted: the verification cost table's knots (ms at 1, 256, 512, 1024, 1536, 2048 and 4096 tokens,
+What is fitted: the verification cost table's knots (ms at 1, 256, 640, 1024, 1536, 2048 and 4096 tokens,
 linear in between), the drafter's cost at 1 and 256 requests, and the token capacity per step (from a
 short list). The acceptance model is set beforehand so that per-position survival and the k=7 accepted
 length match the published figures (first draft > 0.7, seventh < 0.1, about 3.4 tokens per step).
@@ -29,7 +29,7 @@ PUBLISHED = [
     ("greedy", 256, "tokens_per_s", 8855.0),
     ("greedy", 256, "tpot_ms", 26.0),
 ]
-KNOTS = (1, 256, 512, 1024, 1536, 2048, 4096)
+KNOTS = (1, 256, 640, 1024, 1536, 2048, 4096)
 
 
 def build(theta: np.ndarray, capacity: int) -> dict:
@@ -54,7 +54,15 @@ def theta_of(d: dict) -> tuple[np.ndarray, int]:
     return np.array(theta + [math.log(d1), math.log(d256 - d1)]), t["max_tokens"]
 
 
-def run_points(profile: Profile, steps: int, seed: int = 0) -> dict:
+def run_points(profile: Profile, steps: int, seeds=(0, 1)) -> dict:
+    """Every point the findings need, each metric averaged over ``seeds`` (a single seed's luck must not
+    decide a constraint)."""
+    runs = [_run_points(profile, steps, seed) for seed in seeds]
+    return {key: {m: float(np.mean([r[key][m] for r in runs])) for m in runs[0][key] if m != "policy"}
+            for key in runs[0]}
+
+
+def _run_points(profile: Profile, steps: int, seed: int) -> dict:
     out = {}
     need = {("k7", 1), ("greedy", 1), ("none", 256), ("greedy", 256), ("greedy", 128)}
     need |= {(f"k{k}", c) for k in (5, 6, 7) for c in (128, 256)} | {("k7", c) for c in (32, 64)}
@@ -86,8 +94,8 @@ def constraints(res: dict) -> list[tuple[str, float, float]]:
     """(what, simulated, lower bound): the qualitative findings the tests hold the profile to."""
     g = lambda p, c: res[(p, c)]["tokens_per_s"]  # noqa: E731
     best = max(g(f"k{k}", 256) for k in range(1, 8))
-    return [(f"{p} / best fixed k (k1..k7) at c=256", g(p, 256) / best, 1.03) for p in ("greedy", "lagged")] + \
-        [(f"{p} / none at c=256", g(p, 256) / g("none", 256), 1.03) for p in ("greedy", "lagged")]
+    return [(f"{p} / best fixed k (k1..k7) at c=256", g(p, 256) / best, 1.06) for p in ("greedy", "lagged")] + \
+        [(f"{p} / none at c=256", g(p, 256) / g("none", 256), 1.06) for p in ("greedy", "lagged")]
 
 
 def loss(rows, bounds=()) -> float:

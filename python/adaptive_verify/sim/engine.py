@@ -28,7 +28,10 @@ Metrics over the measured steps (after ``warmup`` steps from a staggered start):
 - ``tpot_ms``: decoding time over decode tokens: every decoding request accrues each step's time,
   scheduled or waiting, so it is the token-weighted mean inter-token latency;
 - ``user_tokens_per_s``: 1000 / tpot_ms, what one user sees;
-- ``emitted_per_step`` and ``verified_per_step``: per scheduled decode request-step.
+- ``emitted_per_step`` and ``verified_per_step``: per scheduled decode request-step;
+- ``head_auc`` and ``head_ece`` (adaptive policies; NaN otherwise): the confidence head's AUC and
+  expected calibration error on the drafts it was tried on, from :class:`~adaptive_verify.AcceptanceStats`
+  (so head_noise / head_temperature / head_bias can be set to a target quality).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 
 from .. import planner
+from ..stats import AcceptanceStats
 from .model import Profile
 
 __all__ = ["Policy", "parse_policy", "simulate"]
@@ -189,6 +193,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     noise = np.random.default_rng([seed, 0, concurrency])
     metrics, measured = _Metrics(), None
     plan_table = ct
+    head_stats = AcceptanceStats(K)  # the library's own counters: AUC and ECE of the confidences
     prev = None  # lagged: (survival, drafts) of the previous step
     for step in range(warmup + steps):
         if step == warmup:
@@ -276,6 +281,9 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
             reqs.generated[rows] += emitted
             emitted_total = int(emitted.sum())
             metrics.verified += int(v.sum())
+            if policy.kind == "adaptive" and measured is not None:  # the head's quality, as served
+                head_stats.update(conf_t[torch.from_numpy(scheduled)], torch.from_numpy(v.astype(np.int32)),
+                                  torch.from_numpy(accepted.astype(np.int32)))
         for slot in finished_prefill:  # the prefill's last chunk samples the first token
             reqs.generated[slot] = 1
 
@@ -288,5 +296,8 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         metrics.step_tokens += decode_tokens + prefill_tokens
         reqs.replace_finished()
     out = (measured or metrics).result()
+    report = head_stats.report() if policy.kind == "adaptive" else None
+    out["head_auc"] = float(report["auc_overall"]) if report else float("nan")
+    out["head_ece"] = float(report["ece_overall"]) if report else float("nan")
     out.update(policy=policy.name, concurrency=concurrency)
     return out

@@ -17,8 +17,8 @@ __all__ = ["SweepResult", "sweep", "default_policies", "DEFAULT_CONCURRENCY", "p
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 COLUMNS = ("policy", "concurrency", "tokens_per_s", "tpot_ms", "user_tokens_per_s", "emitted_per_step",
-           "verified_per_step", "mean_step_ms", "mean_step_tokens", "waiting_fraction", "steps", "simulated_s",
-           "on_frontier")
+           "verified_per_step", "mean_step_ms", "mean_step_tokens", "waiting_fraction", "head_auc", "head_ece",
+           "steps", "simulated_s", "on_frontier")
 
 
 def default_policies(num_drafts: int) -> list[str]:
