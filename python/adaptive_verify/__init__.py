@@ -15,12 +15,14 @@ from .margin import MarginEstimator
 from .planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
 from .sampling import rejection_sample, sample
 from .stats import AcceptanceStats
+from .verifier import AdaptiveVerifier
 from . import library as _library  # noqa: F401  (registers the torch.library custom ops)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AcceptanceStats",
+    "AdaptiveVerifier",
     "CostTable",
     "MarginEstimator",
     "OnlineSTS",

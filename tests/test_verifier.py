@@ -1,0 +1,220 @@
+"""AdaptiveVerifier: cold start, lagged budgets across steps, requests joining and leaving, padded graph
+sizes, modes, and metrics() against a slow recomputation."""
+import numpy as np
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import AdaptiveVerifier
+
+K = 5
+
+
+def table(max_tokens=256):
+    return av.CostTable.from_points({1: 4.0, 16: 4.2, 64: 5.0, 256: 9.0}, draft_ms=0.5,
+                                    graph_sizes=[8, 16, 32, 64], max_tokens=max_tokens)
+
+
+def step_inputs(rng, R):
+    conf = torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32))
+    drafts = rng.integers(0, K + 1, R)
+    return conf, drafts
+
+
+def lagged_reference(ct, prev_conf, prev_drafts, drafts, extra=0, capacity=256, min_verify=0):
+    """The budget plan_budget must return, recomputed the slow way."""
+    d_prev = torch.from_numpy(prev_drafts.astype(np.int32))
+    s = av.prefix_survival(prev_conf, d_prev)
+    tab = ct.shifted(extra) if extra else ct
+    b = int(av.choose_budget(s, d_prev, tab, mode="global", min_verify=min_verify, capacity=capacity - extra))
+    b_min = int(np.minimum(drafts, min_verify).sum())
+    b_max = max(b_min, min(int(drafts.sum()), capacity - len(drafts) - extra))
+    return min(max(b, b_min), b_max)
+
+
+def run_step(v, rng, R, extra=0):
+    conf, drafts = step_inputs(rng, R)
+    budget, padded = v.plan_budget(R, drafts, extra)
+    v.record_confidence(conf)
+    plan = v.plan(conf, torch.from_numpy(drafts.astype(np.int32)), budget=budget, extra_tokens=extra)
+    vl = plan.verify_lens[:R]
+    acc = torch.from_numpy(rng.integers(0, K + 1, R).astype(np.int32))
+    acc = torch.minimum(acc, vl)
+    v.observe(vl, acc)
+    return conf, drafts, budget, padded, plan, acc
+
+
+def test_cold_start_verifies_everything_then_lagged_budgets_follow_the_previous_step():
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+    rng = np.random.default_rng(0)
+    conf, drafts, budget, padded, plan, _ = run_step(v, rng, 6)
+    assert budget == drafts.sum()  # cold start: B_max
+    assert int(plan.budget) == budget and torch.equal(plan.verify_lens[:6], torch.from_numpy(drafts.astype(np.int32)))
+    assert padded == v.padded_tokens(6 + budget)
+    prev_conf, prev_drafts = conf, drafts
+    budgets = []
+    for R in (6, 9, 3, 12, 12, 1):  # requests join and leave
+        c2, d2 = step_inputs(rng, R)
+        b, p = v.plan_budget(R, d2)
+        assert b == lagged_reference(ct, prev_conf, prev_drafts, d2), R
+        assert p == v.padded_tokens(R + b)
+        budgets.append(b)
+        v.record_confidence(c2)
+        plan = v.plan(c2, torch.from_numpy(d2.astype(np.int32)), budget=b)
+        assert int(plan.budget) == b and int(plan.verify_lens[:R].sum()) == b
+        v.observe(plan.verify_lens[:R], torch.zeros(R, dtype=torch.int32))
+        prev_conf, prev_drafts = c2, d2
+    assert len(set(budgets)) > 1  # the budget really changes between steps
+
+
+def test_lagged_budget_with_prompt_tokens_uses_the_shifted_table():
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+    rng = np.random.default_rng(1)
+    conf, drafts, *_ = run_step(v, rng, 8)
+    d2 = rng.integers(0, K + 1, 8)
+    b, padded = v.plan_budget(8, d2, extra_tokens=100)
+    assert b == lagged_reference(ct, conf, drafts, d2, extra=100)
+    assert padded == v.padded_tokens(8 + 100 + b)
+
+
+def test_padded_tokens():
+    v = AdaptiveVerifier(table(), max_reqs=4, max_drafts=K, block_size=16, graph_sizes=[4, 8, 32])
+    assert [v.padded_tokens(n) for n in (1, 4, 5, 8, 9, 32, 33, 100)] == [4, 4, 8, 8, 32, 32, 33, 100]
+    assert AdaptiveVerifier(table(), max_reqs=4, max_drafts=K, block_size=16).graph_sizes == (8, 16, 32, 64)
+
+
+@pytest.mark.parametrize("mode", ["off", "all", "greedy"])
+def test_modes(mode):
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=16, mode=mode)
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        conf, drafts, budget, _, plan, _ = run_step(v, rng, 7)
+        d = torch.from_numpy(drafts.astype(np.int32))
+        if mode == "off":
+            assert budget == 0 and int(plan.verify_lens.sum()) == 0
+        elif mode == "all":
+            assert budget == drafts.sum() and torch.equal(plan.verify_lens[:7], d)
+        else:
+            ref = av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="greedy")
+            assert torch.equal(plan.verify_lens, ref.verify_lens) and budget == drafts.sum()
+
+
+def test_metrics_against_a_slow_recomputation():
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+    rng = np.random.default_rng(3)
+    verified = accepted = predicted = 0.0
+    budgets, pads = [], []
+    Rs = [5, 9, 9, 2, 14, 7, 7, 11, 3, 16]
+    for R in Rs:
+        conf, drafts, budget, padded, plan, acc = run_step(v, rng, R)
+        vl = plan.verify_lens[:R].numpy()
+        verified += vl.sum()
+        accepted += np.minimum(acc.numpy(), vl).sum()
+        # P(B): survival of the verified candidates, which are each request's first vl[r] drafts
+        s = av.prefix_survival(conf, torch.from_numpy(drafts.astype(np.int32))).numpy()
+        predicted += sum(s[r, :vl[r]].sum() for r in range(R))
+        budgets.append(budget)
+        pads.append(padded)
+    m = v.metrics()
+    n = len(Rs)
+    assert m["steps"] == n and m["budget_last"] == budgets[-1]
+    assert m["budget_mean"] == pytest.approx(np.mean(budgets))
+    assert m["verified_per_step"] == pytest.approx(verified / n)
+    assert m["accepted_per_step"] == pytest.approx(accepted / n)
+    assert m["predicted_accepted_per_step"] == pytest.approx(predicted / n, rel=1e-5)
+    assert m["acceptance_rate"] == pytest.approx(accepted / verified)
+    assert m["graph_use"] == {p: pads.count(p) for p in sorted(set(pads))}
+    assert m["ece"] == v.stats.report()["ece_overall"]
+
+
+def test_metadata_and_persistent_buffers():
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(4)
+    R = 3
+    ctx = torch.tensor([5, 9, 2], dtype=torch.int32)
+    bt = torch.arange(R * 8, dtype=torch.int32).reshape(R, 8)
+    anchors = torch.tensor([7, 8, 9], dtype=torch.int32)
+    dt = torch.from_numpy(rng.integers(0, 100, (R, K)).astype(np.int32))
+    plans = []
+    for _ in range(2):
+        conf, drafts = step_inputs(rng, R)
+        d = torch.from_numpy(drafts.astype(np.int32))
+        b, padded = v.plan_budget(R, drafts)
+        v.record_confidence(conf)
+        plan = v.plan(conf, d, ctx, bt, anchors, dt, b, padded_tokens=16)
+        ref = av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="fixed", budget=b, context_lens=ctx,
+                                   block_table=bt, block_size=4, anchor_tokens=anchors, draft_tokens=dt,
+                                   num_tokens_padded=16, capacity=ct.max_tokens)
+        for f in ("verify_lens", "query_start_loc", "seq_lens", "positions", "slot_mapping", "input_ids", "token_req"):
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), f
+        plans.append(plan)
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+    assert plans[0].slot_mapping.data_ptr() == plans[1].slot_mapping.data_ptr()  # same buffers, graph-safe
+
+
+def test_online_calibration_refreshes_temperatures():
+    v = AdaptiveVerifier(table(), max_reqs=32, max_drafts=K, block_size=16, online_calibration=True,
+                         refresh_every=5)
+    assert torch.equal(v.temperatures, torch.ones(K))
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        R = 32
+        conf = torch.full((R, K), 0.95)  # overconfident: half of the drafts survive
+        drafts = np.full(R, K)
+        b, _ = v.plan_budget(R, drafts)
+        v.record_confidence(conf)
+        plan = v.plan(conf, torch.from_numpy(drafts.astype(np.int32)), budget=b)
+        acc = torch.from_numpy((rng.random((R, K)) < 0.5).cumprod(1).sum(1).astype(np.int32))
+        v.observe(plan.verify_lens, torch.minimum(acc, plan.verify_lens))
+    assert v.sts.refreshes == 2 and float(v.temperatures[0]) > 1.5
+
+
+def test_errors():
+    ct = table()
+    with pytest.raises(ValueError, match="mode"):
+        AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16, mode="fast")
+    with pytest.raises(TypeError, match="cost_table"):
+        AdaptiveVerifier({1: 2.0}, max_reqs=4, max_drafts=K, block_size=16)
+    with pytest.raises(ValueError, match="max_reqs"):
+        AdaptiveVerifier(ct, max_reqs=0, max_drafts=K, block_size=16)
+    with pytest.raises(ValueError, match="graph_sizes"):
+        AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16, graph_sizes=[8, 4])
+    v = AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16)
+    with pytest.raises(ValueError, match="num_reqs 5 exceeds max_reqs"):
+        v.plan_budget(5, [1] * 5)
+    with pytest.raises(ValueError, match="drafts_host must have num_reqs = 3"):
+        v.plan_budget(3, [1, 2])
+    with pytest.raises(ValueError, match="drafts_host values"):
+        v.plan_budget(2, [1, K + 1])
+    with pytest.raises(ValueError, match="exceeds the capacity"):
+        v.plan_budget(2, [1, 1], extra_tokens=255)
+    with pytest.raises(RuntimeError, match="observe"):
+        v.observe(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="budget is required"):
+        v.plan(torch.rand(2, K), torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="conf"):
+        v.record_confidence(torch.rand(2, K, dtype=torch.float64))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not av.cuda_available(), reason="needs a GPU and a CUDA build")
+def test_cuda_matches_cpu():
+    ct = table()
+    vs = [AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16, device=d) for d in ("cpu", "cuda")]
+    rng = np.random.default_rng(6)
+    for R in (5, 9, 16, 2):
+        conf, drafts = step_inputs(rng, R)
+        out = []
+        for v in vs:
+            b, p = v.plan_budget(R, drafts)
+            c = conf.to(v.device)
+            v.record_confidence(c)
+            plan = v.plan(c, torch.from_numpy(drafts.astype(np.int32)).to(v.device), budget=b)
+            v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32, device=v.device))
+            out.append((b, p, plan.verify_lens.cpu()))
+        assert out[0][:2] == out[1][:2] and torch.equal(out[0][2], out[1][2])
