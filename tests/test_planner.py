@@ -1045,3 +1045,11 @@ def test_repeated_calls_see_new_values_in_the_same_buffers():
     survival.resize_(2, 40)
     with pytest.raises(ValueError, match="K"):
         av.plan_verification(survival, drafts, ct, mode="all")
+
+
+def test_empty_batch_from_numpy_is_accepted():
+    """[0, K] tensors made from numpy carry strides (0, 0); nothing is read, so they are valid inputs."""
+    conf = torch.from_numpy(np.zeros((0, 4), dtype=np.float32))
+    drafts = torch.from_numpy(np.zeros(0, dtype=np.int32))
+    s = av.prefix_survival(conf, drafts)
+    assert s.shape == (0, 4)

@@ -33,7 +33,8 @@ def check_tensor(name, t, *, dtypes=None, device=None, ndim=None, shape=None, in
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if inner_contiguous:
-        if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        # An empty tensor is never read: numpy-made ones can carry strides (0, 0), which is fine.
+        if t.numel() and t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
     elif not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")

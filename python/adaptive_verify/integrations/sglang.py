@@ -1,0 +1,150 @@
+"""SGLang adapter, EAGLE verify path with chain drafts (``speculative_eagle_topk == 1``).
+
+Where each call goes in SGLang's loop and what changes there: docs/integrations/sglang.md. Nothing here
+imports SGLang; functions return dicts keyed by the names SGLang uses for the same quantities
+(``EagleVerifyInput``, ``EagleVerifyOutput``, the attention backends' ``qo_indptr``).
+
+What differs from SGLang's own layout: SGLang verifies ``draft_token_num`` tokens for every request (a
+uniform ``[bs, draft_token_num]`` layout, ``qo_indptr = arange(bs + 1) * draft_token_num``); with adaptive
+verification request r verifies ``1 + verify_lens[r]`` tokens (anchor first, then its verified drafts), so
+every quantity below is varlen, indexed through the plan's ``query_start_loc``. Trees (``topk > 1``) are not
+covered: the planner allocates along chains.
+
+Conventions kept from SGLang: ``seq_lens`` is the KV length *before* the step (SGLang's ``batch.seq_lens``,
+our ``context_lens``); indices into the verify forward's logits / hidden-state rows are relative to the
+first decode token (0-based); ``accept_length`` counts accepted drafts, not the bonus token.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _check_int, _check_tensor, _num_reqs, _plan_field, _relative_starts
+
+__all__ = ["verify_input", "verify_output", "chain_from_sglang"]
+
+MAX_DRAFTS = 32
+
+
+def chain_from_sglang(draft_token: torch.Tensor, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SGLang's chain verify tokens to our inputs.
+
+    draft_token: [bs * draft_token_num] flattened, each request's verified id (our anchor) first, then its
+        ``draft_token_num - 1`` drafts (what SGLang's tree builder produces for topk = 1).
+    Returns (anchor_tokens [R] int32, draft_tokens [R, draft_token_num - 1] int32, drafts [R] int32).
+    """
+    R = _check_int("num_reqs", num_reqs, lo=0)
+    _check_tensor("draft_token", draft_token, ndim=1)
+    n = draft_token.shape[0]
+    if R == 0:
+        if n:
+            raise ValueError(f"draft_token must be empty when num_reqs is 0, got {n} tokens")
+        z = torch.zeros(0, dtype=torch.int32, device=draft_token.device)
+        return z, z.reshape(0, 0), z
+    if n % R or n // R < 2 or n // R > MAX_DRAFTS + 1:
+        raise ValueError(f"draft_token must hold num_reqs * draft_token_num tokens with draft_token_num in "
+                         f"[2, {MAX_DRAFTS + 1}], got {n} tokens for {R} requests")
+    t = draft_token.reshape(R, n // R).to(torch.int32)
+    drafts = torch.full((R,), n // R - 1, dtype=torch.int32, device=draft_token.device)
+    return t[:, 0].contiguous(), t[:, 1:].contiguous(), drafts
+
+
+def verify_input(plan, max_drafts: int, num_reqs: Optional[int] = None, *, num_tokens: Optional[int] = None) -> dict:
+    """What SGLang's verify step needs, from our plan (made with context_lens, anchor_tokens and
+    draft_tokens), for the chain case. All on the plan's device, no host sync.
+
+    max_drafts: K (the width of the retrieve tables is K + 1, SGLang's ``spec_steps + 1``).
+    num_tokens: how many token-level entries to return (host int, e.g. R + budget from plan_budget, the
+        slots SGLang allocates); default the plan's padded size. Entries past R + budget are padding.
+
+    Returns:
+        ``draft_token`` [num_tokens] int64: each request's anchor then its verified drafts (the verify
+            forward's input_ids; SGLang's layout for topk = 1, but varlen);
+        ``positions`` [num_tokens] int64;
+        ``seq_lens`` [R] int32: KV length before the step (SGLang's ``batch.seq_lens``);
+        ``end_offset`` [R] int32: KV length after the step's tokens are written (= our ``seq_lens``; what
+            SGLang passes to ``assign_req_to_token_pool`` as ``seq_lens + draft_token_num``);
+        ``qo_indptr`` [R + 1] int32: query offsets of each request, 0-based (replaces
+            ``arange(bs + 1) * draft_token_num``);
+        ``kv_indptr`` [R + 1] int32: exclusive cumsum of ``end_offset`` (SGLang's ``cum_kv_seq_len``);
+        ``verify_lens`` [R] int32: drafts verified per request (SGLang has no counterpart: uniform there);
+        ``retrive_index`` [R, K + 1] int64: row of token j of request r (qo_indptr[r] + j), -1 past its end;
+        ``retrive_next_token`` [R, K + 1] int64: j + 1 while inside the chain, -1 at its last token;
+        ``retrive_next_sibling`` [R, K + 1] int64: all -1 (a chain has no siblings);
+        ``topk``: 1.
+    """
+    K = _check_int("max_drafts", max_drafts, lo=1, hi=MAX_DRAFTS)
+    R = _num_reqs(plan, num_reqs)
+    seq_lens = _plan_field(plan, "seq_lens", needs="context_lens")
+    positions = _plan_field(plan, "positions", needs="context_lens")
+    input_ids = _plan_field(plan, "input_ids", needs="anchor_tokens and draft_tokens")
+    T = input_ids.shape[0]
+    n = T if num_tokens is None else _check_int("num_tokens", num_tokens, lo=0, hi=T)
+    starts = _relative_starts(plan, R)  # [R + 1] int64
+    q_len = starts[1:] - starts[:-1]
+    device = starts.device
+    j = torch.arange(K + 1, dtype=torch.int64, device=device)
+    inside = j[None, :] < q_len[:, None]
+    retrive_index = torch.where(inside, starts[:-1, None] + j[None, :], torch.full_like(inside, -1, dtype=torch.int64))
+    has_next = j[None, :] + 1 < q_len[:, None]
+    retrive_next = torch.where(has_next, (j + 1)[None, :].expand(R, K + 1), torch.full_like(has_next, -1,
+                                                                                       dtype=torch.int64))
+    end = seq_lens[:R].to(torch.int64)
+    kv_indptr = torch.zeros(R + 1, dtype=torch.int64, device=device)
+    kv_indptr[1:] = torch.cumsum(end, 0)
+    return {
+        "draft_token": input_ids[:n].to(torch.int64),
+        "positions": positions[:n].to(torch.int64),
+        "seq_lens": (end - q_len).to(torch.int32),
+        "end_offset": end.to(torch.int32),
+        "qo_indptr": starts.to(torch.int32),
+        "kv_indptr": kv_indptr.to(torch.int32),
+        "verify_lens": plan.verify_lens[:R].to(torch.int32),
+        "retrive_index": retrive_index,
+        "retrive_next_token": retrive_next,
+        "retrive_next_sibling": torch.full((R, K + 1), -1, dtype=torch.int64, device=device),
+        "topk": 1,
+    }
+
+
+def verify_output(plan, output_tokens: torch.Tensor, num_emitted: torch.Tensor, num_reqs: Optional[int] = None, *,
+                  host: bool = True) -> dict:
+    """SGLang's verify results from :func:`adaptive_verify.rejection_sample`'s outputs.
+
+    Returns, on the device without a sync:
+        ``accept_length`` [R] int32: accepted drafts per request (num_emitted - 1);
+        ``accept_index`` [R, K + 1] int32: verify-forward rows of the emitted tokens (row of token j is
+            qo_indptr[r] + j, for j < num_emitted[r]; -1 after), SGLang's ``accept_index`` /
+            ``accepted_indices`` before flattening (use it to gather the hidden states for the draft model);
+    and with ``host=True`` (one sync, as SGLang's own verify does):
+        ``verified_id`` [sum num_emitted] int32: every request's emitted tokens (accepted drafts then the
+            recovered/bonus token), concatenated in request order;
+        ``accepted_rows`` [sum num_emitted] int64: the non-padding entries of accept_index, flattened;
+        ``accept_length_per_req_cpu``: list[int], accept_length on the host.
+    """
+    R = _num_reqs(plan, num_reqs)
+    _check_tensor("output_tokens", output_tokens, ndim=2)
+    _check_tensor("num_emitted", num_emitted, ndim=1)
+    if output_tokens.shape[0] < R or num_emitted.shape[0] < R:
+        raise ValueError(f"output_tokens and num_emitted must have at least num_reqs = {R} rows, got "
+                         f"{tuple(output_tokens.shape)} and {tuple(num_emitted.shape)}")
+    if num_emitted.shape[0] != output_tokens.shape[0]:
+        raise ValueError(f"num_emitted must have output_tokens.shape[0] = {output_tokens.shape[0]} entries, "
+                         f"got {num_emitted.shape[0]}")
+    starts = _relative_starts(plan, R)
+    width = output_tokens.shape[1]
+    emitted = num_emitted[:R].to(torch.int64)
+    j = torch.arange(width, dtype=torch.int64, device=starts.device)
+    inside = j[None, :] < emitted[:, None]
+    accept_index = torch.where(inside, starts[:-1, None] + j[None, :], torch.full_like(inside, -1,
+                                                                                        dtype=torch.int64))
+    out = {
+        "accept_length": (emitted - 1).to(torch.int32),
+        "accept_index": accept_index.to(torch.int32),
+    }
+    if host:
+        out["verified_id"] = output_tokens[:R][inside].to(torch.int32)
+        out["accepted_rows"] = accept_index[inside]
+        out["accept_length_per_req_cpu"] = [int(x) for x in out["accept_length"].tolist()]
+    return out

@@ -1,0 +1,275 @@
+"""vLLM v1 adapter: our plan and sampler outputs in vLLM's structures, and vLLM's drafts in ours.
+
+Where each call goes in vLLM's loop, and which vLLM metadata each output replaces: docs/integrations/vllm.md.
+Nothing here imports vLLM. Functions return dicts keyed by vLLM's field names (``SpecDecodeMetadata``,
+``CommonAttentionMetadata``), so ``cls(**d)`` builds the real object where vLLM is installed;
+:func:`build` drops the keys a given class does not take (field sets differ between vLLM versions).
+
+Scope: the decode requests of one step, the rows of one :class:`~adaptive_verify.VerifyPlan`, every
+scheduled token's logits computed (each verified token yields one logit row, as in our layout). A step that
+also carries prefill chunks needs the engine to put those requests' rows next to ours (see the docs).
+
+Host synchronisation: only :func:`spec_decode_metadata` needs the per-request draft counts on the host
+(vLLM's ``num_draft_tokens`` is a ``list[int]`` and its sampler reads ``max_spec_len`` on the host); pass
+``verify_lens_host`` if you already copied them, else one small device-to-host copy is made.
+:func:`attention_metadata` syncs only if ``max_seq_len`` is not given, :func:`sampled_token_ids` is a
+host conversion by nature (vLLM's own ``parse_output`` copies the same tensor).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Optional, Sequence
+
+import torch
+
+from . import _check_int, _check_tensor, _host_verify_lens, _num_reqs, _plan_field, _relative_starts
+
+__all__ = [
+    "PLACEHOLDER_TOKEN_ID",
+    "PAD_SLOT_ID",
+    "SPEC_DECODE_FIELDS",
+    "ATTENTION_FIELDS",
+    "drafts_from_vllm",
+    "drafts_to_vllm",
+    "spec_decode_metadata",
+    "attention_metadata",
+    "sampler_query_start_loc",
+    "output_token_ids",
+    "sampled_token_ids",
+    "build",
+]
+
+PLACEHOLDER_TOKEN_ID = -1  # vLLM's padding in the rejection sampler's output, and ours
+PAD_SLOT_ID = -1  # vLLM's slot of a padding token, and ours (the planner writes -1)
+MAX_DRAFTS = 32  # our K limit (also vLLM's MAX_SPEC_LEN in the versions we read)
+
+SPEC_DECODE_FIELDS = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "cu_num_sampled_tokens",
+                      "target_logits_indices", "bonus_logits_indices", "logits_indices")
+ATTENTION_FIELDS = ("query_start_loc", "seq_lens", "num_reqs", "num_actual_tokens", "max_query_len",
+                    "max_seq_len", "block_table_tensor", "slot_mapping", "causal")
+
+
+def drafts_from_vllm(draft_token_ids, max_drafts: int, *, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's per-request drafts to ours.
+
+    draft_token_ids: ``list[list[int]]`` (vLLM's ``DraftTokenIds.draft_token_ids`` or the values of
+        ``scheduled_spec_decode_tokens`` in input-batch order), or a 2-D integer tensor [R, k] such as a
+        proposer's output, where a negative id ends the request's drafts.
+    max_drafts: K, our drafts per request (the verifier's ``max_drafts``), in [1, 32].
+    Returns (draft_tokens [R, K] int32 padded with 0, drafts [R] int32) on ``device`` (default: the tensor's
+    device, or CPU for lists).
+    """
+    K = _check_int("max_drafts", max_drafts, lo=1, hi=MAX_DRAFTS)
+    if isinstance(draft_token_ids, torch.Tensor):
+        t = _check_tensor("draft_token_ids", draft_token_ids, ndim=2)
+        R, k = t.shape
+        if k > K:
+            raise ValueError(f"draft_token_ids has {k} columns, more than max_drafts = {K}")
+        dev = t.device if device is None else torch.device(device)
+        valid = (t >= 0).to(torch.int32).cumprod(dim=1)  # 1 until the first negative id
+        drafts = valid.sum(dim=1, dtype=torch.int32)
+        out = torch.zeros(R, K, dtype=torch.int32, device=t.device)
+        out[:, :k] = torch.where(valid.bool(), t, torch.zeros_like(t)).to(torch.int32)
+        return out.to(dev), drafts.to(dev)
+    if isinstance(draft_token_ids, (str, bytes)) or not isinstance(draft_token_ids, Sequence):
+        raise ValueError(f"draft_token_ids must be a list of lists of ints or a 2-D tensor, "
+                         f"got {type(draft_token_ids).__name__}")
+    R = len(draft_token_ids)
+    rows = []
+    for i, ids in enumerate(draft_token_ids):
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise ValueError(f"draft_token_ids[{i}] must be a list of ints, got {type(ids).__name__}")
+        if len(ids) > K:
+            raise ValueError(f"draft_token_ids[{i}] has {len(ids)} drafts, more than max_drafts = {K}")
+        row = []
+        for x in ids:
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0 or x > 0x7FFFFFFF:
+                raise ValueError(f"draft_token_ids[{i}] must hold token ids in [0, 2^31), got {x!r}")
+            row.append(x)
+        rows.append(row)
+    out = torch.zeros(R, K, dtype=torch.int32)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    drafts = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    return out.to(dev), drafts.to(dev)
+
+
+def drafts_to_vllm(draft_tokens: torch.Tensor, drafts) -> list:
+    """The inverse of :func:`drafts_from_vllm`: ``list[list[int]]``, the first ``drafts[r]`` ids of row r
+    (one device-to-host copy)."""
+    _check_tensor("draft_tokens", draft_tokens, ndim=2)
+    R, K = draft_tokens.shape
+    d = drafts.tolist() if isinstance(drafts, torch.Tensor) else list(drafts)
+    if len(d) != R:
+        raise ValueError(f"drafts must have R = {R} entries (draft_tokens.shape[0]), got {len(d)}")
+    if any(not 0 <= int(x) <= K for x in d):
+        raise ValueError(f"drafts must be in [0, K = {K}], got {d}")
+    rows = draft_tokens.tolist()
+    return [rows[i][: int(d[i])] for i in range(R)]
+
+
+def spec_decode_metadata(plan, draft_tokens: torch.Tensor, num_reqs: Optional[int] = None, *,
+                         verify_lens_host=None) -> dict:
+    """vLLM's ``SpecDecodeMetadata`` fields computed from our plan (decode-only step, every token's logits).
+
+    plan: the step's :class:`~adaptive_verify.VerifyPlan` (verify_lens, query_start_loc).
+    draft_tokens: [>= R, K] integer tensor on the plan's device, the drafts the plan was made from.
+    num_reqs: R, the real requests (default: every plan row); later rows are padding.
+    verify_lens_host: optional host copy of ``plan.verify_lens[:R]``; without it one small
+        device-to-host copy is made (the only host sync: vLLM needs ``num_draft_tokens`` as a list).
+
+    Returns a dict: ``draft_token_ids`` [B] int32 (the verified drafts, flattened), ``num_draft_tokens``
+    (list[int], = verify_lens), ``cu_num_draft_tokens`` [R] int32 (inclusive cumsum),
+    ``cu_num_sampled_tokens`` [R] int32 (inclusive cumsum of 1 + verify_lens; newer vLLM versions only),
+    ``target_logits_indices`` [B] and ``bonus_logits_indices`` [R] int32 (rows of the computed logits,
+    i.e. of ``logits[logits_indices]``), ``logits_indices`` [R + B] int32 (token indices whose hidden
+    states give logits: every decode token, starting at the plan's token_offset). Everything but
+    ``num_draft_tokens`` stays on the plan's device and is computed without a sync.
+    """
+    R = _num_reqs(plan, num_reqs)
+    vl_dev = plan.verify_lens[:R].to(torch.int64)
+    device = vl_dev.device
+    _check_tensor("draft_tokens", draft_tokens, ndim=2)
+    if draft_tokens.shape[0] < R:
+        raise ValueError(f"draft_tokens must have at least num_reqs = {R} rows, got shape {tuple(draft_tokens.shape)}")
+    if draft_tokens.device != device:
+        raise ValueError(f"draft_tokens must be on the plan's device {device}, got {draft_tokens.device}")
+    vl = _host_verify_lens(plan, R, verify_lens_host)
+    K = draft_tokens.shape[1]
+    if any(x > K for x in vl):
+        raise ValueError(f"draft_tokens has K = {K} columns but a request verifies {max(vl)} drafts")
+    B = sum(vl)
+    qsl = _plan_field(plan, "query_start_loc")
+    reqs = torch.arange(R, dtype=torch.int64, device=device)
+    cu = torch.cumsum(vl_dev, 0)  # inclusive
+    draft_req = torch.repeat_interleave(reqs, vl_dev, output_size=B)  # request of each verified draft
+    k = torch.arange(B, dtype=torch.int64, device=device)
+    j = k - (cu - vl_dev)[draft_req]  # draft position within its request
+    return {
+        "draft_token_ids": draft_tokens[draft_req, j].to(torch.int32),
+        "num_draft_tokens": vl,
+        "cu_num_draft_tokens": cu.to(torch.int32),
+        "cu_num_sampled_tokens": (cu + reqs + 1).to(torch.int32),
+        # Each earlier request adds one bonus row, so draft k of request r sits at row k + r.
+        "target_logits_indices": (k + draft_req).to(torch.int32),
+        "bonus_logits_indices": (cu + reqs).to(torch.int32),
+        "logits_indices": (qsl[:1].to(torch.int64) + torch.arange(R + B, dtype=torch.int64, device=device))
+        .to(torch.int32),
+    }
+
+
+def attention_metadata(plan, block_table: torch.Tensor, max_query_len: int, num_reqs: Optional[int] = None, *,
+                       max_seq_len: Optional[int] = None, num_actual_tokens: Optional[int] = None,
+                       host_copies: bool = False) -> dict:
+    """vLLM ``CommonAttentionMetadata``-style fields from our plan (the decode requests of the step).
+
+    plan: made with context_lens and block_table (seq_lens, slot_mapping).
+    block_table: [>= R, max_blocks] the table the plan's slots came from (passed through as
+        ``block_table_tensor``).
+    max_query_len: host upper bound of 1 + verify_lens (e.g. 1 + max_drafts; vLLM picks kernels with it).
+    max_seq_len: host upper bound of seq_lens; when None it is read from the plan (a device sync).
+    num_actual_tokens: tokens in the batch as vLLM counts them (default: the plan's padded token count,
+        ``plan.token_req.numel()``, which is what vLLM passes for a padded CUDA-graph batch).
+    host_copies: also return ``query_start_loc_cpu`` and ``seq_lens_cpu`` (a device-to-host copy). Their
+        per-request boundaries exist only after the device plan ran: vLLM code that reads them for the
+        split must read the device tensors instead (see docs).
+    """
+    R = _num_reqs(plan, num_reqs)
+    mql = _check_int("max_query_len", max_query_len, lo=1)
+    seq_lens = _plan_field(plan, "seq_lens", needs="context_lens")
+    slots = _plan_field(plan, "slot_mapping", needs="block_table and block_size")
+    qsl = _plan_field(plan, "query_start_loc")
+    _check_tensor("block_table", block_table, ndim=2)
+    if block_table.shape[0] < R:
+        raise ValueError(f"block_table must have at least num_reqs = {R} rows, got shape {tuple(block_table.shape)}")
+    tokens = plan.token_req.numel() if num_actual_tokens is None else _check_int("num_actual_tokens",
+                                                                                  num_actual_tokens, lo=0)
+    if max_seq_len is None:
+        msl = int(seq_lens[:R].max()) if R else 0
+    else:
+        msl = _check_int("max_seq_len", max_seq_len, lo=0)
+    d = {
+        "query_start_loc": qsl[: R + 1],
+        "seq_lens": seq_lens[:R],
+        "num_reqs": R,
+        "num_actual_tokens": tokens,
+        "max_query_len": mql,
+        "max_seq_len": msl,
+        "block_table_tensor": block_table[:R],
+        "slot_mapping": slots,
+        "causal": True,
+    }
+    if host_copies:
+        d["query_start_loc_cpu"] = d["query_start_loc"].cpu()
+        d["seq_lens_cpu"] = d["seq_lens"].cpu()
+    return d
+
+
+def sampler_query_start_loc(plan, num_reqs: Optional[int] = None) -> torch.Tensor:
+    """query_start_loc [R + 1] int32 relative to the computed logits (``logits[logits_indices]``): what
+    :func:`adaptive_verify.rejection_sample` takes when it replaces vLLM's rejection sampler."""
+    R = _num_reqs(plan, num_reqs)
+    return _relative_starts(plan, R).to(torch.int32)
+
+
+def output_token_ids(output_tokens: torch.Tensor, max_spec_len: int) -> torch.Tensor:
+    """Our output_tokens [R, K + 1] as vLLM's rejection-sampler tensor [R, max_spec_len + 1] (a view; -1 is
+    vLLM's PLACEHOLDER_TOKEN_ID too). max_spec_len = max(num_draft_tokens): no request emits more than
+    max_spec_len + 1 tokens, so nothing is cut."""
+    _check_tensor("output_tokens", output_tokens, ndim=2)
+    m = _check_int("max_spec_len", max_spec_len, lo=0, hi=output_tokens.shape[1] - 1)
+    return output_tokens[:, : m + 1]
+
+
+def sampled_token_ids(output_tokens: torch.Tensor, num_emitted: torch.Tensor, num_reqs: Optional[int] = None, *,
+                      vocab_size: Optional[int] = None) -> list:
+    """vLLM's per-request output lists (``ModelRunnerOutput.sampled_token_ids``) from
+    :func:`adaptive_verify.rejection_sample`: row r's first ``num_emitted[r]`` tokens (accepted drafts,
+    then the recovered or bonus token). vocab_size: also drop ids >= vocab_size, as vLLM's parse_output
+    does. One device-to-host copy of each tensor."""
+    _check_tensor("output_tokens", output_tokens, ndim=2)
+    _check_tensor("num_emitted", num_emitted, ndim=1)
+    if num_emitted.shape[0] != output_tokens.shape[0]:
+        raise ValueError(f"num_emitted must have output_tokens.shape[0] = {output_tokens.shape[0]} entries, "
+                         f"got {num_emitted.shape[0]}")
+    R = output_tokens.shape[0] if num_reqs is None else _check_int("num_reqs", num_reqs, lo=0,
+                                                                    hi=output_tokens.shape[0])
+    if vocab_size is not None:
+        _check_int("vocab_size", vocab_size, lo=1)
+    rows = output_tokens[:R].tolist()
+    counts = num_emitted[:R].tolist()
+    width = output_tokens.shape[1]
+    out = []
+    for r in range(R):
+        n = int(counts[r])
+        if not 0 <= n <= width:
+            raise ValueError(f"num_emitted[{r}] = {n} is outside [0, {width}]")
+        toks = rows[r][:n]
+        if vocab_size is not None:
+            toks = [t for t in toks if 0 <= t < vocab_size]
+        out.append(toks)
+    return out
+
+
+def build(cls, fields: dict):
+    """``cls(**fields)`` with only the keys ``cls`` takes (a dataclass or any class with named init
+    parameters): vLLM's SpecDecodeMetadata gained ``cu_num_sampled_tokens`` in later versions, and
+    CommonAttentionMetadata's field set varies between versions."""
+    if dataclasses.is_dataclass(cls):
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+    else:
+        try:
+            params = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            raise ValueError(f"cls must be a dataclass or a class with an inspectable __init__, got {cls!r}") from None
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return cls(**fields)
+        names = set(params)
+    if not isinstance(fields, dict):
+        raise ValueError(f"fields must be a dict, got {type(fields).__name__}")
+    return cls(**{k: v for k, v in fields.items() if k in names})
