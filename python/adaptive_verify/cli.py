@@ -7,6 +7,7 @@
     adaptive-verify calibrate DUMP [options]    fit STS temperatures to a dump of (logits, accepted lengths)
     adaptive-verify sweep [options]             simulate policies x concurrency on a profile (the main job)
     adaptive-verify profiles                    list the simulator's bundled profiles
+    adaptive-verify demo [options]              generate with the shipped tiny model in every mode
     adaptive-verify info                        how the extension was built and whether CUDA can run
 """
 from __future__ import annotations
@@ -66,6 +67,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .sim import cli as sim_cli
 
     sim_cli.add_parsers(sub)
+    from .engine import demo
+
+    demo.add_parser(sub)
     sub.add_parser("info", help="build information")
     args, rest = ap.parse_known_args(argv)
     if args.command == "bench":
@@ -80,6 +84,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return sim_cli.run_sweep(args)
     if args.command == "profiles":
         return sim_cli.run_profiles()
+    if args.command == "demo":
+        return demo.run(args)
     import adaptive_verify
 
     print(json.dumps(adaptive_verify.build_info(), indent=2))
