@@ -232,3 +232,18 @@ def test_head_quality_is_configurable_and_reported():
     assert run(head_noise=0.0, head_temperature=3.0)["head_ece"] > 3 * sharp["head_ece"] + 0.03
     fixed = simulate(get_profile("dsv4-pro-8xb300"), parse_policy("k3", 7), 8, steps=20)
     assert np.isnan(fixed["head_auc"]) and np.isnan(fixed["head_ece"])
+
+
+def test_roofline_tensor_parallel_scales_bandwidth_and_flops():
+    d = profile_dict("llama3-70b-8xh200")
+    r = d["cost"]["roofline"]
+    assert r["tensor_parallel"] == 8
+    tp8 = Profile.from_dict(d).cost_table
+    r.update(hbm_gbps=r["hbm_gbps"] * 8, tflops=r["tflops"] * 8, tensor_parallel=1)
+    tp1 = Profile.from_dict(d).cost_table
+    for n in (1, 64, 512, 4096):
+        assert tp8.verify_cost(n) == pytest.approx(tp1.verify_cost(n))
+    assert tp8.metadata["tensor_parallel"] == 8
+    r["tensor_parallel"] = 0
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        Profile.from_dict(d)

@@ -4,7 +4,8 @@ A profile is plain data (a JSON object) so engineers can write their own:
 
     {
       "name": "...", "description": "...",
-      "cost": {"roofline": {...CostTable.roofline arguments...}}  or  {"table": {...CostTable.to_dict()...}},
+      "cost": {"roofline": {...CostTable.roofline arguments, hbm_gbps and tflops per GPU, plus
+                            "tensor_parallel": N...}}  or  {"table": {...CostTable.to_dict()...}},
       "acceptance": {"conditional": [...], "request_sigma": ..., "token_sigma": ..., "head_noise": ...,
                      "head_temperature": ..., "head_bias": ...},
       "drafter": {"num_drafts": K, "kind": "block" | "chain"},
@@ -193,6 +194,14 @@ class Profile:
                 _get(args, key, f"{where}.cost.roofline")
             if isinstance(args.get("draft_ms"), Mapping):  # JSON object keys are strings
                 args["draft_ms"] = {int(k): v for k, v in args["draft_ms"].items()}
+            tp = args.pop("tensor_parallel", 1)
+            if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+                raise ValueError(f"{where}.cost.roofline.tensor_parallel must be an int >= 1, got {tp!r}")
+            # With tensor parallelism the step reads the weights and KV once across tp GPUs: hbm_gbps and
+            # tflops are per GPU and scale by tp (an ideal split; all-reduce time goes in overhead_ms).
+            args["hbm_gbps"] = _real(args["hbm_gbps"], f"{where}.cost.roofline.hbm_gbps", lo=0.0, lo_open=True) * tp
+            args["tflops"] = _real(args["tflops"], f"{where}.cost.roofline.tflops", lo=0.0, lo_open=True) * tp
+            args["metadata"] = {**dict(args.get("metadata") or {}), "tensor_parallel": tp}
             table = CostTable.roofline(**args)
         else:
             table = CostTable.from_dict(_get(cost, "table", f"{where}.cost"))

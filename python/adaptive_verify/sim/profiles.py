@@ -75,9 +75,11 @@ LLAMA3_70B_8XH200: dict[str, Any] = {
     "description": "Llama-3-70B-class dense model, 8x H200 at TP8, bf16 weights and KV, EAGLE-class 4-token "
                    "chain drafter, ~1k-token prompts and ~512-token outputs (roofline from datasheet figures)",
     "cost": {"roofline": {
-        # 8 x 4.8 TB/s HBM3e at an assumed 80% achieved; 8 x 989 dense bf16 TFLOP/s at an assumed 50%.
-        "hbm_gbps": 8 * 4800.0 * 0.8,
-        "tflops": 8 * 989.0 * 0.5,
+        # Per GPU: 4.8 TB/s HBM3e at an assumed 80% achieved, 989 dense bf16 TFLOP/s at an assumed 50%;
+        # tensor_parallel multiplies both by 8 (the step reads the sharded weights and KV in parallel).
+        "hbm_gbps": 4800.0 * 0.8,
+        "tflops": 989.0 * 0.5,
+        "tensor_parallel": 8,
         "weight_bytes": 141e9,
         "active_params": 70.6e9,
         # 80 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes
