@@ -101,8 +101,8 @@ constexpr const char* kPlanFields =
     "context_lens block_table block_table_stride max_blocks block_size anchor_tokens draft_tokens "
     "draft_tokens_stride token_offset num_reqs_padded num_tokens_padded verify_lens budget_out "
     "expected_tokens num_tokens query_start_loc seq_lens token_req positions slot_mapping input_ids "
-    "error_counts workspace write_plan";
-constexpr int kPlanWords = 42;
+    "error_counts workspace write_plan kernel";
+constexpr int kPlanWords = 43;
 constexpr int kDraftCostWord = 17;  // the one float64 word
 
 int plan(py::bytes packed) {
@@ -158,6 +158,7 @@ int plan(py::bytes packed) {
   p.error_counts = ptr<int32_t>(u(39));
   p.workspace = ptr<uint64_t>(u(40));
   p.write_plan = int32_t(w[41]);
+  p.kernel = int32_t(w[42]);  // CUDA kernel choice (AV_PLANNER_KERNEL); the CPU kernel ignores it
   if (!on_cuda) return planner::plan_cpu(p);
 #ifdef AV_WITH_CUDA
   return planner::plan_cuda(p, reinterpret_cast<void*>(stream));

@@ -1,4 +1,5 @@
-"""CUDA planner == C++ CPU planner, exactly; graph capture and replay. Skipped without a GPU."""
+"""CUDA planner == C++ CPU planner, exactly, for both CUDA kernels (AV_PLANNER_KERNEL=v1 / v2); graph capture
+and replay. The GPU tests are skipped without a GPU."""
 import warnings
 
 import pytest
@@ -6,10 +7,19 @@ import torch
 
 import adaptive_verify as av
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
-]
+KERNELS = ["v1", "v2"]
+
+
+def needs_cuda(test):
+    test = pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")(test)
+    return pytest.mark.cuda(test)
+
+
+@pytest.fixture(params=KERNELS)
+def planner_kernel(request, monkeypatch):
+    """Runs the test once per CUDA planner kernel."""
+    monkeypatch.setenv("AV_PLANNER_KERNEL", request.param)
+    return request.param
 
 FIELDS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req", "seq_lens",
           "positions", "slot_mapping", "input_ids")
@@ -59,9 +69,10 @@ def _assert_same(a, b, what):
         assert torch.equal(x.cpu(), y.cpu()), f"{what}: field {f} differs"
 
 
+@needs_cuda
 @pytest.mark.parametrize("R,K", [(1, 1), (7, 3), (83, 7), (256, 8), (300, 16), (1024, 16), (1200, 16), (5000, 4)])
 @pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
-def test_cuda_matches_cpu(R, K, mode):
+def test_cuda_matches_cpu(R, K, mode, planner_kernel):
     ct = _cost_table()
     for seed, ties, nan in [(0, False, False), (1, True, False), (2, False, True)]:
         prob = _problem(R, K, seed + 17 * R, ties=ties, nan=nan)
@@ -81,6 +92,7 @@ def test_cuda_matches_cpu(R, K, mode):
             assert int(b_cpu) == int(b_gpu)
 
 
+@needs_cuda
 def test_prefix_survival_cuda_matches_cpu():
     for R, K in [(1, 1), (33, 5), (1000, 32)]:
         g = torch.Generator().manual_seed(R)
@@ -90,7 +102,8 @@ def test_prefix_survival_cuda_matches_cpu():
         assert torch.equal(av.prefix_survival(conf, drafts), av.prefix_survival(conf.cuda(), drafts.cuda()).cpu())
 
 
-def test_device_errors_are_counted_not_raised():
+@needs_cuda
+def test_device_errors_are_counted_not_raised(planner_kernel):
     av.reset_error_counts("cuda")
     s = torch.rand(4, 3, device="cuda")
     s[2, 0] = float("nan")
@@ -106,8 +119,9 @@ def test_device_errors_are_counted_not_raised():
     assert plan.slot_mapping[plan.query_start_loc[3]].item() == -1
 
 
+@needs_cuda
 @pytest.mark.parametrize("mode", ["greedy", "fixed"])
-def test_cuda_graph_capture_and_replay(mode):
+def test_cuda_graph_capture_and_replay(mode, planner_kernel):
     R, K, Rp, Tp = 64, 8, 72, 64 * 9 + 8
     ct = _cost_table()
     first = _to(_problem(R, K, 3), "cuda")
@@ -142,7 +156,8 @@ def test_cuda_graph_capture_and_replay(mode):
             assert torch.equal(replayed[f], getattr(eager, f)), f"replay differs from eager in {f}"
 
 
-def test_repeated_runs_are_identical():
+@needs_cuda
+def test_repeated_runs_are_identical(planner_kernel):
     """A race shows up as a result that changes between identical runs."""
     prob = _to(_problem(1024, 16, 9, ties=True), "cuda")
     ct = _cost_table()
@@ -150,3 +165,48 @@ def test_repeated_runs_are_identical():
     for _ in range(20):
         again = _plan(prob, ct)
         _assert_same(ref, again, "repeat")
+
+
+def _stress_survival(kind, R, K, g):
+    """Survivals that stress the v2 kernel's buckets: one value everywhere, a tight cluster of distinct values
+    (buckets holding many different words), values outside [0, 1] and not monotone (sanitised, running min)."""
+    if kind == "constant":
+        return torch.full((R, K), 0.75)
+    if kind == "cluster":
+        return 0.5 + torch.rand(R, K, generator=g) * 1e-4
+    return torch.rand(R, K, generator=g) * 1.4 - 0.2
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["constant", "cluster", "wild"])
+@pytest.mark.parametrize("R,K", [(5, 3), (256, 8), (700, 32)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_cuda_matches_cpu_stress(kind, R, K, mode, planner_kernel):
+    ct = _cost_table()
+    g = torch.Generator().manual_seed(R * 31 + K)
+    survival = _stress_survival(kind, R, K, g)
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    prob = _problem(R, K, 5)
+    prob.update(survival=survival, drafts=drafts)
+    for min_verify, max_verify, capacity in [(0, None, None), (2, K - 1, None), (1, None, R + 3 + (R * K) // 5)]:
+        min_verify = min(min_verify, K - 1)
+        kw = dict(mode=mode, min_verify=min_verify, max_verify=max_verify, capacity=capacity, extra_tokens=3,
+                  extra_emitting=1, num_reqs_padded=R + 2, num_tokens_padded=R + R * K + 4)
+        if mode == "fixed":
+            kw["budget"] = torch.tensor((R * K) // 2, dtype=torch.int32)
+        gp = _to(prob, "cuda")
+        gkw = dict(kw, budget=kw["budget"].cuda()) if mode == "fixed" else kw
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cpu = _plan(prob, ct, **kw)
+            gpu = _plan(gp, ct, **gkw)
+        _assert_same(cpu, gpu, f"{kind} R={R} K={K} mode={mode} min={min_verify} max={max_verify} cap={capacity}")
+
+
+@pytest.mark.parametrize("value", ["v3", "", "V2"])
+def test_bad_planner_kernel_raises(value, monkeypatch):
+    monkeypatch.setenv("AV_PLANNER_KERNEL", value)
+    survival = torch.rand(3, 2)
+    drafts = torch.full((3,), 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="AV_PLANNER_KERNEL"):
+        av.plan_verification(survival, drafts, _cost_table())

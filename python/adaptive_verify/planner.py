@@ -33,6 +33,7 @@ Decisions where the design is silent (also in the docstrings below):
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 import warnings
 from typing import Optional, Union
@@ -46,11 +47,27 @@ from .cost import CostTable
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}
 # The planner's scalars travel to the extension as one buffer of 64-bit words (one pybind11 argument
-# instead of 42; see csrc/bindings.cpp PLAN_FIELDS): 17 ints, draft_cost as float64, 24 ints.
-_PLAN_STRUCT = struct.Struct("<17qd24q")
+# instead of 43; see csrc/bindings.cpp PLAN_FIELDS): 17 ints, draft_cost as float64, 25 ints.
+_PLAN_STRUCT = struct.Struct("<17qd25q")
 MAX_DRAFTS = 32
 MAX_REQS = (1 << 26) - 2
 _INT32_MAX = (1 << 31) - 1
+
+# CUDA planner kernel, chosen by the environment variable AV_PLANNER_KERNEL (read at every call, so a test
+# or an engine can switch): "v1" (default) the bitonic-sort kernel, "v2" the histogram kernel
+# (csrc/include/adaptive_verify/planner/kernel_v2.cuh). Both give the same integers as the CPU kernel,
+# which ignores the choice.
+PLANNER_KERNELS = {"v1": 0, "v2": 1}
+
+
+def _planner_kernel() -> int:
+    name = os.environ.get("AV_PLANNER_KERNEL")
+    if name is None:
+        return 0
+    kernel = PLANNER_KERNELS.get(name)
+    if kernel is None:
+        raise ValueError(f"AV_PLANNER_KERNEL={name!r}: expected one of {sorted(PLANNER_KERNELS)}")
+    return kernel
 
 
 @dataclasses.dataclass
@@ -458,6 +475,7 @@ def _launch_plan(a: PlanArgs, outs, budget_out: torch.Tensor, expected: torch.Te
     outs: VerifyPlan, a dict of its tensor fields, or None (choose_budget: budget only).
     """
     ws = None
+    kernel = _planner_kernel()
     on_cuda = a.device.type == "cuda"  # read once: a torch.device attribute costs ~0.2 us per access
     if on_cuda:
         n = _C.plan_workspace_keys(a.R, a.K)
@@ -481,7 +499,7 @@ def _launch_plan(a: PlanArgs, outs, budget_out: torch.Tensor, expected: torch.Te
         _ptr(get("positions") if meta else None),
         _ptr(get("slot_mapping") if bt is not None else None),
         _ptr(get("input_ids") if a.anchor_tokens is not None else None),
-        error_counts.data_ptr(), _ptr(ws), write_plan,
+        error_counts.data_ptr(), _ptr(ws), write_plan, kernel,
     ))
     check_status(status, "plan_verification" if write_plan else "choose_budget", a.device)
 

@@ -18,7 +18,9 @@ Inputs: confidences uniform in [0.4, 1], every request drafts K tokens, the bund
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import platform
 import warnings
 from typing import Optional
@@ -27,7 +29,8 @@ import torch
 
 from .. import errors, reference
 from ..cost import CostTable
-from ..planner import PlanArgs, VerifyPlan, _launch_plan, plan_verification, prefix_survival, resolve_plan_args
+from ..planner import (PLANNER_KERNELS, PlanArgs, VerifyPlan, _launch_plan, plan_verification, prefix_survival,
+                       resolve_plan_args)
 from .report import cli_main, markdown_table
 from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
 
@@ -101,6 +104,23 @@ def bench_cpu(R: int, K: int, ct: CostTable, *, min_time_s: float) -> dict:
                 chain_agrees=same)
 
 
+@contextlib.contextmanager
+def _planner_kernel(name: str):
+    """AV_PLANNER_KERNEL=name inside the block (a graph captured inside keeps that kernel)."""
+    old = os.environ.get("AV_PLANNER_KERNEL")
+    os.environ["AV_PLANNER_KERNEL"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["AV_PLANNER_KERNEL"]
+        else:
+            os.environ["AV_PLANNER_KERNEL"] = old
+
+
+PLAN_OUTPUTS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req")
+
+
 def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     dev = torch.device("cuda")
     conf, drafts = make_inputs(R, K, dev)
@@ -108,8 +128,17 @@ def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     out = VerifyPlan.allocate(a.num_reqs_padded, a.num_tokens_padded, dev)
     err = errors.error_buffer(dev)
     run = lambda: _launch_plan(a, out, out.budget, out.expected_tokens, err)  # noqa: E731
-    launches, kernel_us = cuda_kernel_stats(run)
-    graph_us = cuda_graph_time_us(run)
+    # Every CUDA planner kernel (AV_PLANNER_KERNEL), each checked against the default's outputs.
+    per_kernel, outputs = {}, {}
+    for name in PLANNER_KERNELS:
+        with _planner_kernel(name):
+            k_launches, k_us = cuda_kernel_stats(run)
+            per_kernel[name] = dict(launches=k_launches, kernel_us=k_us, graph_us=cuda_graph_time_us(run))
+            run()
+            outputs[name] = [getattr(out, f).clone() for f in PLAN_OUTPUTS]
+    launches, kernel_us, graph_us = (per_kernel["v1"][k] for k in ("launches", "kernel_us", "graph_us"))
+    v2 = per_kernel["v2"]
+    v2_agrees = all(torch.equal(x, y) for x, y in zip(outputs["v1"], outputs["v2"]))
     eager_us = cuda_time_us(lambda: plan_verification(survival, drafts, ct, mode="global", out=out))
     vc = ct.verify_array(a.R + a.budget_cap, dev)
     chain = lambda: torch_chain(conf, drafts, vc, a.draft_cost)  # noqa: E731
@@ -118,7 +147,9 @@ def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     chain_eager_us = cuda_time_us(chain)
     return dict(R=R, K=K, launches=launches, kernel_us=kernel_us, graph_us=graph_us, eager_op_us=eager_us,
                 chain_launches=chain_launches, chain_kernel_us=chain_kernel_us, chain_graph_us=chain_graph_us,
-                chain_eager_us=chain_eager_us, chain_graph_over_graph=chain_graph_us / graph_us)
+                chain_eager_us=chain_eager_us, chain_graph_over_graph=chain_graph_us / graph_us,
+                v2_launches=v2["launches"], v2_kernel_us=v2["kernel_us"], v2_graph_us=v2["graph_us"],
+                v1_graph_over_v2=graph_us / v2["graph_us"], v2_agrees=v2_agrees)
 
 
 def launch_floor_us() -> float:
@@ -135,7 +166,9 @@ CPU_COLUMNS = [("R", "R"), ("K", "K"), ("budget", "budget"), ("kernel_us", "kern
 CUDA_COLUMNS = [("R", "R"), ("K", "K"), ("launches", "launches/call"), ("kernel_us", "kernel us"),
                 ("graph_us", "in graph us"), ("eager_op_us", "eager op us"), ("chain_launches", "chain launches"),
                 ("chain_kernel_us", "chain kernels us"), ("chain_graph_us", "chain in graph us"),
-                ("chain_eager_us", "chain eager us"), ("chain_graph_over_graph", "chain / ours (graph)")]
+                ("chain_eager_us", "chain eager us"), ("chain_graph_over_graph", "chain / ours (graph)"),
+                ("v2_launches", "v2 launches/call"), ("v2_kernel_us", "v2 kernel us"), ("v2_graph_us", "v2 in graph us"),
+                ("v1_graph_over_v2", "v1 / v2 (graph)"), ("v2_agrees", "v2 == v1")]
 
 
 def run(r_values=R_VALUES, k_values=K_VALUES, *, device: str = "auto", min_time_s: float = 0.2) -> dict:
@@ -181,7 +214,8 @@ def report(result: dict) -> str:
             f"Launch-latency floor (empty one-kernel op, per call inside a CUDA graph): "
             f"{result['launch_floor_us']:.2f} us. 'kernel' is the profiler's kernel duration; 'in graph' the "
             "per-call time when captured in a CUDA graph (what an engine pays); 'eager op' the public call "
-            "back to back.",
+            "back to back. Unprefixed columns are the default kernel (AV_PLANNER_KERNEL=v1); 'v2' columns the "
+            "histogram kernel on the same inputs, and 'v2 == v1' checks that its outputs are identical.",
             "",
             markdown_table(result["cuda"], CUDA_COLUMNS + [("graph_over_floor", "ours / floor")]),
         ]

@@ -69,6 +69,10 @@ struct Params {
   int32_t* input_ids = nullptr;        // [T_pad]       (needs anchor_tokens, draft_tokens)
   int32_t* error_counts = nullptr;     // [kNumErrorCounters] on the kernel's device
 
+  // CUDA only: which kernel runs the plan (the CPU kernel ignores it). 0: kernel.cuh (bitonic sort of every
+  // key, the validated default); 1: kernel_v2.cuh (histogram + bucket ranking, work spread over the block).
+  int32_t kernel = 0;
+
   // CUDA only: global scratch of next_pow2(R*K) uint64 keys when they do not fit shared memory.
   uint64_t* workspace = nullptr;
 };
