@@ -218,3 +218,21 @@ def test_cuda_matches_cpu():
             v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32, device=v.device))
             out.append((b, p, plan.verify_lens.cpu()))
         assert out[0][:2] == out[1][:2] and torch.equal(out[0][2], out[1][2])
+
+
+def test_tensor_budget_for_cuda_graphs():
+    """A 0-d tensor budget (what a captured graph reads at replay) plans exactly like the int."""
+    ct = table()
+    rng = np.random.default_rng(8)
+    conf, drafts = step_inputs(rng, 6)
+    d = torch.from_numpy(drafts.astype(np.int32))
+    a = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=16)
+    b = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=16)
+    budget = int(drafts.sum()) // 2
+    p1 = a.plan(conf, d, budget=budget, padded_tokens=32)
+    p2 = b.plan(conf, d, budget=torch.tensor(budget, dtype=torch.int32), padded_tokens=32)
+    assert torch.equal(p1.verify_lens, p2.verify_lens) and int(p2.budget) == budget
+    with pytest.raises(ValueError, match="padded_tokens is required"):
+        b.plan(conf, d, budget=torch.tensor(budget, dtype=torch.int32))
+    with pytest.raises(ValueError, match="0-d"):
+        b.plan(conf, d, budget=torch.tensor([budget]), padded_tokens=32)

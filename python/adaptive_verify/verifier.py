@@ -210,14 +210,22 @@ class AdaptiveVerifier:
         """This step's allocation and varlen metadata, in persistent buffers (one per (R, padded size)).
 
         conf [R, K] float32 on the device, drafts [R] int32; metadata inputs as in
-        :func:`adaptive_verify.plan_verification`. budget: from plan_budget (ignored by "greedy").
+        :func:`adaptive_verify.plan_verification`. budget: from plan_budget (ignored by "greedy"), an int
+        or a 0-d int32 device tensor (for CUDA graphs: the captured call reads it at every replay; then
+        padded_tokens is required).
         padded_tokens: the step's padded decode-token count (default from the budget: R + budget
         rounded to a graph size, with extra_tokens counted).
         """
         R = conf.shape[0]
         if budget is None:
             raise ValueError("budget is required: pass the budget plan_budget returned")
-        budget = _check_int("budget", budget, minimum=0)
+        if isinstance(budget, torch.Tensor):  # a 0-d device tensor: CUDA-graph replays read it afresh
+            if budget.dim() != 0 or budget.dtype not in (torch.int32, torch.int64):
+                raise ValueError("budget must be an int or a 0-d int32/int64 tensor")
+            if padded_tokens is None:
+                raise ValueError("padded_tokens is required with a tensor budget")
+        else:
+            budget = _check_int("budget", budget, minimum=0)
         if padded_tokens is None:
             padded_tokens = self.padded_tokens(R + extra_tokens + budget) - extra_tokens
         key = (R, int(padded_tokens))

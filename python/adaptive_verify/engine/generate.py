@@ -79,6 +79,49 @@ def default_cost_table(max_tokens: int = 512) -> CostTable:
                                  metadata={"source": "adaptive_verify.engine.generate.profile_cost_table, 1 thread"})
 
 
+def _verify_step(target, verifier, kv, K, padded, budget, conf, drafts, ctx, bt, anchors, draft_tokens, temps, seeds):
+    """Plan, target forward on the padded varlen batch, rejection sampling: the part a CUDA graph captures."""
+    plan = verifier.plan(conf, drafts, ctx, bt, anchors, draft_tokens, budget, padded_tokens=padded)
+    logits, hidden = target.forward_paged(plan.input_ids, plan.positions, kv, bt, plan.seq_lens,
+                                          plan.query_start_loc, plan.slot_mapping, 1 + K)
+    out_tokens, num_emitted = av.rejection_sample(logits, plan.query_start_loc, draft_tokens, temperature=temps,
+                                                  seeds=seeds)
+    return plan, hidden, out_tokens, num_emitted
+
+
+class _StepGraphs:
+    """One captured CUDA graph of _verify_step per (requests, padded tokens), replayed with fresh inputs
+    copied into its static tensors (the budget too, as a 0-d device tensor)."""
+
+    def __init__(self, target, verifier, kv, K):
+        self.target, self.verifier, self.kv, self.K = target, verifier, kv, K
+        self.graphs: dict = {}
+        self.captures = self.replays = 0
+
+    def run(self, R, padded, budget, inputs):
+        key = (R, padded)
+        if key not in self.graphs:
+            static = [t.clone() for t in inputs]
+            budget_t = torch.tensor(budget, dtype=torch.int32, device=inputs[0].device)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm up (allocations, memos) outside the capture
+                _verify_step(self.target, self.verifier, self.kv, self.K, padded, budget_t, *static)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = _verify_step(self.target, self.verifier, self.kv, self.K, padded, budget_t, *static)
+            self.graphs[key] = (graph, static, budget_t, outs)
+            self.captures += 1
+        graph, static, budget_t, outs = self.graphs[key]
+        for dst, src in zip(static, inputs):
+            dst.copy_(src)
+        budget_t.fill_(budget)
+        graph.replay()
+        self.replays += 1
+        return outs
+
+
 def _encode(p: Union[str, bytes, Sequence[int]]) -> list:
     if isinstance(p, str):
         p = p.encode("utf-8")
@@ -94,7 +137,7 @@ def _encode(p: Union[str, bytes, Sequence[int]]) -> list:
 def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequence, *, mode: str = "lagged",
              max_new_tokens: int = 64, concurrency: int = 4, temperature: float = 0.0, seed: int = 0,
              cost_table: Optional[CostTable] = None, block_size: int = 16,
-             verifier: Optional[AdaptiveVerifier] = None) -> GenerationResult:
+             verifier: Optional[AdaptiveVerifier] = None, cuda_graphs: bool = False) -> GenerationResult:
     """Generates ``max_new_tokens`` bytes for every prompt, ``concurrency`` requests at a time.
 
     mode: "off" (plain decoding, no drafter), "all" (verify every draft: fixed k = K), "lagged" or
@@ -123,6 +166,9 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
         verifier = AdaptiveVerifier(cost_table, max_reqs=concurrency, max_drafts=K, block_size=block_size,
                                     mode="off" if mode == "off" else mode, device=device)
 
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError("cuda_graphs=True needs the models on a CUDA device")
+    graphs = _StepGraphs(target, verifier, kv, K) if cuda_graphs else None
     waiting = [_Request(i, p, max_new_tokens, seed + i) for i, p in enumerate(encoded)]
     waiting.reverse()  # pop() takes prompts in order
     active: list[_Request] = []
@@ -176,14 +222,15 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
         drafts = torch.from_numpy(drafts_host.astype(np.int32)).to(device)
         ctx = torch.tensor([r.ctx for r in active], dtype=torch.int32, device=device)
         bt = torch.tensor([r.blocks for r in active], dtype=torch.int32, device=device)  # [R, max_blocks]
-        plan = verifier.plan(conf, drafts, ctx, bt, anchors, draft_tokens, budget)
-        T = int(plan.num_tokens)
-        logits, hidden = target.forward_paged(plan.input_ids[:T], plan.positions[:T], kv, bt, plan.seq_lens,
-                                              plan.query_start_loc, plan.slot_mapping[:T], 1 + K)
         temps = torch.full((R,), temp_value, dtype=torch.float32, device=device)
         seeds = torch.tensor([_step_seed(r.seed, len(r.out)) for r in active], dtype=torch.int64, device=device)
-        out_tokens, num_emitted = av.rejection_sample(logits, plan.query_start_loc, draft_tokens,
-                                                      temperature=temps, seeds=seeds)
+        # The forward always runs on the padded token count plan_budget chose (padding tokens have slot -1
+        # and no request), so an eager step and a replayed CUDA graph do the same arithmetic.
+        inputs = (conf, drafts, ctx, bt, anchors, draft_tokens, temps, seeds)
+        if graphs is None:
+            plan, hidden, out_tokens, num_emitted = _verify_step(target, verifier, kv, K, padded, budget, *inputs)
+        else:
+            plan, hidden, out_tokens, num_emitted = graphs.run(R, padded, budget, inputs)
         verifier.observe(plan.verify_lens, num_emitted - 1)
         qsl = plan.query_start_loc.tolist()
         vl = plan.verify_lens.tolist()
@@ -216,6 +263,7 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
         "mode": mode, "steps": steps, "wall_s": wall, "tokens": total, "tokens_per_s": total / wall if wall else 0.0,
         "emitted_per_step": emitted_total / max(req_steps, 1), "verified_per_step": verified_total / max(req_steps, 1),
         "accepted_per_step": accepted_total / max(req_steps, 1), "verifier": verifier.metrics(),
+        "graph_captures": graphs.captures if graphs else 0, "graph_replays": graphs.replays if graphs else 0,
     }
     texts = [bytes(t).decode("utf-8", errors="replace") for t in tokens]
     return GenerationResult(tokens=tokens, texts=texts, figures=figures)
