@@ -616,3 +616,24 @@ def test_write_kv_bad_slot_writes_nothing():
     with pytest.raises(ValueError, match=names("slot_mapping")):
         av.write_kv(k, v, k_cache, v_cache, torch.tensor([0, 1, 2, 10**6]))
     assert torch.isnan(k_cache).all() and torch.isnan(v_cache).all()
+
+
+def test_max_seq_len_bounds_the_blocks_read():
+    """max_seq_len (a host bound of seq_lens) gives the same bits as the full table width; a request beyond
+    it is rejected like a block table that is too short."""
+    p = random_problem(35, torch.bfloat16, 128, 16, 2, 4, R=4, max_query_len=6, max_seq=900)
+    want, want_lse = call(p)
+    args = list(p.args())
+    wide = torch.full((p.R, p.block_table.shape[1] + 300), FAR, dtype=torch.int32)  # a long-context table
+    wide[:, :p.block_table.shape[1]] = p.block_table
+    args[3] = wide
+    longest = int(args[4].max())
+    for bound in (longest, longest + 1, 10**6):
+        got, lse = av.verify_attention(*args, return_lse=True, max_seq_len=bound)
+        assert torch.equal(bits(got), bits(want)) and torch.equal(bits(lse), bits(want_lse)), bound
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        av.verify_attention(*args, max_seq_len=longest - 32)  # two blocks short (block_size 16)
+    with pytest.raises(ValueError, match="max_seq_len must be >= 1"):
+        av.verify_attention(*args, max_seq_len=0)
+    with pytest.raises(TypeError, match="max_seq_len"):
+        av.verify_attention(*args, max_seq_len=12.5)

@@ -47,7 +47,8 @@ _MESSAGES = {
     "STATUS_QUERY_LEN": "query_start_loc must be non-decreasing within [0, T] and no request may have more than "
                         "max_query_len tokens",
     "STATUS_SEQ_LENS": "seq_lens: every request needs seq_lens[r] >= q_len[r] (its KV includes its own tokens)",
-    "STATUS_BLOCK_TABLE_TOO_SHORT": "block_table has too few blocks per request for seq_lens",
+    "STATUS_BLOCK_TABLE_TOO_SHORT": "block_table has too few blocks per request for seq_lens (or a seq_lens "
+                                    "value exceeds max_seq_len)",
     "STATUS_BLOCK_ID_OUT_OF_RANGE": "block_table holds a block id outside [0, num_blocks) where a request reads",
     "STATUS_SLOT_OUT_OF_RANGE": "slot_mapping holds a slot outside [0, num_blocks * block_size) (only -1 skips)",
 }
@@ -94,6 +95,7 @@ def verify_attention(
     out: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     cuda_kernel: Optional[str] = None,
+    max_seq_len: Optional[int] = None,
 ):
     """Attention of each request's verified tokens over its paged KV cache.
 
@@ -105,6 +107,11 @@ def verify_attention(
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..16.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
         return_lse: also return lse [T, Hq] float32 (natural log of the softmax denominator, scaled scores).
+        max_seq_len: host upper bound of seq_lens (engines know it: vLLM's max_seq_len). It sizes the split
+            workspace on CUDA, T x Hq x ceil(max_seq_len / 512) x (D + 2) floats, instead of the block
+            table's full width, which for a long-context table is mostly unused (2048 tokens, Hq = 64, D =
+            128 and a 128k-token table would otherwise need 17 GB). A request with seq_lens above it is
+            treated like one whose block table is too short: ValueError on CPU, skipped and counted on CUDA.
         cuda_kernel: CUDA implementation, "rowwise" or "tiled"; None (default) reads the environment variable
             AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value (argument or variable)
             raises ValueError. Both give the same results up to fp32 rounding; CPU tensors check the value
@@ -140,6 +147,13 @@ def verify_attention(
                  inner_contiguous=False)
     if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
         raise TypeError(f"max_query_len must be an int, got {type(max_query_len).__name__}")
+    max_blocks = block_table.shape[1]  # blocks a request may use: the kernels' bound and the workspace's
+    if max_seq_len is not None:
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int):
+            raise TypeError(f"max_seq_len must be an int or None, got {type(max_seq_len).__name__}")
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        max_blocks = min(max_blocks, -(-max_seq_len // block_size))
     if not 1 <= max_query_len <= MAX_QUERY_LEN:
         raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}], got {max_query_len}")
     scale = D ** -0.5 if scale is None else float(scale)
@@ -154,11 +168,11 @@ def verify_attention(
             raise ValueError(f"block_table: at most 65535 requests per call on CUDA, got {R}")
         # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions (the
         # same layout for both CUDA kernels: attention_workspace_floats in kernel.cuh).
-        splits = max(1, -(-block_table.shape[1] * block_size // _C.ATTENTION_SPLIT_TOKENS))
+        splits = max(1, -(-max_blocks * block_size // _C.ATTENTION_SPLIT_TOKENS))
         workspace = torch.empty(T * Hq * splits * (D + 2), dtype=torch.float32, device=device)
     status = _C.verify_attention(
         q.is_cuda, stream_of(device), q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        block_table.data_ptr(), block_table.stride(0), block_table.shape[1], seq_lens.data_ptr(),
+        block_table.data_ptr(), block_table.stride(0), max_blocks, seq_lens.data_ptr(),
         query_start_loc.data_ptr(), _DTYPES[q.dtype], R, T, Hq, Hkv, D, block_size, num_blocks, max_query_len, scale,
         out.data_ptr(), 0 if lse is None else lse.data_ptr(), errors.error_buffer(device).data_ptr(),
         0 if workspace is None else workspace.data_ptr(), kernel_id,
