@@ -465,3 +465,25 @@ def test_shifted_is_the_curve_seen_from_the_prompt_tokens():
         ct.shifted(4096)
     with pytest.raises(ValueError, match="tokens"):
         ct.shifted(-1)
+
+
+def test_shifted_is_exact_across_the_graph_eager_boundary():
+    """A graph staircase up to 512 and an eager cliff right after: every shifted count is priced exactly."""
+    ct = CostTable.from_points({1: 10.0, 512: 14.0, 513: 30.0, 4096: 60.0},
+                              graph_sizes=[1, 2, 4] + list(range(8, 513, 8)), max_tokens=8192)
+    for x in (7, 300, 3000):
+        s = ct.shifted(x)
+        base = ct.verify_cost(x) - ct.verify_cost(0)
+        for n in range(1, min(4096, 8192 - x) + 1):
+            assert s.verify_cost(n) == pytest.approx(ct.verify_cost(n + x) - base, abs=1e-9), (x, n)
+        for n in (8192 - x, 8000 - x, 6000 - x):  # beyond 4096 above the shift: sampled at the breakpoints
+            assert s.verify_cost(n) == pytest.approx(ct.verify_cost(n + x) - base, abs=1e-9), (x, n)
+
+
+def test_shifted_without_max_tokens_extrapolates():
+    ct = CostTable.from_points({1: 4.0, 64: 5.0}, draft_ms=0.5)
+    s = ct.shifted(70)  # beyond the last measured point: the original extrapolates linearly, so does this
+    assert s.max_tokens is None
+    base = ct.verify_cost(70) - ct.verify_cost(0)
+    for n in (1, 10, 26, 200):
+        assert s.verify_cost(n) == pytest.approx(ct.verify_cost(n + 70) - base)

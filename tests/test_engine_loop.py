@@ -60,24 +60,27 @@ def _chi2_same(a, b):
     return stats.chi2_contingency(table)[1]
 
 
+NEW = 8  # the first decode step drafts min(K, 8 - 2) = 6: every draft position is verified and judged
+
+
 @pytest.fixture(scope="module")
 def plain_samples(models):
-    return generate(models[0], None, ["def "] * 1200, mode="off", max_new_tokens=3, concurrency=64, temperature=1.0,
-                    seed=10_000).tokens
+    return generate(models[0], None, ["def "] * 1200, mode="off", max_new_tokens=NEW, concurrency=64,
+                    temperature=1.0, seed=10_000).tokens
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sampling_is_lossless(models, plain_samples, mode):
-    """Temperature 1: the second and third generated tokens (the first ones that go through verification)
-    have the distribution of plain sampling from the target (two-sample chi-square over 1200 seeds), and the
-    second token's distribution matches the target's exact one."""
+    """Temperature 1: generated tokens 2..7 (all judged by verification, drafts at every position 0..5 of the
+    first decode step) have the distribution of plain sampling from the target (two-sample chi-square over
+    1200 seeds), and the second token's distribution matches the target's exact one."""
     target, drafter = models
     n = 1200
     prompt = ["def "] * n
     plain = plain_samples
-    spec = generate(target, drafter, prompt, mode=mode, max_new_tokens=3, concurrency=64, temperature=1.0,
+    spec = generate(target, drafter, prompt, mode=mode, max_new_tokens=NEW, concurrency=64, temperature=1.0,
                     seed=20_000).tokens
-    for index in (1, 2):
+    for index in range(1, NEW):
         p = _chi2_same(_token_counts(spec, index), _token_counts(plain, index))
         assert p > 1e-3, (mode, index, p)
     # exact law of the second token: sum over first tokens of p(t1) p(t2 | t1)
@@ -103,6 +106,11 @@ def test_same_seed_same_tokens_and_batch_invariance(models):
     assert a.tokens == b.tokens
     c = generate(target, drafter, PROMPTS, mode="lagged", max_new_tokens=20, concurrency=3, temperature=1.0, seed=8)
     assert c.tokens != a.tokens
+    # A request's tokens do not depend on its batch: in mode "all" (no budget coupling between requests)
+    # concurrency 1 and 4 give the same tokens at temperature 1.
+    alone = generate(target, drafter, PROMPTS, mode="all", max_new_tokens=20, concurrency=1, temperature=1.0, seed=7)
+    batched = generate(target, drafter, PROMPTS, mode="all", max_new_tokens=20, concurrency=4, temperature=1.0, seed=7)
+    assert alone.tokens == batched.tokens
 
 
 def test_generate_errors(models):

@@ -236,3 +236,27 @@ def test_tensor_budget_for_cuda_graphs():
         b.plan(conf, d, budget=torch.tensor(budget, dtype=torch.int32))
     with pytest.raises(ValueError, match="0-d"):
         b.plan(conf, d, budget=torch.tensor([budget]), padded_tokens=32)
+
+
+def test_review_edge_cases():
+    """Forced drafts past the capacity, fewer confidence columns than max_drafts, metadata appearing
+    on a reused key, and an empty step."""
+    ct = av.CostTable.from_points({1: 4.0, 16: 5.0}, draft_ms=0.5, graph_sizes=[8, 16], max_tokens=16)
+    v = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=16, mode="all", min_verify=2)
+    drafts = np.full(8, K)
+    b, padded = v.plan_budget(8, drafts)
+    assert b == 8 and padded == 16  # room for 8 drafts only, even though 16 are forced
+    conf = torch.rand(8, K)
+    v.record_confidence(conf)
+    plan = v.plan(conf, torch.from_numpy(drafts.astype(np.int32)), budget=b)
+    assert int(plan.budget) == b
+    v2 = AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=4)
+    conf3 = torch.rand(3, 3)  # K' = 3 < max_drafts
+    d3 = torch.tensor([3, 1, 2], dtype=torch.int32)
+    b3, p3 = v2.plan_budget(3, d3.numpy())
+    v2.record_confidence(conf3)
+    plain = v2.plan(conf3, d3, budget=b3, padded_tokens=16)
+    with_meta = v2.plan(conf3, d3, torch.tensor([4, 4, 4], dtype=torch.int32),
+                        torch.arange(12, dtype=torch.int32).reshape(3, 4), budget=b3, padded_tokens=16)
+    assert plain.positions is None and with_meta.positions is not None and with_meta.slot_mapping is not None
+    assert v2.plan_budget(0, []) == (0, 0)

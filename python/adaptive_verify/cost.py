@@ -530,31 +530,36 @@ class CostTable:
         closed loop every output token brings its prompt's work along, so that time is not a cost a step
         can amortise. The simulator measured the difference (``adaptive_verify.sim.engine``).
 
-        The shifted curve is sampled at every token count up to 256, every 8th up to 4096 and every
-        32nd beyond, then interpolated linearly (graph padding is already inside the sampled values).
-        Requires max_tokens (or the last measured point) above ``tokens``. At most 256 shifts are
-        cached (the cache is emptied when full).
+        The shifted curve is sampled at every token count up to 4096 above the shift, and beyond that every
+        8th count plus both sides of every graph size and measured point (the original curve is linear
+        between those), then interpolated linearly: exact at every count up to 4096 above the shift.
+        With max_tokens None the shifted table is unbounded too (sampled up to the last measured point or
+        graph size, then extrapolated as the original is). Shifted tables are cached per ``tokens`` for
+        the table's lifetime: a CUDA graph that captured a planner call keeps reading its cost array.
+        ``shifted(x).verify_cost(0)`` is the first sampled point's cost, like any table's n = 0.
         """
         tokens = _check_int("tokens", tokens, minimum=0)
         if tokens == 0:
             return self
         if tokens not in self._shifted:
-            limit = self._max_tokens if self._max_tokens is not None else max(
-                self._verify_points[-1][0], self._graph_sizes[-1] if self._graph_sizes else 0)
-            top = limit - tokens
-            if top < 1:
-                raise ValueError(f"tokens={tokens} leaves no room: the table's limit is {limit} tokens")
-            ns = list(range(1, min(top, 256) + 1)) + list(range(264, min(top, 4096) + 1, 8)) + \
-                list(range(4096 + 32, top + 1, 32))
-            if ns[-1] != top:
-                ns.append(top)
+            last = max(self._verify_points[-1][0], self._graph_sizes[-1] if self._graph_sizes else 0)
+            if self._max_tokens is not None:
+                top = self._max_tokens - tokens
+                if top < 1:
+                    raise ValueError(f"tokens={tokens} leaves no room: the table's max_tokens is {self._max_tokens}")
+            else:
+                top = max(last - tokens, 2)
+            ns = set(range(1, min(top, 4096) + 1))
+            if top > 4096:
+                ns.update(range(4096, top + 1, 8))
+                for x in list(self._graph_sizes) + [n for n, _ in self._verify_points]:
+                    ns.update(m for m in (x - tokens - 1, x - tokens, x - tokens + 1) if 1 <= m <= top)
+                ns.add(top)
             base = self._verify_unchecked(tokens) - self._verify_unchecked(0)
             meta = copy.deepcopy(self._metadata)
             meta["shifted_by"] = tokens
-            if len(self._shifted) >= 256:
-                self._shifted.clear()
             self._shifted[tokens] = CostTable.from_points(
-                {n: self._verify_unchecked(n + tokens) - base for n in ns}, self.draft_ms, (),
+                {n: self._verify_unchecked(n + tokens) - base for n in sorted(ns)}, self.draft_ms, (),
                 top if self._max_tokens is not None else None, meta)
         return self._shifted[tokens]
 

@@ -103,8 +103,8 @@ class AdaptiveVerifier:
         self._slot = 0  # the slot the next record_confidence writes
         self._have_snapshot = False
         self._pending_drafts: Optional[np.ndarray] = None  # drafts_host of the step being planned
-        self._plans: dict[tuple[int, int], VerifyPlan] = {}
-        self._survival: dict[int, torch.Tensor] = {}
+        self._plans: dict[tuple, VerifyPlan] = {}  # (R, padded tokens, metadata wanted) -> persistent outputs
+        self._survival: dict[tuple, torch.Tensor] = {}  # conf's shape -> survival buffer
         self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
         self.stats = AcceptanceStats(self.max_drafts, device=self.device)
@@ -118,6 +118,18 @@ class AdaptiveVerifier:
 
     # ------------------------------------------------------------------------------------------------
     @property
+    def last_plan(self) -> Optional[VerifyPlan]:
+        """The plan observe() reads expected tokens from: the last plan() call's, or the one set here
+        after replaying a CUDA graph that captured a plan() call."""
+        return self._last_plan
+
+    @last_plan.setter
+    def last_plan(self, plan: VerifyPlan) -> None:
+        if not isinstance(plan, VerifyPlan):
+            raise TypeError(f"last_plan must be a VerifyPlan, got {type(plan).__name__}")
+        self._last_plan = plan
+
+    @property
     def temperatures(self) -> Optional[torch.Tensor]:
         """[K] float32 temperatures of the online calibration (None without it)."""
         return self.sts.temperatures if self.sts is not None else None
@@ -125,12 +137,15 @@ class AdaptiveVerifier:
     def _bounds(self, drafts_host: np.ndarray, extra_tokens: int) -> tuple[int, int]:
         """(B_min, B_max) of a step with these drafts (capacity and max_drafts respected)."""
         d = np.minimum(drafts_host, self.max_drafts)
-        b_min = int(np.minimum(d, self.min_verify).sum())
-        room = self.capacity - len(d) - extra_tokens
-        return b_min, max(b_min, min(int(d.sum()), room))
+        room = max(self.capacity - len(d) - extra_tokens, 0)
+        b_max = min(int(d.sum()), room)
+        # As the planner: forced drafts (min_verify) never push the step past its capacity.
+        return min(int(np.minimum(d, self.min_verify).sum()), b_max), b_max
 
     def padded_tokens(self, n: int) -> int:
-        """The smallest graph size >= n, or n itself above the largest (eager)."""
+        """The smallest graph size >= n, or n itself above the largest (eager); 0 for 0."""
+        if n == 0:
+            return 0
         i = bisect.bisect_left(self.graph_sizes, n)
         return self.graph_sizes[i] if i < len(self.graph_sizes) else n
 
@@ -215,6 +230,10 @@ class AdaptiveVerifier:
         padded_tokens is required).
         padded_tokens: the step's padded decode-token count (default from the budget: R + budget
         rounded to a graph size, with extra_tokens counted).
+        CUDA graphs: capture this call once per (R, padded size) and replay it with new inputs copied into
+        the captured tensors and the budget as a 0-d tensor. Host values are frozen at capture: keep
+        extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
+        after a replay tell the verifier which plan ran (``verifier.last_plan = plan``) before observe().
         """
         R = conf.shape[0]
         if budget is None:
@@ -228,15 +247,17 @@ class AdaptiveVerifier:
             budget = _check_int("budget", budget, minimum=0)
         if padded_tokens is None:
             padded_tokens = self.padded_tokens(R + extra_tokens + budget) - extra_tokens
-        key = (R, int(padded_tokens))
+        wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
+        key = (R, int(padded_tokens)) + wants
         out = self._plans.get(key)
         if out is None:
-            out = VerifyPlan.allocate(R, key[1], self.device, positions=context_lens is not None,
-                                      slot_mapping=block_table is not None, input_ids=anchor_tokens is not None)
+            out = VerifyPlan.allocate(R, int(padded_tokens), self.device, positions=wants[0], slot_mapping=wants[1],
+                                      input_ids=wants[2])
             self._plans[key] = out
-        if R not in self._survival:
-            self._survival[R] = torch.empty(R, self.max_drafts, dtype=torch.float32, device=self.device)
-        survival = planner.prefix_survival(conf, drafts, out=self._survival[R][:, :conf.shape[1]])
+        skey = tuple(conf.shape)
+        if skey not in self._survival:
+            self._survival[skey] = torch.empty(skey, dtype=torch.float32, device=self.device)
+        survival = planner.prefix_survival(conf, drafts, out=self._survival[skey])
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
@@ -267,7 +288,9 @@ class AdaptiveVerifier:
         """Figures since construction (one small device-to-host copy plus the stats' report):
         steps, budget_last, budget_mean, verified_per_step, accepted_per_step, predicted_accepted_per_step
         (the planner's P(B), what it expected), acceptance_rate (accepted / verified drafts), ece and auc
-        of the confidences (AcceptanceStats), graph_use {padded size: steps}."""
+        of the confidences (AcceptanceStats), graph_use {padded size: steps}. In "greedy" mode the budget
+        figures are plan_budget's upper bound B_max (the device chooses the budget); verified_per_step is
+        what it chose."""
         acc = self._acc.cpu().tolist()
         steps = max(self._steps, 1)
         rep = self.stats.report()

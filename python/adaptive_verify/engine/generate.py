@@ -74,8 +74,11 @@ def default_cost_table(max_tokens: int = 512) -> CostTable:
     """The tiny target's step costs on one CPU thread, measured 2026-11-29 on the 2-core CI machine with
     :func:`profile_cost_table` (another job busy on the other core; 64 cached positions per request).
     Run ``profile_cost_table`` on your machine for planning that matches it."""
+    # Graph sizes: the loop pads every verification step to one (the forward runs the padded count, so
+    # its cost is the padded one, and with cuda_graphs=True a handful of graphs serve every step).
     return CostTable.from_points({1: 2.68, 8: 4.23, 32: 8.32, 64: 13.8, 128: 25.8, 256: 49.8},
                                  draft_ms={1: 0.84, 4: 1.10, 16: 2.39}, max_tokens=max_tokens,
+                                 graph_sizes=[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512],
                                  metadata={"source": "adaptive_verify.engine.generate.profile_cost_table, 1 thread"})
 
 
@@ -119,6 +122,7 @@ class _StepGraphs:
         budget_t.fill_(budget)
         graph.replay()
         self.replays += 1
+        self.verifier.last_plan = outs[0]  # observe() must read this key's expected tokens
         return outs
 
 

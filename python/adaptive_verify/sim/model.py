@@ -111,15 +111,16 @@ class Acceptance:
 class Drafter:
     """num_drafts: K, the drafts per request per step. kind: "block" (one drafter forward yields all K
     drafts, as DSpark or MTP-style block drafters) or "chain" (one forward per draft, as EAGLE): the
-    drafter's cost per step is cost_table.draft_cost(R) times 1 (block) or the drafts made (chain)."""
+    drafter's cost per step is cost_table.draft_cost(R) (the cost of drafting K) times 1 (block) or
+    the most drafts any request makes this step / K (chain)."""
 
     num_drafts: int
     kind: str = "block"
 
     def __post_init__(self):
         k = self.num_drafts
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
-            raise ValueError(f"drafter.num_drafts must be an int in [1, 64], got {k!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 32:  # the planner's limit
+            raise ValueError(f"drafter.num_drafts must be an int in [1, 32], got {k!r}")
         if self.kind not in ("block", "chain"):
             raise ValueError(f"drafter.kind must be 'block' or 'chain', got {self.kind!r}")
 
