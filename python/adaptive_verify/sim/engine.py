@@ -59,7 +59,7 @@ ADAPTIVE = ("greedy", "lagged", "global")
 # - "capacity": X only shrinks the capacity; drafts are charged the marginal cost at n instead of n + X,
 #   too cheap where the curve steepens.
 # Measured (benchmarks/sim_prefill_planning.py): greedy over no speculation at c=256 on the default
-# profile is +35% shifted, +25% extra, +26% capacity; with a linear cost and ~1k-token prompts, +0.4%,
+# profile is +34% shifted, +25% extra, +26% capacity; with a linear cost and ~1k-token prompts, +0.4%,
 # -3.7% and 0%.
 PREFILL_PLANNING = "shifted"
 

@@ -57,9 +57,9 @@ DSV4_PRO_8XB300: dict[str, Any] = {
         "how_close": [
             ["k7 c=1 tokens/s", 264, 264], ["k7 c=1 TPOT ms", 3.73, 3.7],
             ["none c=256 tokens/s", 6870, 6267], ["none c=256 TPOT ms", 37.3, 33.8],
-            ["adaptive (greedy) c=256 tokens/s", 9250, 8855], ["adaptive (greedy) c=256 TPOT ms", 27.6, 26.0],
+            ["adaptive (greedy) c=256 tokens/s", 9210, 8855], ["adaptive (greedy) c=256 TPOT ms", 27.7, 26.0],
             ["k7 / none at c=256", 0.573, 0.47], ["k5 / none at c=256", 0.71, 0.74], ["k6 / none at c=256", 0.631, 0.74],
-            ["adaptive / best of k5..k7 at c=128", 1.30, 1.30], ["adaptive / best of k5..k7 at c=256", 1.90, 1.90],
+            ["adaptive / best of k5..k7 at c=128", 1.30, 1.30], ["adaptive / best of k5..k7 at c=256", 1.89, 1.90],
             ["adaptive / k7 at c=1", 1.003, 1.0], ["k7 at c=64 / max(k7 at c=32, c=128)", 1.02, 1.02],
             ["k7 tokens per step at c=1", 3.34, 3.4],
         ],
