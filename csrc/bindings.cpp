@@ -320,9 +320,10 @@ int sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t logits_s
   return run_on(on_cuda, stream, p, sampling::sample_cpu, AV_CUDA_FN(sampling::sample_cuda));
 }
 
-// Bytes of workspace the split-vocabulary sampler needs for `slots` rows (R * (K + 1), or N for sample).
-int64_t sampler_splitv_workspace_bytes(int32_t dtype, int64_t V, int64_t slots) {
-  return sampling::splitv_shape(dtype, V, slots).workspace_bytes;
+// Bytes of workspace the split-vocabulary sampler needs: rejection_sample (slots = R * (K + 1), num_reqs = R,
+// zero-filled) or sample (slots = N, num_reqs = 0).
+int64_t sampler_splitv_workspace_bytes(int32_t dtype, int64_t V, int64_t slots, int64_t num_reqs) {
+  return sampling::splitv_shape(dtype, V, slots, num_reqs).workspace_bytes;
 }
 
 // ---- attention area ----

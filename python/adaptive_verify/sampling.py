@@ -18,8 +18,7 @@ How (csrc/include/adaptive_verify/sampling/math.h has the exact arithmetic):
 - with ``draft_probs``, accept iff u * q(x) < p(x); on rejection an exponential race over max(p - q, 0).
 No probability tensor is materialised: each needed row is streamed once or twice, and rows past a request's
 first rejection are never read (by the default CUDA kernel; AV_SAMPLER_KERNEL=v2 splits every row's vocabulary
-over several blocks and reads all verified rows of greedy and one-hot requests, ignoring those past the first
-rejection). Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position),
+over several blocks, which may also read rows past the first rejection, whose results are then ignored). Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position),
 not by the request's place in the batch, so results are reproducible, batch-invariant and CUDA-graph safe
 (pass ``offset`` as a 0-d int64 device tensor and advance it in place between replays).
 
@@ -59,13 +58,15 @@ def _sampler_kernel() -> int:
     return kernel
 
 
-def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int):
-    """(workspace tensor or None, its bytes): the split-vocabulary kernel's partials, [slots, chunks] x 16 B,
-    sized from host-known bounds so a captured graph replays with the same grid."""
+def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_reqs: int):
+    """(workspace tensor or None, its bytes) of the split-vocabulary kernel: [slots, chunks] partials of 16 B,
+    then for rejection_sample (num_reqs > 0) per-row chunk counters and per-request early-exit states, which
+    must start at zero. Sized from host-known bounds, so a captured graph replays with the same grid."""
     if kernel == 0 or device.type != "cuda":
         return None, 0
-    nbytes = _C.sampler_splitv_workspace_bytes(dtype_code, V, slots)
-    return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device), nbytes
+    nbytes = _C.sampler_splitv_workspace_bytes(dtype_code, V, slots, num_reqs)
+    alloc = torch.zeros if num_reqs > 0 else torch.empty
+    return alloc(max(nbytes, 16), dtype=torch.uint8, device=device), nbytes
 
 
 def _offset(offset, device):
@@ -164,7 +165,7 @@ def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs,
     R, K = draft_tokens.shape
     kernel = _sampler_kernel()
     dtype_code = DTYPE_CODES[target_logits.dtype]
-    ws, ws_bytes = _workspace(kernel, target_logits.device, dtype_code, V, R * (K + 1))
+    ws, ws_bytes = _workspace(kernel, target_logits.device, dtype_code, V, R * (K + 1), R)
     status = _C.rejection_sample(
         target_logits.is_cuda, stream_of(target_logits.device), target_logits.data_ptr(), target_logits.stride(0),
         DTYPE_CODES[target_logits.dtype], T, V, query_start_loc.data_ptr(), draft_tokens.data_ptr(),
@@ -208,7 +209,7 @@ def sample(
 def _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset):
     N, V = logits.shape
     kernel = _sampler_kernel()
-    ws, ws_bytes = _workspace(kernel, logits.device, DTYPE_CODES[logits.dtype], V, N)
+    ws, ws_bytes = _workspace(kernel, logits.device, DTYPE_CODES[logits.dtype], V, N, 0)
     status = _C.sample(
         logits.is_cuda, stream_of(logits.device), logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype], V, N,
         ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), out.data_ptr(), err.data_ptr(), kernel, ptr(ws),

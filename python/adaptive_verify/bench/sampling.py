@@ -9,8 +9,9 @@ acceptance is realistic and rows past each request's first rejection need not be
 
 The figure that matters: achieved GB/s over the logit bytes that must be read (the rows of each request up
 to and including its last emitted token, once), against a plain copy's bandwidth in the same process.
-On CUDA both sampler kernels are timed (AV_SAMPLER_KERNEL=v1 and v2); v2 reads every verified row, also
-those past a request's first rejection, and is still charged only the bytes that must be read.
+On CUDA both sampler kernels are timed (AV_SAMPLER_KERNEL=v1 and v2); v2 may also read rows past a request's
+first rejection (those whose blocks start before the rejection is known), and is still charged only the bytes
+that must be read.
 """
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 // Split-vocabulary CUDA sampler (AV_SAMPLER_KERNEL=v2). Two launches:
-//   1. splitv_partial_kernel, grid (slots, chunks): slot = one logits row a decision may need (request r,
-//      position j <= L[r] for rejection_sample; row i for sample). Block (slot, c) reduces vocabulary
-//      chunk c of its row to a SplitVPartial (greedy: (max, argmax); race: (best score, id) and the
-//      chunk's max) with 16-byte loads, a 32 KiB tile at a time held in registers.
+//   1. splitv_partial_kernel, one block per (slot, chunk), block index slot * chunks + c: slot = one logits
+//      row a decision may need (rejection_sample: position j of request r at slot j * R + r, so that all
+//      requests' position 0 comes first; sample: row i). A block reduces vocabulary chunk c of its row to a
+//      SplitVPartial (greedy: (max, argmax); race: (best score, id) and the chunk's max) with 16-byte
+//      loads, a 32 KiB tile at a time held in registers. rejection_sample's early exit: the last block of
+//      a draft row (a counter per row) merges the row's partials and, when the draft is rejected, records
+//      it in the request's state; blocks of later positions that start after that skip their row.
 //   2. a merge, one 256-thread block per request (row for sample): runs the shared control flow
 //      (algorithm.h, rejection_request) with a backend whose argmax / race merge the row's partials,
 //      so the accept/reject chain, the error counting and the outputs are v1's code.
@@ -19,9 +22,13 @@
 //    v1's max entry is at least G - 2.88 (-av_log(E) lies in [-2.82, 16.64]): it can neither win nor tie.
 //    For finite |G| >= 2^20 (scaled logits beyond a million) the merge re-runs that row with v1's block
 //    routine, which is v1 by definition.
-//  - Bytes: v1 stops reading a request at its first rejection; the partial launch cannot know it and reads
-//    all 1 + L[r] rows of every greedy / one-hot request (up to (K + 1) / (accepted + 1) times v1's bytes).
-//    The merge ignores the rows past the first rejection, including their NaN counts.
+//  - Bytes: v1 stops reading a request at its first rejection. The partial launch reads a row unless a
+//    rejection at an earlier position of its request was recorded when its block started, so rows past the
+//    first rejection are read when their blocks run concurrently with the deciding ones (at most all
+//    1 + L[r] rows: (K + 1) / (accepted + 1) times v1's bytes). Why the skip is safe: a rejection is
+//    recorded only for a row whose merged decision is final (not in the |G| >= 2^20 regime), so every
+//    skipped row lies past the request's first rejection, which the merge never reads. The merge ignores
+//    the rows past the first rejection, including their NaN counts.
 //  - draft_probs with temperature > 0 (canonical softmax sum, residual race) is not split: the partial
 //    launch skips those requests and the merge runs them with v1's block routine.
 //  - NaN counts: a partial counts its chunk; the merge adds them only for the rows the chain consumes, as
@@ -31,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "adaptive_verify/sampling/kernel.cuh"
 
@@ -55,6 +63,8 @@ enum RowMode : int32_t { kRowSkip = 0, kRowArgmax = 1, kRowRace = 2 };
 struct RowJob {
   int64_t row = 0;  // logits row
   int32_t mode = kRowSkip;
+  int32_t req = 0;         // request (rejection_sample) / row (sample)
+  bool is_draft = false;   // rejection_sample: the row judges draft j (j < L), not the bonus
   float temp = 0.f;
   Rng rng{0, 0};
   int32_t j = 0;
@@ -65,12 +75,12 @@ __device__ __forceinline__ uint64_t offset_of(uint64_t offset, const int64_t* of
   return offset_ptr != nullptr ? uint64_t(*offset_ptr) : offset;
 }
 
-// Slot r * (K + 1) + j: row j of request r, when rejection_request would read it for a split decision
+// Slot j * R + r: row j of request r, when rejection_request would read it for a split decision
 // (same padding / clamping rules as algorithm.h).
 __device__ RowJob row_job(const RejectionParams& p, int64_t slot) {
   RowJob job;
   const int32_t K = p.max_drafts;
-  const int32_t r = int32_t(slot / (K + 1)), j = int32_t(slot % (K + 1));
+  const int32_t r = int32_t(slot % p.num_reqs), j = int32_t(slot / p.num_reqs);
   const int64_t begin = p.query_start_loc[r], end = p.query_start_loc[r + 1];
   if (end <= begin || begin < 0 || end > p.num_tokens) return job;
   const int64_t L = end - begin - 1 < K ? end - begin - 1 : K;
@@ -80,6 +90,8 @@ __device__ RowJob row_job(const RejectionParams& p, int64_t slot) {
   if (!greedy && p.draft_probs != nullptr) return job;  // merged on v1's block routine
   job.row = begin + j;
   job.mode = greedy ? kRowArgmax : kRowRace;
+  job.req = r;
+  job.is_draft = j < L;
   job.temp = temp;
   job.rng = Rng{p.seeds != nullptr ? uint64_t(p.seeds[r]) : 0ull, offset_of(p.offset, p.offset_ptr)};
   job.j = j;
@@ -93,6 +105,7 @@ __device__ RowJob row_job(const SampleParams& p, int64_t slot) {
   const float temp = p.temperature != nullptr ? p.temperature[slot] : 0.f;
   job.row = slot;
   job.mode = temp > 0.f ? kRowRace : kRowArgmax;
+  job.req = int32_t(slot);
   job.temp = temp;
   job.rng = Rng{p.seeds != nullptr ? uint64_t(p.seeds[slot]) : 0ull, offset_of(p.offset, p.offset_ptr)};
   job.j = 0;
@@ -159,16 +172,71 @@ __device__ __forceinline__ void load_tile(const T* row, int64_t tile0, int64_t e
 
 // ---- launch 1: one partial per (slot, chunk) ----
 
+// Merge of partials under v1's order: (best key, id), -1 when none; the largest zmax.
+struct PartialMerge {
+  float key = -INFINITY, zmax = -INFINITY;
+  int64_t id = -1;
+  int32_t nan = 0;
+  __device__ void push(const SplitVPartial& q) {
+    nan += q.nan;
+    zmax = fmaxf(zmax, q.zmax);
+    if (q.id >= 0 && (id < 0 || better(q.key, q.id, key, id))) {
+      key = q.key;
+      id = q.id;
+    }
+  }
+  // False for a race row in the |G| >= 2^20 regime, which only v1's routine decides.
+  __device__ bool final_for(int32_t mode) const {
+    return mode != kRowRace || !(fabsf(zmax) < INFINITY) || fabsf(zmax) < kSplitVExactRange;
+  }
+};
+
+// rejection_sample's early-exit area after the partials (zero at launch): chunks done per slot, and per
+// request the largest K + 1 - j over the recorded rejections at position j (0: none).
+struct SplitVChain {
+  int32_t* counters;
+  int32_t* state;
+  __device__ SplitVChain(void* workspace, int64_t num_slots, int64_t num_chunks)
+      : counters(reinterpret_cast<int32_t*>(static_cast<char*>(workspace) +
+                                            num_slots * num_chunks * int64_t(sizeof(SplitVPartial)))),
+        state(counters + num_slots) {}
+};
+
+// Thread 0 of a draft row's last block: merge the row (other blocks' partials are visible after their
+// __threadfence + counter increment and ours) and record a rejection.
+__device__ void record_decision(const RejectionParams& p, const RowJob& job, const SplitVPartial* row_parts,
+                                int32_t num_chunks, int32_t* state) {
+  PartialMerge m;
+  for (int32_t c = 0; c < num_chunks; ++c) {
+    const int4 raw = __ldcg(reinterpret_cast<const int4*>(row_parts + c));  // L2: written by other SMs
+    m.push(SplitVPartial{__int_as_float(raw.x), raw.y, raw.z, __int_as_float(raw.w)});
+  }
+  if (!m.final_for(job.mode)) return;
+  const int64_t emit = m.id < 0 ? 0 : m.id;
+  const int64_t x = draft_id<float>(p, job.req, job.j);
+  if (!(x >= 0 && x < p.vocab && emit == x)) atomicMax(state + job.req, p.max_drafts + 1 - job.j);
+}
+
 template <typename T, typename Params>
 __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBlocksPerSm)
-    splitv_partial_kernel(const Params p, int64_t tiles_per_chunk) {
+    splitv_partial_kernel(const Params p, int64_t num_slots, int32_t num_chunks, int64_t tiles_per_chunk) {
   constexpr int kThreads = SplitVConfig::kThreads, kVecs = SplitVConfig::kVecs, E = ElemTraits<T>::kPerVec;
+  constexpr bool kChain = std::is_same<Params, RejectionParams>::value;
   __shared__ BlockScratch sh;
   __shared__ int32_t nan_w[kThreads / 32];
-  const RowJob job = row_job(p, int64_t(blockIdx.x));
+  __shared__ int32_t skip;
+  const int64_t slot = int64_t(blockIdx.x) / num_chunks;
+  const int32_t chunk = int32_t(int64_t(blockIdx.x) % num_chunks);
+  const RowJob job = row_job(p, slot);
   if (job.mode == kRowSkip) return;  // uniform over the block; the merge never reads this slot
+  if constexpr (kChain) {  // a rejection recorded at an earlier position: this row is never needed
+    const SplitVChain chain(p.workspace, num_slots, num_chunks);
+    if (threadIdx.x == 0) skip = __ldcg(chain.state + job.req) > p.max_drafts + 1 - job.j;
+    __syncthreads();
+    if (skip) return;  // uniform
+  }
   const int64_t tile_elems = int64_t(kThreads) * kVecs * E;
-  const int64_t begin = int64_t(blockIdx.y) * tiles_per_chunk * tile_elems;
+  const int64_t begin = int64_t(chunk) * tiles_per_chunk * tile_elems;
   const int64_t end = begin + tiles_per_chunk * tile_elems < p.vocab ? begin + tiles_per_chunk * tile_elems : p.vocab;
   const T* row = static_cast<const T*>(p.logits) + job.row * p.logits_stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
@@ -246,8 +314,18 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
         id = sh.v[w];
       }
     }
-    SplitVPartial* out = static_cast<SplitVPartial*>(p.workspace) + int64_t(blockIdx.x) * gridDim.y + blockIdx.y;
-    *out = SplitVPartial{key, int32_t(id), nan, zmax};
+    SplitVPartial* parts = static_cast<SplitVPartial*>(p.workspace);
+    parts[blockIdx.x] = SplitVPartial{key, int32_t(id), nan, zmax};
+    if constexpr (kChain) {
+      if (job.is_draft) {
+        const SplitVChain chain(p.workspace, num_slots, num_chunks);
+        __threadfence();  // our partial before our count
+        if (atomicAdd(chain.counters + slot, 1) == num_chunks - 1) {
+          __threadfence();  // every count seen: every partial of the row is visible
+          record_decision(p, job, parts + slot * num_chunks, num_chunks, chain.state);
+        }
+      }
+    }
   }
 }
 
@@ -256,27 +334,19 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
 template <typename T>
 struct SplitVRows {
   GpuRows<T> v1;                 // rows the partial launch skipped, and the out-of-range fallback
-  const SplitVPartial* parts;    // this request's (row j, chunk c) partials at j * num_chunks + c
+  const SplitVPartial* parts;    // this request's (row j, chunk c) partials at j * row_stride + c
+  int64_t row_stride;
   int32_t num_chunks;
   bool race_from_parts;          // false with draft_probs: the bonus race was not split
   int32_t next_argmax_row = 0;   // greedy requests call argmax once per row, j = 0, 1, ... (algorithm.h)
 
   // Row j's winner id (-1 if none) to every thread; its NaN count to each thread's share, its max zmax.
   __device__ int64_t merged(int32_t j, int32_t& nan, float& zmax) const {
-    float s = -INFINITY, zm = -INFINITY;
-    int64_t v = -1;
-    nan = 0;
-    for (int c = threadIdx.x; c < num_chunks; c += SplitVConfig::kThreads) {
-      const SplitVPartial q = parts[int64_t(j) * num_chunks + c];
-      nan += q.nan;
-      zm = fmaxf(zm, q.zmax);
-      if (q.id >= 0 && (v < 0 || better(q.key, q.id, s, v))) {
-        s = q.key;
-        v = q.id;
-      }
-    }
-    zmax = block_max(zm, v1.sh);
-    return block_best(s, v, v1.sh);
+    PartialMerge m;
+    for (int c = threadIdx.x; c < num_chunks; c += SplitVConfig::kThreads) m.push(parts[int64_t(j) * row_stride + c]);
+    nan = m.nan;
+    zmax = block_max(m.zmax, v1.sh);
+    return block_best(m.key, m.id, v1.sh);
   }
 
   __device__ int64_t argmax(const T*, int64_t) {
@@ -292,8 +362,9 @@ struct SplitVRows {
     int32_t nan;
     float g;
     const int64_t w = merged(j, nan, g);
-    if (fabsf(g) < INFINITY && !(fabsf(g) < kSplitVExactRange))  // uniform: g is the block's
-      return v1.race(row, V, temp, rng, j, stream);                  // (counts its NaNs itself)
+    PartialMerge whole;  // only its zmax (g, the same on every thread) matters here
+    whole.zmax = g;
+    if (!whole.final_for(kRowRace)) return v1.race(row, V, temp, rng, j, stream);  // counts its NaNs itself
     v1.count_nan(nan);
     return w < 0 ? 0 : w;
   }
@@ -314,8 +385,8 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads) splitv_rejection_merge
   __shared__ BlockScratch sh;
   const int32_t r = blockIdx.x;
   SplitVRows<T> rows{GpuRows<T>{sh, p.error_counts},
-                     static_cast<const SplitVPartial*>(p.workspace) + int64_t(r) * (p.max_drafts + 1) * num_chunks,
-                     num_chunks, p.draft_probs == nullptr};
+                     static_cast<const SplitVPartial*>(p.workspace) + int64_t(r) * num_chunks,
+                     int64_t(p.num_reqs) * num_chunks, num_chunks, p.draft_probs == nullptr};
   rejection_request<T>(p, r, rows, threadIdx.x == 0);
 }
 
@@ -326,7 +397,8 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads) splitv_sample_merge_ke
   const int32_t i = blockIdx.x;
   const RowJob job = row_job(p, i);
   SplitVRows<T> rows{GpuRows<T>{sh, p.error_counts},
-                     static_cast<const SplitVPartial*>(p.workspace) + int64_t(i) * num_chunks, num_chunks, true};
+                     static_cast<const SplitVPartial*>(p.workspace) + int64_t(i) * num_chunks, num_chunks, num_chunks,
+                     true};
   const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
   const int64_t tok = job.mode == kRowRace ? rows.race(row, p.vocab, job.temp, job.rng, 0, kSample)
                                            : rows.argmax(row, p.vocab);
@@ -336,30 +408,31 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads) splitv_sample_merge_ke
 // can_implement: the workspace the host sized from splitv_shape, 16-byte aligned; a grid that fits.
 inline bool splitv_can_implement(const void* workspace, int64_t workspace_bytes, const SplitVShape& s, int64_t slots) {
   return workspace != nullptr && (reinterpret_cast<uintptr_t>(workspace) & 15u) == 0 &&
-         workspace_bytes >= s.workspace_bytes && slots <= int64_t(INT32_MAX) && s.num_chunks <= SplitVShape::kMaxChunks;
+         workspace_bytes >= s.workspace_bytes && s.num_chunks <= SplitVShape::kMaxChunks &&
+         slots * s.num_chunks <= int64_t(INT32_MAX);
 }
 
 inline cudaError_t launch_rejection_splitv(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   const int64_t slots = int64_t(p.num_reqs) * (p.max_drafts + 1);
-  const SplitVShape s = splitv_shape(p.dtype, p.vocab, slots);
+  const SplitVShape s = splitv_shape(p.dtype, p.vocab, slots, p.num_reqs);
   if (!splitv_can_implement(p.workspace, p.workspace_bytes, s, slots)) return cudaErrorInvalidValue;
   return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    splitv_partial_kernel<T><<<dim3(uint32_t(slots), uint32_t(s.num_chunks)), SplitVConfig::kThreads, 0, stream>>>(
-        p, s.tiles_per_chunk);
+    splitv_partial_kernel<T><<<uint32_t(slots * s.num_chunks), SplitVConfig::kThreads, 0, stream>>>(
+        p, slots, int32_t(s.num_chunks), s.tiles_per_chunk);
     splitv_rejection_merge_kernel<T><<<p.num_reqs, SplitVConfig::kThreads, 0, stream>>>(p, int32_t(s.num_chunks));
   });
 }
 
 inline cudaError_t launch_sample_splitv(const SampleParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
-  const SplitVShape s = splitv_shape(p.dtype, p.vocab, p.num_rows);
+  const SplitVShape s = splitv_shape(p.dtype, p.vocab, p.num_rows, 0);
   if (!splitv_can_implement(p.workspace, p.workspace_bytes, s, p.num_rows)) return cudaErrorInvalidValue;
   return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    splitv_partial_kernel<T><<<dim3(uint32_t(p.num_rows), uint32_t(s.num_chunks)), SplitVConfig::kThreads, 0, stream>>>(
-        p, s.tiles_per_chunk);
+    splitv_partial_kernel<T><<<uint32_t(int64_t(p.num_rows) * s.num_chunks), SplitVConfig::kThreads, 0, stream>>>(
+        p, int64_t(p.num_rows), int32_t(s.num_chunks), s.tiles_per_chunk);
     splitv_sample_merge_kernel<T><<<p.num_rows, SplitVConfig::kThreads, 0, stream>>>(p, int32_t(s.num_chunks));
   });
 }

@@ -26,18 +26,23 @@ static_assert(sizeof(SplitVPartial) == 16, "one partial is one 16-byte store");
 // Chunking of the split-vocabulary kernels, from host-known bounds only (V, dtype, slot count), so a
 // captured graph replays with the same grid. A tile is what one 256-thread block holds in registers at
 // once (8 x 16-byte vectors a thread); a chunk is a whole number of tiles, one block each.
+// Workspace: [slots, chunks] partials, then (rejection_sample only: num_reqs > 0) int32 [slots] chunk
+// counters and int32 [num_reqs] early-exit states, which must be zero at launch.
 struct SplitVShape {
   static constexpr int64_t kTileBytes = 256 * 8 * 16;
   // Enough blocks to fill an H200/B200 a few times over; beyond that a block takes several tiles.
   static constexpr int64_t kTargetBlocks = 1024;
   static constexpr int64_t kMaxChunks = 65535;  // gridDim.y
-  int64_t tile_elems = 0, tiles_per_chunk = 0, num_chunks = 0, workspace_bytes = 0;
+  int64_t tile_elems = 0, tiles_per_chunk = 0, num_chunks = 0;
+  int64_t partial_bytes = 0, workspace_bytes = 0;
 };
 
 inline int elem_bytes_of(int32_t dtype) { return dtype == 0 ? 4 : 2; }  // kFloat32 : fp16 / bf16
 
-inline SplitVShape splitv_shape(int32_t dtype, int64_t V, int64_t slots) {
+inline SplitVShape splitv_shape(int32_t dtype, int64_t V, int64_t slots, int64_t num_reqs) {
   SplitVShape s;
+  if (slots < 0) slots = 0;
+  if (num_reqs < 0) num_reqs = 0;
   s.tile_elems = SplitVShape::kTileBytes / elem_bytes_of(dtype);
   const int64_t tiles = V < 1 ? 1 : (V + s.tile_elems - 1) / s.tile_elems;
   int64_t want = slots < 1 ? SplitVShape::kTargetBlocks : (SplitVShape::kTargetBlocks + slots - 1) / slots;
@@ -46,7 +51,8 @@ inline SplitVShape splitv_shape(int32_t dtype, int64_t V, int64_t slots) {
   if (want < 1) want = 1;
   s.tiles_per_chunk = (tiles + want - 1) / want;
   s.num_chunks = (tiles + s.tiles_per_chunk - 1) / s.tiles_per_chunk;
-  s.workspace_bytes = (slots < 1 ? 0 : slots) * s.num_chunks * int64_t(sizeof(SplitVPartial));
+  s.partial_bytes = slots * s.num_chunks * int64_t(sizeof(SplitVPartial));
+  s.workspace_bytes = s.partial_bytes + (num_reqs > 0 ? (slots + num_reqs) * int64_t(sizeof(int32_t)) : 0);
   return s;
 }
 
@@ -71,7 +77,7 @@ struct RejectionParams {
   int32_t* num_emitted = nullptr;    // [R]
   int32_t* error_counts = nullptr;
   int32_t kernel = kSamplerV1;     // SamplerKernel (CUDA only)
-  void* workspace = nullptr;       // kSamplerSplitV: splitv_shape(dtype, V, R * (K + 1)).workspace_bytes
+  void* workspace = nullptr;       // kSamplerSplitV: splitv_shape(dtype, V, R * (K + 1), R), zero-filled
   int64_t workspace_bytes = 0;
 };
 
@@ -88,7 +94,7 @@ struct SampleParams {
   const int64_t* offset_ptr = nullptr;
   int32_t* tokens = nullptr;  // [N]
   int32_t* error_counts = nullptr;
-  int32_t kernel = kSamplerV1;  // as in RejectionParams; slots = N
+  int32_t kernel = kSamplerV1;  // as in RejectionParams: splitv_shape(dtype, V, N, 0), any contents
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };
