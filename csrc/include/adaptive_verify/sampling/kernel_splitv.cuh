@@ -172,6 +172,18 @@ __device__ __forceinline__ void load_tile(const T* row, int64_t tile0, int64_t e
 
 // ---- launch 1: one partial per (slot, chunk) ----
 
+// An upper bound on race_score(z, u) from u's bits, without a log: E = -log(u) >= 1 - u = n 2^-24 (exact:
+// n = 2^24 - 2k - 1 odd, 1 <= n < 2^24, u = (k + 0.5) 2^-23), so -log(E) <= -log(1 - u) <= (24 -
+// floor(log2 n)) ln 2 = (clz(n) - 7) ln 2. The margin 1e-3 + 1e-5 |z| covers av_log's errors (< 2e-5 on
+// E in [6e-8, 17]), ln 2 rounded up, and the roundings of the score and of this sum: an entry whose bound is
+// below the best score so far scores below it. In the race, 1 - u is 2^-k-small with odds 2^-k, so most
+// entries more than a few units below the best skip both logs.
+__device__ __forceinline__ float race_bound(float z, uint32_t bits) {
+  const uint32_t n = 0x00ffffffu - 2u * (bits >> 9);
+  const float c = float(__clz(n) - 7) * 0.6931472f;
+  return (z + c) + (1e-3f + 1e-5f * fabsf(z));
+}
+
 // Merge of partials under v1's order: (best key, id), -1 when none; the largest zmax.
 struct PartialMerge {
   float key = -INFINITY, zmax = -INFINITY;
@@ -261,31 +273,76 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
     id = best.id;
     nan = best.nan;
   } else {
-    RaceBest best{-INFINITY, RaceUniforms{job.rng, job.j, job.stream}};
+    // Tile max, then the race over the tile's entries at or above the running window floor; the race is
+    // RaceBest's arithmetic with one Philox call per 4 ids (v0 is a multiple of 4) and a log-free pre-test.
+    const bool finite_temp = job.temp < INFINITY;  // uniform over the block
+    const uint32_t ctr1 = (uint32_t(job.j) << 8) | job.stream;
+    const uint32_t off0 = uint32_t(job.rng.offset), off1 = uint32_t(job.rng.offset >> 32);
+    const uint32_t key0 = uint32_t(job.rng.seed), key1 = uint32_t(job.rng.seed >> 32);
     float running = -INFINITY;  // max scaled logit of the tiles read so far: <= the row's max
+    float best_s = -INFINITY;
+    int64_t best_v = -1;
     nan = 0;
     for (int64_t tile0 = begin; tile0 < end; tile0 += tile_elems) {  // uniform trip count: block_max inside
       uint4 regs[kVecs];
       load_tile<T>(row, tile0, end, aligned, regs);
-      ScaledMax mx;
+      float m;
+      if (finite_temp) {
+        // x / temp (temp finite, > 0) is NaN iff x is, and rounds monotonically: ScaledMax's max and NaN
+        // count from the raw logits and one division.
+        float xm = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i)
+        for (int i = 0; i < kVecs; ++i)
 #pragma unroll
-        for (int e = 0; e < E; ++e)
-          if (elem_id<T>(tile0, i, e) < end) mx.push(fdiv(elem<T>(regs[i], e), job.temp));
-      nan += mx.nan;
-      running = fmaxf(running, block_max(mx.m, sh));
-      best.floor_z = running - kRaceWindow;
+          for (int e = 0; e < E; ++e)
+            if (elem_id<T>(tile0, i, e) < end) {
+              const float x = elem<T>(regs[i], e);
+              nan += x != x;
+              xm = x > xm ? x : xm;
+            }
+        m = fdiv(xm, job.temp);
+      } else {
+        ScaledMax mx;
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i)
+        for (int i = 0; i < kVecs; ++i)
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const int64_t v = elem_id<T>(tile0, i, e);
-          if (v < end) best.push(fdiv(elem<T>(regs[i], e), job.temp), v);
+          for (int e = 0; e < E; ++e)
+            if (elem_id<T>(tile0, i, e) < end) mx.push(fdiv(elem<T>(regs[i], e), job.temp));
+        nan += mx.nan;
+        m = mx.m;
+      }
+      running = fmaxf(running, block_max(m, sh));
+      const float floor_z = running - kRaceWindow;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int64_t v0 = elem_id<T>(tile0, i, 0);
+#pragma unroll
+        for (int h = 0; h < E / 4; ++h) {
+          float z[4];
+          bool any = false;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            z[e] = v0 + 4 * h + e < end ? fdiv(elem<T>(regs[i], 4 * h + e), job.temp) : NAN;
+            any |= z[e] >= floor_z;  // NaN: never
+          }
+          if (!any) continue;
+          const U32x4 w = philox(uint32_t((v0 >> 2) + h), ctr1, off0, off1, key0, key1);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (!(z[e] >= floor_z)) continue;
+            if (best_v >= 0 && race_bound(z[e], w.x[e]) < best_s) continue;  // cannot beat, nor tie, the best
+            const float score = fsub(z[e], av_log(-av_log(to_uniform(w.x[e]))));  // race_score
+            const int64_t v = v0 + 4 * h + e;
+            if (better(score, v, best_s, best_v)) {
+              best_s = score;
+              best_v = v;
+            }
+          }
         }
+      }
     }
-    key = best.score;
-    id = best.id;
+    key = best_s;
+    id = best_v;
     zmax = running;
   }
 
