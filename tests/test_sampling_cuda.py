@@ -86,6 +86,23 @@ def test_rejection_sample_cuda_ties_and_nans(kernel, dtype):
 
 
 @cuda_test
+@pytest.mark.parametrize("greedy", [True, False])
+def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
+    """Many requests (v2: several waves of blocks, so its early exit skips rows past recorded rejections),
+    drafts equal to the row's argmax half the time so chains of every length occur; NaN in a few rows."""
+    R, K, V = 384, 7, 32000
+    g = torch.Generator().manual_seed(11)
+    qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
+    logits = (torch.randn(R * (K + 1), V, generator=g) * 2).to(torch.bfloat16)
+    logits[5::97, 3::1009] = float("nan")
+    top = logits.float().nan_to_num(nan=-float("inf")).argmax(-1).view(R, K + 1)[:, :K].to(torch.int32)
+    drafts = torch.where(torch.rand(R, K, generator=g) < 0.5, top, torch.randint(0, V, (R, K), generator=g,
+                                                                                   dtype=torch.int32))
+    temperature = torch.zeros(R) if greedy else torch.rand(R, generator=g) + 0.5
+    _check_same(logits, qsl, drafts, temperature=temperature, seeds=torch.arange(R, dtype=torch.int64), offset=9)
+
+
+@cuda_test
 def test_rejection_sample_cuda_huge_scaled_logits(kernel):
     """|max logit / temperature| >= 2^20: v2 re-runs the race on v1's routine (kernel_splitv.cuh NOTES)."""
     logits, qsl, drafts, _, _, seeds = _batch(16, 3, 70000, torch.float32, 3, False)

@@ -144,6 +144,39 @@ __device__ __forceinline__ float elem<bf16_t>(const uint4& r, int e) {
   return to_float(bf16_t{uint16_t(word(r, e >> 1) >> (16 * (e & 1)))});
 }
 
+// Largest of a 16-byte vector of 16-bit logits, by packed max (NaN-propagating): false when any lane is
+// NaN (then the caller takes every element one by one, counting them). Exact: fp16/bf16 -> float is exact.
+template <typename T>
+__device__ __forceinline__ bool vec_max_no_nan(const uint4& r, float& vm);
+template <>
+__device__ __forceinline__ bool vec_max_no_nan<float>(const uint4&, float&) {
+  return false;  // fp32: always element by element
+}
+__device__ __forceinline__ float max_of_halves(__nv_bfloat162 m) {
+  return __bfloat162float(__hmax_nan(__low2bfloat16(m), __high2bfloat16(m)));
+}
+__device__ __forceinline__ float max_of_halves(__half2 m) {
+  return __half2float(__hmax_nan(__low2half(m), __high2half(m)));
+}
+template <typename H2>
+__device__ __forceinline__ float packed_max(const uint4& r) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  H2 h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = *reinterpret_cast<const H2*>(&w[k]);
+  return max_of_halves(__hmax2_nan(__hmax2_nan(h[0], h[1]), __hmax2_nan(h[2], h[3])));
+}
+template <>
+__device__ __forceinline__ bool vec_max_no_nan<bf16_t>(const uint4& r, float& vm) {
+  vm = packed_max<__nv_bfloat162>(r);
+  return vm == vm;
+}
+template <>
+__device__ __forceinline__ bool vec_max_no_nan<half_t>(const uint4& r, float& vm) {
+  vm = packed_max<__half2>(r);
+  return vm == vm;
+}
+
 // Id of element e of vector i of this thread in the tile starting at tile0.
 template <typename T>
 __device__ __forceinline__ int64_t elem_id(int64_t tile0, int i, int e) {
@@ -178,6 +211,9 @@ __device__ __forceinline__ void load_tile(const T* row, int64_t tile0, int64_t e
 // E in [6e-8, 17]), ln 2 rounded up, and the roundings of the score and of this sum: an entry whose bound is
 // below the best score so far scores below it. In the race, 1 - u is 2^-k-small with odds 2^-k, so most
 // entries more than a few units below the best skip both logs.
+// kAnyUniformBits (u = 1 - 2^-24: n = 1, clz = 31) gives the largest bound over every u: c = 24 ln 2, a
+// monotone function of clz computed the same way, so it bounds the score whatever the random bits.
+constexpr uint32_t kAnyUniformBits = 0xffffffffu;
 __device__ __forceinline__ float race_bound(float z, uint32_t bits) {
   const uint32_t n = 0x00ffffffu - 2u * (bits >> 9);
   const float c = float(__clz(n) - 7) * 0.6931472f;
@@ -262,12 +298,16 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
       uint4 regs[kVecs];
       load_tile<T>(row, tile0, end, aligned, regs);
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i)
+      for (int i = 0; i < kVecs; ++i) {
+        // A whole vector without NaN whose max is below the best changes nothing (not even the NaN count).
+        float vm;
+        if (elem_id<T>(tile0, i, E - 1) < end && vec_max_no_nan<T>(regs[i], vm) && vm < best.x) continue;
 #pragma unroll
         for (int e = 0; e < E; ++e) {
           const int64_t v = elem_id<T>(tile0, i, e);
           if (v < end) best.push(elem<T>(regs[i], e), v);
         }
+      }
     }
     key = zmax = best.x;
     id = best.id;
@@ -292,7 +332,12 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
         // count from the raw logits and one division.
         float xm = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < kVecs; ++i)
+        for (int i = 0; i < kVecs; ++i) {
+          float vm;
+          if (elem_id<T>(tile0, i, E - 1) < end && vec_max_no_nan<T>(regs[i], vm)) {
+            xm = vm > xm ? vm : xm;
+            continue;
+          }
 #pragma unroll
           for (int e = 0; e < E; ++e)
             if (elem_id<T>(tile0, i, e) < end) {
@@ -300,6 +345,7 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
               nan += x != x;
               xm = x > xm ? x : xm;
             }
+        }
         m = fdiv(xm, job.temp);
       } else {
         ScaledMax mx;
@@ -319,17 +365,19 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
 #pragma unroll
         for (int h = 0; h < E / 4; ++h) {
           float z[4];
-          bool any = false;
+          bool alive[4], any = false;
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             z[e] = v0 + 4 * h + e < end ? fdiv(elem<T>(regs[i], 4 * h + e), job.temp) : NAN;
-            any |= z[e] >= floor_z;  // NaN: never
+            // In the window (NaN: never), and not below the best even with the largest noise any uniform gives
+            alive[e] = z[e] >= floor_z && !(best_v >= 0 && race_bound(z[e], kAnyUniformBits) < best_s);
+            any |= alive[e];
           }
-          if (!any) continue;
+          if (!any) continue;  // no Philox call
           const U32x4 w = philox(uint32_t((v0 >> 2) + h), ctr1, off0, off1, key0, key1);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            if (!(z[e] >= floor_z)) continue;
+            if (!alive[e]) continue;
             if (best_v >= 0 && race_bound(z[e], w.x[e]) < best_s) continue;  // cannot beat, nor tie, the best
             const float score = fsub(z[e], av_log(-av_log(to_uniform(w.x[e]))));  // race_score
             const int64_t v = v0 + 4 * h + e;
