@@ -18,9 +18,10 @@ How (csrc/include/adaptive_verify/sampling/math.h has the exact arithmetic):
 - with ``draft_probs``, accept iff u * q(x) < p(x); on rejection an exponential race over max(p - q, 0).
 No probability tensor is materialised: each needed row is streamed once or twice, and rows past a request's
 first rejection are never read (by the default CUDA kernel; AV_SAMPLER_KERNEL=v2 splits every row's vocabulary
-over several blocks, which may also read rows past the first rejection, whose results are then ignored). Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position),
-not by the request's place in the batch, so results are reproducible, batch-invariant and CUDA-graph safe
-(pass ``offset`` as a 0-d int64 device tensor and advance it in place between replays).
+over several blocks, which may also read rows past the first rejection, whose results are then ignored).
+Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position), not by the request's place in the
+batch, so results are reproducible, batch-invariant and CUDA-graph safe (pass ``offset`` as a 0-d int64 device
+tensor and advance it in place between replays).
 
 Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
 draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
