@@ -268,7 +268,8 @@ int rejection_sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_
                         int64_t T, int64_t V, uintptr_t qsl, uintptr_t draft_tokens, int64_t draft_tokens_stride,
                         bool draft_int64, uintptr_t draft_probs, int64_t probs_stride_r, int64_t probs_stride_k,
                         uintptr_t temperature, uintptr_t seeds, uint64_t offset, uintptr_t offset_ptr, int32_t R,
-                        int32_t K, uintptr_t output_tokens, uintptr_t num_emitted, uintptr_t error_counts) {
+                        int32_t K, uintptr_t output_tokens, uintptr_t num_emitted, uintptr_t error_counts,
+                        int32_t kernel, uintptr_t workspace, int64_t workspace_bytes) {
   sampling::RejectionParams p;
   p.logits = ptr<const void>(logits);
   p.logits_stride = logits_stride;
@@ -291,12 +292,16 @@ int rejection_sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_
   p.output_tokens = ptr<int32_t>(output_tokens);
   p.num_emitted = ptr<int32_t>(num_emitted);
   p.error_counts = ptr<int32_t>(error_counts);
+  p.kernel = kernel;
+  p.workspace = ptr<void>(workspace);
+  p.workspace_bytes = workspace_bytes;
   return run_on(on_cuda, stream, p, sampling::rejection_sample_cpu, AV_CUDA_FN(sampling::rejection_sample_cuda));
 }
 
 int sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t logits_stride, int32_t dtype, int64_t V,
               int32_t N, uintptr_t temperature, uintptr_t seeds, uint64_t offset, uintptr_t offset_ptr,
-              uintptr_t tokens, uintptr_t error_counts) {
+              uintptr_t tokens, uintptr_t error_counts, int32_t kernel, uintptr_t workspace,
+              int64_t workspace_bytes) {
   sampling::SampleParams p;
   p.logits = ptr<const void>(logits);
   p.logits_stride = logits_stride;
@@ -309,7 +314,16 @@ int sample_op(bool on_cuda, uintptr_t stream, uintptr_t logits, int64_t logits_s
   p.offset_ptr = ptr<const int64_t>(offset_ptr);
   p.tokens = ptr<int32_t>(tokens);
   p.error_counts = ptr<int32_t>(error_counts);
+  p.kernel = kernel;
+  p.workspace = ptr<void>(workspace);
+  p.workspace_bytes = workspace_bytes;
   return run_on(on_cuda, stream, p, sampling::sample_cpu, AV_CUDA_FN(sampling::sample_cuda));
+}
+
+// Bytes of workspace the split-vocabulary sampler needs: rejection_sample (slots = R * (K + 1), num_reqs = R,
+// zero-filled) or sample (slots = N, num_reqs = 0).
+int64_t sampler_splitv_workspace_bytes(int32_t dtype, int64_t V, int64_t slots, int64_t num_reqs) {
+  return sampling::splitv_shape(dtype, V, slots, num_reqs).workspace_bytes;
 }
 
 // ---- attention area ----
@@ -406,6 +420,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("stats_update", &stats_update_op);
   m.def("rejection_sample", &rejection_sample_op);
   m.def("sample", &sample_op);
+  m.def("sampler_splitv_workspace_bytes", &sampler_splitv_workspace_bytes);
+  m.attr("SAMPLER_KERNEL_V1") = int(sampling::kSamplerV1);
+  m.attr("SAMPLER_KERNEL_SPLITV") = int(sampling::kSamplerSplitV);
   m.def("verify_attention", &verify_attention_op);
   m.def("write_kv", &write_kv_op);
   m.attr("ATTENTION_SPLIT_TOKENS") = int(attention::kSplitTokens);

@@ -1,14 +1,27 @@
 """Sampler CUDA kernels == C++ CPU kernels on the same seeds, and inside a captured CUDA graph with the
-offset in a device tensor. Skipped without a GPU."""
+offset in a device tensor, for both CUDA kernels (AV_SAMPLER_KERNEL=v1 / v2). The CUDA tests skip without a
+GPU; the AV_SAMPLER_KERNEL validation runs on the CPU."""
 import pytest
 import torch
 
 import adaptive_verify as av
 
-pytestmark = [
+needs_cuda = [
     pytest.mark.cuda,
     pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
 ]
+
+
+def cuda_test(fn):
+    for mark in reversed(needs_cuda):
+        fn = mark(fn)
+    return fn
+
+
+@pytest.fixture(params=["v1", "v2"])
+def kernel(request, monkeypatch):
+    monkeypatch.setenv("AV_SAMPLER_KERNEL", request.param)
+    return request.param
 
 
 def _batch(R, K, V, dtype, seed, probs):
@@ -25,31 +38,95 @@ def _batch(R, K, V, dtype, seed, probs):
     return logits, qsl, drafts, q, temperature, seeds
 
 
+def _cuda(kw):
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def _check_same(logits, qsl, drafts, **kw):
+    """CUDA == CPU on outputs and on every error counter."""
+    av.reset_error_counts("cpu")
+    av.reset_error_counts("cuda")
+    cpu = av.rejection_sample(logits, qsl, drafts, **kw)
+    gpu = av.rejection_sample(logits.cuda(), qsl.cuda(), drafts.cuda(), **_cuda(kw))
+    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+    assert av.error_counts("cpu") == av.error_counts("cuda")
+
+
+@cuda_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("V", [1, 7, 1000, 32003, 151936])
 @pytest.mark.parametrize("probs", [False, True])
-def test_rejection_sample_cuda_matches_cpu(dtype, V, probs):
+def test_rejection_sample_cuda_matches_cpu(kernel, dtype, V, probs):
     R, K = (64, 7) if V < 100000 else (8, 3)
     logits, qsl, drafts, q, temperature, seeds = _batch(R, K, V, dtype, V + probs, probs)
-    kw = dict(draft_probs=q, temperature=temperature, seeds=seeds, offset=12345)
-    cpu = av.rejection_sample(logits, qsl, drafts, **kw)
-    gpu = av.rejection_sample(logits.cuda(), qsl.cuda(), drafts.cuda(),
-                              **{k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
-    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+    _check_same(logits, qsl, drafts, draft_probs=q, temperature=temperature, seeds=seeds, offset=12345)
 
 
+@cuda_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sample_cuda_matches_cpu(dtype):
-    logits = (torch.randn(50, 32000) * 2).to(dtype)
-    temperature = torch.rand(50) + 0.05
+def test_rejection_sample_cuda_ties_and_nans(kernel, dtype):
+    """Few distinct values (ties across chunks: smallest id wins), NaN and -inf entries, a row of -inf, a row of
+    NaN, misaligned rows (V odd), one request (many chunks a row)."""
+    R, K, V = 4, 3, 100003
+    g = torch.Generator().manual_seed(7)
+    qsl = torch.tensor([0, 4, 8, 10, 14], dtype=torch.int32)
+    logits = torch.randint(0, 3, (14, V), generator=g).float()
+    logits[:, ::97] = float("nan")
+    logits[:, 5::89] = float("-inf")
+    logits[2] = float("-inf")
+    logits[9] = float("nan")
+    logits = logits.to(dtype)
+    top = torch.nan_to_num(logits.float(), nan=-float("inf")).argmax(-1).to(torch.int32)  # [14]
+    rows = (qsl[:-1, None] + torch.arange(K)[None, :]).clamp(max=13)  # [R, K]: the row judging each draft
+    drafts = top[rows]  # mostly accepted, so the chain runs through several rows
+    drafts[1, 1] = V  # out of range: rejected and counted
+    for temperature in (torch.zeros(R), torch.full((R,), 0.7)):
+        _check_same(logits, qsl, drafts, temperature=temperature, seeds=torch.arange(R, dtype=torch.int64) * 31,
+                    offset=3)
+
+
+@cuda_test
+@pytest.mark.parametrize("greedy", [True, False])
+def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
+    """Many requests (v2: several waves of blocks, so its early exit skips rows past recorded rejections),
+    drafts equal to the row's argmax half the time so chains of every length occur; NaN in a few rows."""
+    R, K, V = 384, 7, 32000
+    g = torch.Generator().manual_seed(11)
+    qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
+    logits = (torch.randn(R * (K + 1), V, generator=g) * 2).to(torch.bfloat16)
+    logits[5::97, 3::1009] = float("nan")
+    top = logits.float().nan_to_num(nan=-float("inf")).argmax(-1).view(R, K + 1)[:, :K].to(torch.int32)
+    drafts = torch.where(torch.rand(R, K, generator=g) < 0.5, top, torch.randint(0, V, (R, K), generator=g,
+                                                                                   dtype=torch.int32))
+    temperature = torch.zeros(R) if greedy else torch.rand(R, generator=g) + 0.5
+    _check_same(logits, qsl, drafts, temperature=temperature, seeds=torch.arange(R, dtype=torch.int64), offset=9)
+
+
+@cuda_test
+def test_rejection_sample_cuda_huge_scaled_logits(kernel):
+    """|max logit / temperature| >= 2^20: v2 re-runs the race on v1's routine (kernel_splitv.cuh NOTES)."""
+    logits, qsl, drafts, _, _, seeds = _batch(16, 3, 70000, torch.float32, 3, False)
+    logits = logits * 1e6
+    temperature = torch.full((16,), 0.5)
+    _check_same(logits, qsl, drafts, temperature=temperature, seeds=seeds, offset=1)
+
+
+@cuda_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [1, 5, 32000, 151937])
+def test_sample_cuda_matches_cpu(kernel, dtype, V):
+    N = 50 if V < 100000 else 3
+    logits = (torch.randn(N, V, generator=torch.Generator().manual_seed(V)) * 2).to(dtype)
+    temperature = torch.rand(N) + 0.05
     temperature[::5] = 0
-    seeds = torch.arange(50, dtype=torch.int64) * 7919
+    seeds = torch.arange(N, dtype=torch.int64) * 7919
     cpu = av.sample(logits, temperature, seeds, 3)
     gpu = av.sample(logits.cuda(), temperature.cuda(), seeds.cuda(), torch.tensor(3, device="cuda"))
     assert torch.equal(cpu, gpu.cpu())
 
 
-def test_rejection_sample_in_a_cuda_graph_with_device_offset():
+@cuda_test
+def test_rejection_sample_in_a_cuda_graph_with_device_offset(kernel):
     logits, qsl, drafts, q, temperature, seeds = _batch(32, 5, 500, torch.bfloat16, 1, False)
     dev = [t.cuda() for t in (logits, qsl, drafts, temperature, seeds)]
     offset = torch.tensor(0, dtype=torch.int64, device="cuda")
@@ -70,3 +147,27 @@ def test_rejection_sample_in_a_cuda_graph_with_device_offset():
         torch.cuda.synchronize()
         want = av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, offset=off)
         assert torch.equal(out[0].cpu(), want[0]) and torch.equal(out[1].cpu(), want[1])
+
+
+@pytest.mark.parametrize("value", ["v3", "", "V2", "splitv"])
+def test_bad_sampler_kernel_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("AV_SAMPLER_KERNEL", value)
+    logits = torch.randn(3, 10)
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    drafts = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="AV_SAMPLER_KERNEL"):
+        av.rejection_sample(logits, qsl, drafts)
+    with pytest.raises(ValueError, match="AV_SAMPLER_KERNEL"):
+        av.sample(logits)
+
+
+@pytest.mark.parametrize("value", ["v1", "v2"])
+def test_sampler_kernel_choice_is_ignored_on_cpu(monkeypatch, value):
+    logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    drafts = torch.zeros(2, 1, dtype=torch.int32)
+    want = av.rejection_sample(logits, qsl, drafts)
+    monkeypatch.setenv("AV_SAMPLER_KERNEL", value)
+    got = av.rejection_sample(logits, qsl, drafts)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(av.sample(logits), logits.argmax(-1).int())

@@ -17,9 +17,11 @@ How (csrc/include/adaptive_verify/sampling/math.h has the exact arithmetic):
   a residual sample);
 - with ``draft_probs``, accept iff u * q(x) < p(x); on rejection an exponential race over max(p - q, 0).
 No probability tensor is materialised: each needed row is streamed once or twice, and rows past a request's
-first rejection are never read. Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position),
-not by the request's place in the batch, so results are reproducible, batch-invariant and CUDA-graph safe
-(pass ``offset`` as a 0-d int64 device tensor and advance it in place between replays).
+first rejection are never read (by the default CUDA kernel; AV_SAMPLER_KERNEL=v2 splits every row's vocabulary
+over several blocks, which may also read rows past the first rejection, whose results are then ignored).
+Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position), not by the request's place in the
+batch, so results are reproducible, batch-invariant and CUDA-graph safe (pass ``offset`` as a 0-d int64 device
+tensor and advance it in place between replays).
 
 Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
 draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
@@ -30,6 +32,7 @@ temperatures; on CUDA a negative or NaN temperature means greedy.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Union
 
 import torch
@@ -37,6 +40,34 @@ import torch
 from . import errors
 from ._ext import _C, check_status
 from ._validate import DTYPE_CODES, check_device, check_tensor, ptr, run_op, stream_of
+
+
+# CUDA sampler kernels, chosen by the environment variable AV_SAMPLER_KERNEL (read at every call, so a test or
+# an engine can switch): "v1" (default) one block per request walking whole rows (kernel.cuh), "v2" rows split
+# into vocabulary chunks whose partials are merged in a fixed order (kernel_splitv.cuh). Both give the CPU
+# kernel's integers; the CPU kernel ignores the choice (the name is still checked).
+SAMPLER_KERNELS = {"v1": 0, "v2": 1}
+
+
+def _sampler_kernel() -> int:
+    name = os.environ.get("AV_SAMPLER_KERNEL")
+    if name is None:
+        return 0
+    kernel = SAMPLER_KERNELS.get(name)
+    if kernel is None:
+        raise ValueError(f"AV_SAMPLER_KERNEL={name!r}: expected one of {sorted(SAMPLER_KERNELS)}")
+    return kernel
+
+
+def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_reqs: int):
+    """(workspace tensor or None, its bytes) of the split-vocabulary kernel: [slots, chunks] partials of 16 B,
+    then for rejection_sample (num_reqs > 0) per-row chunk counters and per-request early-exit states, which
+    must start at zero. Sized from host-known bounds, so a captured graph replays with the same grid."""
+    if kernel == 0 or device.type != "cuda":
+        return None, 0
+    nbytes = _C.sampler_splitv_workspace_bytes(dtype_code, V, slots, num_reqs)
+    alloc = torch.zeros if num_reqs > 0 else torch.empty
+    return alloc(max(nbytes, 16), dtype=torch.uint8, device=device), nbytes
 
 
 def _offset(offset, device):
@@ -133,13 +164,16 @@ def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs,
                       output_tokens, num_emitted, err, host_offset):
     T, V = target_logits.shape
     R, K = draft_tokens.shape
+    kernel = _sampler_kernel()
+    dtype_code = DTYPE_CODES[target_logits.dtype]
+    ws, ws_bytes = _workspace(kernel, target_logits.device, dtype_code, V, R * (K + 1), R)
     status = _C.rejection_sample(
         target_logits.is_cuda, stream_of(target_logits.device), target_logits.data_ptr(), target_logits.stride(0),
         DTYPE_CODES[target_logits.dtype], T, V, query_start_loc.data_ptr(), draft_tokens.data_ptr(),
         draft_tokens.stride(0), draft_tokens.dtype == torch.int64, ptr(draft_probs),
         0 if draft_probs is None else draft_probs.stride(0), 0 if draft_probs is None else draft_probs.stride(1),
         ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), R, K, output_tokens.data_ptr(),
-        num_emitted.data_ptr(), err.data_ptr(),
+        num_emitted.data_ptr(), err.data_ptr(), kernel, ptr(ws), ws_bytes,
     )
     check_status(status, "rejection_sample", target_logits.device)
 
@@ -175,8 +209,11 @@ def sample(
 
 def _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset):
     N, V = logits.shape
+    kernel = _sampler_kernel()
+    ws, ws_bytes = _workspace(kernel, logits.device, DTYPE_CODES[logits.dtype], V, N, 0)
     status = _C.sample(
         logits.is_cuda, stream_of(logits.device), logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype], V, N,
-        ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), out.data_ptr(), err.data_ptr(),
+        ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), out.data_ptr(), err.data_ptr(), kernel, ptr(ws),
+        ws_bytes,
     )
     check_status(status, "sample", logits.device)

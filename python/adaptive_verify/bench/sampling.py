@@ -9,10 +9,14 @@ acceptance is realistic and rows past each request's first rejection need not be
 
 The figure that matters: achieved GB/s over the logit bytes that must be read (the rows of each request up
 to and including its last emitted token, once), against a plain copy's bandwidth in the same process.
+On CUDA both sampler kernels are timed (AV_SAMPLER_KERNEL=v1 and v2); v2 may also read rows past a request's
+first rejection (those whose blocks start before the rejection is known), and is still charged only the bytes
+that must be read.
 """
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Optional
 
 import torch
@@ -69,13 +73,33 @@ def torch_baseline(logits, qsl, drafts, temperature, greedy: bool):
     return out, accepted + 1
 
 
+def _with_kernel(kernel: str, fn):
+    """fn() with AV_SAMPLER_KERNEL=kernel, the variable restored afterwards."""
+    old = os.environ.get("AV_SAMPLER_KERNEL")
+    os.environ["AV_SAMPLER_KERNEL"] = kernel
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ["AV_SAMPLER_KERNEL"]
+        else:
+            os.environ["AV_SAMPLER_KERNEL"] = old
+
+
 def bench_one(R, V, greedy, device, min_time_s) -> dict:
     logits, qsl, drafts, temperature, seeds = make_inputs(R, V, device, greedy)
     out = (torch.empty(R, K + 1, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device))
     ours = lambda: rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, out=out)  # noqa: E731
     base = lambda: torch_baseline(logits, qsl, drafts, temperature, greedy)  # noqa: E731
+    t_v2 = float("nan")
     if device.type == "cuda":
-        t_ours = cuda_graph_time_us(ours, calls_per_graph=10, replays=10)
+        t_ours = _with_kernel("v1", lambda: cuda_graph_time_us(ours, calls_per_graph=10, replays=10))
+        t_v2 = _with_kernel("v2", lambda: cuda_graph_time_us(ours, calls_per_graph=10, replays=10))
+        want = _with_kernel("v1", ours)
+        want = (want[0].clone(), want[1].clone())
+        got = _with_kernel("v2", ours)
+        if not (torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])):
+            raise AssertionError(f"sampler kernels v1 and v2 disagree at R={R}, V={V}, greedy={greedy}")
         t_base = cuda_graph_time_us(base, calls_per_graph=3, replays=5) if greedy else float("nan")
         if not greedy:  # multinomial is not capturable on every torch version: time it eagerly
             from .timing import cuda_time_us
@@ -88,12 +112,14 @@ def bench_one(R, V, greedy, device, min_time_s) -> dict:
     rows_read = int(emitted.sum())
     nbytes = rows_read * V * logits.element_size()
     return dict(R=R, K=K, V=V, mode="greedy" if greedy else "T=1", mean_emitted=rows_read / R, ours_us=t_ours,
-                baseline_us=t_base, speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6)
+                baseline_us=t_base, speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6,
+                v2_us=t_v2, v2_speedup=t_ours / t_v2, v2_gbps=nbytes / (t_v2 * 1e-6) / 1e9)
 
 
 COLUMNS = [("R", "R"), ("K", "K"), ("V", "V"), ("mode", "mode"), ("mean_emitted", "tokens/request"),
            ("mbytes", "MB must read"), ("ours_us", "ours us"), ("baseline_us", "torch baseline us"),
-           ("speedup", "baseline / ours"), ("gbps", "GB/s"), ("pct_copy", "% of copy BW")]
+           ("speedup", "baseline / ours"), ("gbps", "GB/s"), ("pct_copy", "% of copy BW"), ("v2_us", "v2 us"),
+           ("v2_speedup", "v1 / v2"), ("v2_pct_copy", "v2 % of copy BW")]
 
 
 def run(r_values=R_VALUES, v_values=V_VALUES, *, device: str = "auto", min_time_s: float = 0.2) -> dict:
@@ -102,6 +128,7 @@ def run(r_values=R_VALUES, v_values=V_VALUES, *, device: str = "auto", min_time_
     rows = [bench_one(R, V, greedy, dev, min_time_s) for greedy in (True, False) for R in r_values for V in v_values]
     for r in rows:
         r["pct_copy"] = 100 * r["gbps"] / copy
+        r["v2_pct_copy"] = 100 * r["v2_gbps"] / copy
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "torch": torch.__version__, "copy_gbps": copy, "rows": rows}
@@ -114,7 +141,8 @@ def report(result: dict) -> str:
         f"## Rejection sampling ({result['date']}, {result['device']}, torch {result['torch']})",
         "",
         f"bf16 logits, K = {K}, one-hot drafts; {timing}. 'MB must read': the rows up to each request's last "
-        f"emitted token, once. Copy bandwidth in the same process: {result['copy_gbps']:.0f} GB/s.",
+        f"emitted token, once. Copy bandwidth in the same process: {result['copy_gbps']:.0f} GB/s. 'ours': "
+        f"AV_SAMPLER_KERNEL=v1; 'v2': the split-vocabulary kernel (CUDA only).",
         "",
         markdown_table(result["rows"], COLUMNS),
     ]) + "\n"

@@ -8,6 +8,54 @@
 namespace adaptive_verify {
 namespace sampling {
 
+// CUDA implementation, chosen per call by the Python layer (AV_SAMPLER_KERNEL); the CPU kernel ignores it.
+enum SamplerKernel : int32_t {
+  kSamplerV1 = 0,      // kernel.cuh: one block per request (rejection_sample) / row (sample)
+  kSamplerSplitV = 1,  // kernel_splitv.cuh: rows split into vocabulary chunks, partials merged in order
+};
+
+// One chunk's result in the split-vocabulary workspace (16 bytes, [slots, chunks]).
+struct SplitVPartial {
+  float key;     // greedy: largest logit; race: best race score
+  int32_t id;    // its id (ties: smallest), -1 when none
+  int32_t nan;   // NaN logits (greedy) / NaN scaled logits (race) in the chunk
+  float zmax;    // race: largest scaled logit of the chunk (-inf when none); greedy: = key
+};
+static_assert(sizeof(SplitVPartial) == 16, "one partial is one 16-byte store");
+
+// Chunking of the split-vocabulary kernels, from host-known bounds only (V, dtype, slot count), so a
+// captured graph replays with the same grid. A tile is what one 256-thread block holds in registers at
+// once (8 x 16-byte vectors a thread); a chunk is a whole number of tiles, one block each.
+// Workspace: [slots, chunks] partials, then (rejection_sample only: num_reqs > 0) int32 [slots] chunk
+// counters and int32 [num_reqs] early-exit states, which must be zero at launch.
+struct SplitVShape {
+  static constexpr int64_t kTileBytes = 256 * 8 * 16;
+  // Enough blocks to fill an H200/B200 a few times over; beyond that a block takes several tiles.
+  static constexpr int64_t kTargetBlocks = 1024;
+  static constexpr int64_t kMaxChunks = 65535;  // gridDim.y
+  int64_t tile_elems = 0, tiles_per_chunk = 0, num_chunks = 0;
+  int64_t partial_bytes = 0, workspace_bytes = 0;
+};
+
+inline int elem_bytes_of(int32_t dtype) { return dtype == 0 ? 4 : 2; }  // kFloat32 : fp16 / bf16
+
+inline SplitVShape splitv_shape(int32_t dtype, int64_t V, int64_t slots, int64_t num_reqs) {
+  SplitVShape s;
+  if (slots < 0) slots = 0;
+  if (num_reqs < 0) num_reqs = 0;
+  s.tile_elems = SplitVShape::kTileBytes / elem_bytes_of(dtype);
+  const int64_t tiles = V < 1 ? 1 : (V + s.tile_elems - 1) / s.tile_elems;
+  int64_t want = slots < 1 ? SplitVShape::kTargetBlocks : (SplitVShape::kTargetBlocks + slots - 1) / slots;
+  if (want > tiles) want = tiles;
+  if (want > SplitVShape::kMaxChunks) want = SplitVShape::kMaxChunks;
+  if (want < 1) want = 1;
+  s.tiles_per_chunk = (tiles + want - 1) / want;
+  s.num_chunks = (tiles + s.tiles_per_chunk - 1) / s.tiles_per_chunk;
+  s.partial_bytes = slots * s.num_chunks * int64_t(sizeof(SplitVPartial));
+  s.workspace_bytes = s.partial_bytes + (num_reqs > 0 ? (slots + num_reqs) * int64_t(sizeof(int32_t)) : 0);
+  return s;
+}
+
 struct RejectionParams {
   const void* logits = nullptr;  // [T, V] of `dtype`, row stride logits_stride, last dim contiguous
   int64_t logits_stride = 0;
@@ -28,6 +76,9 @@ struct RejectionParams {
   int32_t* output_tokens = nullptr;  // [R, K + 1]
   int32_t* num_emitted = nullptr;    // [R]
   int32_t* error_counts = nullptr;
+  int32_t kernel = kSamplerV1;     // SamplerKernel (CUDA only)
+  void* workspace = nullptr;       // kSamplerSplitV: splitv_shape(dtype, V, R * (K + 1), R), zero-filled
+  int64_t workspace_bytes = 0;
 };
 
 // sample(): one token per row of logits [N, V] (RNG stream 2, position 0).
@@ -43,6 +94,9 @@ struct SampleParams {
   const int64_t* offset_ptr = nullptr;
   int32_t* tokens = nullptr;  // [N]
   int32_t* error_counts = nullptr;
+  int32_t kernel = kSamplerV1;  // as in RejectionParams: splitv_shape(dtype, V, N, 0), any contents
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 };
 
 }  // namespace sampling
