@@ -45,8 +45,8 @@ cuda_ok=$(python3 -c "import adaptive_verify as av; i = av.build_info(); print('
 case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too). The
-# tests of the opt-in kernels not yet run on a GPU (verify_attention's "tiled", the planner's "v2") go in a
-# process of their own, after the others: a fault there would poison the CUDA context for every later test.
+# tests of the opt-in kernels not yet run on a GPU (verify_attention's "tiled", the planner's and the
+# sampler's "v2") go in a process of their own, after the others: a fault there would poison the CUDA context for every later test.
 timeout 240 python3 -m pytest tests -q -m cuda -k "not tiled and not v2" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
@@ -93,8 +93,8 @@ stamp bench_att_rc
   echo "|---|---|"
   echo "| build | $(status $build_rc) |"
   echo "| CUDA kernels usable | $cuda_ok |"
-  echo "| CUDA tests (validated kernels: all but tiled attention and planner v2) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
-  echo "| CUDA tests (opt-in kernels: tiled attention, planner v2) | $(status $cuda_tiled_rc): $(tail -1 "$log/cuda_tests_tiled.txt") |"
+  echo "| CUDA tests (validated kernels: all but tiled attention, planner v2, sampler v2) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
+  echo "| CUDA tests (opt-in kernels: tiled attention, planner v2, sampler v2) | $(status $cuda_tiled_rc): $(tail -1 "$log/cuda_tests_tiled.txt") |"
   echo "| CPU tests | $(status $cpu_rc): $(tail -1 "$log/cpu_tests.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
