@@ -46,7 +46,8 @@ case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too). The
 # tests of the opt-in kernels not yet run on a GPU (verify_attention's "tiled", the planner's and the
-# sampler's "v2") go in a process of their own, after the others: a fault there would poison the CUDA context for every later test.
+# sampler's "v2") go in a process of their own, after the others: a fault there would poison the CUDA
+# context for every later test.
 timeout 240 python3 -m pytest tests -q -m cuda -k "not tiled and not v2" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?

@@ -91,15 +91,16 @@ def bench_one(R, V, greedy, device, min_time_s) -> dict:
     out = (torch.empty(R, K + 1, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device))
     ours = lambda: rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, out=out)  # noqa: E731
     base = lambda: torch_baseline(logits, qsl, drafts, temperature, greedy)  # noqa: E731
-    t_v2 = float("nan")
+    t_v2, v2_agrees = float("nan"), ""
     if device.type == "cuda":
         t_ours = _with_kernel("v1", lambda: cuda_graph_time_us(ours, calls_per_graph=10, replays=10))
         t_v2 = _with_kernel("v2", lambda: cuda_graph_time_us(ours, calls_per_graph=10, replays=10))
         want = _with_kernel("v1", ours)
         want = (want[0].clone(), want[1].clone())
         got = _with_kernel("v2", ours)
-        if not (torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])):
-            raise AssertionError(f"sampler kernels v1 and v2 disagree at R={R}, V={V}, greedy={greedy}")
+        # A disagreement is reported in the table (and fails the CUDA tests), not raised: v1's figures
+        # must survive an opt-in kernel that is wrong.
+        v2_agrees = "yes" if torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]) else "NO"
         t_base = cuda_graph_time_us(base, calls_per_graph=3, replays=5) if greedy else float("nan")
         if not greedy:  # multinomial is not capturable on every torch version: time it eagerly
             from .timing import cuda_time_us
@@ -113,13 +114,13 @@ def bench_one(R, V, greedy, device, min_time_s) -> dict:
     nbytes = rows_read * V * logits.element_size()
     return dict(R=R, K=K, V=V, mode="greedy" if greedy else "T=1", mean_emitted=rows_read / R, ours_us=t_ours,
                 baseline_us=t_base, speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6,
-                v2_us=t_v2, v2_speedup=t_ours / t_v2, v2_gbps=nbytes / (t_v2 * 1e-6) / 1e9)
+                v2_us=t_v2, v2_speedup=t_ours / t_v2, v2_gbps=nbytes / (t_v2 * 1e-6) / 1e9, v2_agrees=v2_agrees)
 
 
 COLUMNS = [("R", "R"), ("K", "K"), ("V", "V"), ("mode", "mode"), ("mean_emitted", "tokens/request"),
            ("mbytes", "MB must read"), ("ours_us", "ours us"), ("baseline_us", "torch baseline us"),
            ("speedup", "baseline / ours"), ("gbps", "GB/s"), ("pct_copy", "% of copy BW"), ("v2_us", "v2 us"),
-           ("v2_speedup", "v1 / v2"), ("v2_pct_copy", "v2 % of copy BW")]
+           ("v2_speedup", "v1 / v2"), ("v2_pct_copy", "v2 % of copy BW"), ("v2_agrees", "v2 == v1")]
 
 
 def run(r_values=R_VALUES, v_values=V_VALUES, *, device: str = "auto", min_time_s: float = 0.2) -> dict:
