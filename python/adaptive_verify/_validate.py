@@ -1,6 +1,8 @@
 """Argument checks shared by the ops: every message names the argument and the value."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ._ext import build_info, cuda_available
@@ -92,3 +94,16 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
             _checked_positive.clear()
         _checked_positive[key] = temperature
     return temperature.to(device=device, dtype=torch.float32).contiguous()
+
+
+def env_kernel(var: str, kernels: dict, default: str) -> int:
+    """The id of the CUDA implementation named by environment variable ``var`` (``default`` when unset).
+    Read at every call, so a test or an engine can switch; an unknown name raises ValueError naming
+    ``var`` (CPU calls check it too, and otherwise ignore it)."""
+    name = os.environ.get(var)
+    if name is None:
+        return kernels[default]
+    if name not in kernels:
+        raise ValueError(f"{var}={name!r}: expected one of {sorted(kernels)} (or unset: {default!r})")
+    return kernels[name]
+

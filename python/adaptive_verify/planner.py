@@ -33,7 +33,6 @@ Decisions where the design is silent (also in the docstrings below):
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 import warnings
 from typing import Optional, Union
@@ -42,7 +41,7 @@ import torch
 
 from . import errors
 from ._ext import _C, check_status
-from ._validate import check_device, check_tensor, run_op
+from ._validate import check_device, check_tensor, env_kernel, run_op
 from .cost import CostTable
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}
@@ -61,13 +60,7 @@ PLANNER_KERNELS = {"v1": 0, "v2": 1}
 
 
 def _planner_kernel() -> int:
-    name = os.environ.get("AV_PLANNER_KERNEL")
-    if name is None:
-        return 0
-    kernel = PLANNER_KERNELS.get(name)
-    if kernel is None:
-        raise ValueError(f"AV_PLANNER_KERNEL={name!r}: expected one of {sorted(PLANNER_KERNELS)}")
-    return kernel
+    return env_kernel("AV_PLANNER_KERNEL", PLANNER_KERNELS, "v1")
 
 
 @dataclasses.dataclass

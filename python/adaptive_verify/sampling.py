@@ -32,14 +32,13 @@ temperatures; on CUDA a negative or NaN temperature means greedy.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Union
 
 import torch
 
 from . import errors
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_device, check_tensor, ptr, run_op, stream_of
+from ._validate import DTYPE_CODES, check_device, check_tensor, env_kernel, ptr, run_op, stream_of
 
 
 # CUDA sampler kernels, chosen by the environment variable AV_SAMPLER_KERNEL (read at every call, so a test or
@@ -50,13 +49,7 @@ SAMPLER_KERNELS = {"v1": 0, "v2": 1}
 
 
 def _sampler_kernel() -> int:
-    name = os.environ.get("AV_SAMPLER_KERNEL")
-    if name is None:
-        return 0
-    kernel = SAMPLER_KERNELS.get(name)
-    if kernel is None:
-        raise ValueError(f"AV_SAMPLER_KERNEL={name!r}: expected one of {sorted(SAMPLER_KERNELS)}")
-    return kernel
+    return env_kernel("AV_SAMPLER_KERNEL", SAMPLER_KERNELS, "v1")
 
 
 def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_reqs: int):
