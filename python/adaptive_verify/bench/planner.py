@@ -18,9 +18,7 @@ Inputs: confidences uniform in [0.4, 1], every request drafts K tokens, the bund
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
-import os
 import platform
 import warnings
 from typing import Optional
@@ -32,7 +30,7 @@ from ..cost import CostTable
 from ..planner import (PLANNER_KERNELS, PlanArgs, VerifyPlan, _launch_plan, plan_verification, prefix_survival,
                        resolve_plan_args)
 from .report import cli_main, markdown_table
-from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
+from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, env_var, host_time_us
 
 R_VALUES = (1, 16, 64, 256, 1024)
 K_VALUES = (4, 8, 16)
@@ -104,20 +102,6 @@ def bench_cpu(R: int, K: int, ct: CostTable, *, min_time_s: float) -> dict:
                 chain_agrees=same)
 
 
-@contextlib.contextmanager
-def _planner_kernel(name: str):
-    """AV_PLANNER_KERNEL=name inside the block (a graph captured inside keeps that kernel)."""
-    old = os.environ.get("AV_PLANNER_KERNEL")
-    os.environ["AV_PLANNER_KERNEL"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["AV_PLANNER_KERNEL"]
-        else:
-            os.environ["AV_PLANNER_KERNEL"] = old
-
-
 PLAN_OUTPUTS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req")
 
 
@@ -131,7 +115,7 @@ def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     # Every CUDA planner kernel (AV_PLANNER_KERNEL), each checked against the default's outputs.
     per_kernel, outputs = {}, {}
     for name in PLANNER_KERNELS:
-        with _planner_kernel(name):
+        with env_var("AV_PLANNER_KERNEL", name):
             k_launches, k_us = cuda_kernel_stats(run)
             per_kernel[name] = dict(launches=k_launches, kernel_us=k_us, graph_us=cuda_graph_time_us(run))
             run()

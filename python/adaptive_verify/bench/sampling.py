@@ -16,14 +16,13 @@ that must be read.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Optional
 
 import torch
 
 from ..sampling import rejection_sample
 from .report import cli_main, markdown_table
-from .timing import copy_bandwidth_gbps, cuda_graph_time_us, host_time_us
+from .timing import copy_bandwidth_gbps, cuda_graph_time_us, env_var, host_time_us
 
 R_VALUES = (1, 64, 256)
 V_VALUES = (32000, 129280, 151936)
@@ -74,16 +73,9 @@ def torch_baseline(logits, qsl, drafts, temperature, greedy: bool):
 
 
 def _with_kernel(kernel: str, fn):
-    """fn() with AV_SAMPLER_KERNEL=kernel, the variable restored afterwards."""
-    old = os.environ.get("AV_SAMPLER_KERNEL")
-    os.environ["AV_SAMPLER_KERNEL"] = kernel
-    try:
+    """fn() with AV_SAMPLER_KERNEL=kernel."""
+    with env_var("AV_SAMPLER_KERNEL", kernel):
         return fn()
-    finally:
-        if old is None:
-            del os.environ["AV_SAMPLER_KERNEL"]
-        else:
-            os.environ["AV_SAMPLER_KERNEL"] = old
 
 
 def bench_one(R, V, greedy, device, min_time_s) -> dict:

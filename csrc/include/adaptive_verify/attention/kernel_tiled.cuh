@@ -395,22 +395,8 @@ __global__ void __launch_bounds__(128)
   if (item >= p.num_tokens * p.num_q_heads) return;  // no barrier in this kernel
   const int64_t token = item / p.num_q_heads;
   const int32_t qh = int32_t(item % p.num_q_heads);
-  // The request owning this token (query_start_loc is non-decreasing for valid inputs): binary search.
-  int32_t lo = 0, hi = p.num_reqs;  // find the last r with query_start_loc[r] <= token
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) / 2;
-    if (p.query_start_loc[mid] <= token) lo = mid; else hi = mid - 1;
-  }
-  const int32_t r = lo;
-  bool owned = r < p.num_reqs;
-  if (owned) {
-    const RequestSpan span = request_span(p, r);
-    owned = span.valid && token >= span.begin && token < span.begin + span.q_len;
-  }
   T* out = static_cast<T*>(p.out);
-  // Only this request's splits were written: ceil(kv_len / kSplitTokens) of them.
-  const int32_t splits = owned ? int32_t((int64_t(p.seq_lens[r]) + kSplitTokens - 1) / kSplitTokens) : 0;
-  const int32_t used = splits < num_splits ? splits : num_splits;
+  const int32_t used = token_splits(p, token, num_splits);
   float M = -INFINITY, L = 0.f;
   const int64_t cell0 = (token * p.num_q_heads + qh) * num_splits;
   // l != 0 (not l > 0): a NaN or inf score must reach the output as it does on the CPU, not drop a split.

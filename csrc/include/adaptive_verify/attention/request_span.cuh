@@ -26,5 +26,21 @@ __device__ __forceinline__ RequestSpan request_span(const AttentionParams& p, in
   return RequestSpan{begin, int32_t(valid ? q_len : 0), kv_len, valid};
 }
 
+// Splits the partials kernel wrote for the request owning `token`, at most num_splits: ceil(kv_len /
+// kSplitTokens) of them, 0 for a padding token or an invalid request (both merge kernels write zeros then).
+__device__ __forceinline__ int32_t token_splits(const AttentionParams& p, int64_t token, int32_t num_splits) {
+  // The owner: the last r with query_start_loc[r] <= token (non-decreasing for valid inputs), by bisection.
+  int32_t lo = 0, hi = p.num_reqs;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (p.query_start_loc[mid] <= token) lo = mid; else hi = mid - 1;
+  }
+  if (lo >= p.num_reqs) return 0;
+  const RequestSpan span = request_span(p, lo);
+  if (!span.valid || token < span.begin || token >= span.begin + span.q_len) return 0;
+  const int32_t splits = int32_t((int64_t(span.kv_len) + kSplitTokens - 1) / kSplitTokens);
+  return splits < num_splits ? splits : num_splits;
+}
+
 }  // namespace attention
 }  // namespace adaptive_verify
