@@ -45,14 +45,14 @@ cuda_ok=$(python3 -c "import adaptive_verify as av; i = av.build_info(); print('
 case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests, then the whole suite (CPU tests guard the CPU path on this machine too). The
-# tests of the opt-in kernels not yet run on a GPU (verify_attention's "tiled", the planner's and the
-# sampler's "v2") go in a process of their own, after the others: a fault there would poison the CUDA
+# tests of the opt-in kernels not yet run on a GPU (verify_attention's "tiled" and "mma", the planner's and
+# the sampler's "v2") go in a process of their own, after the others: a fault there would poison the CUDA
 # context for every later test.
-timeout 240 python3 -m pytest tests -q -m cuda -k "not tiled and not v2" -rf --tb=short --durations=15 -p no:cacheprovider \
+timeout 240 python3 -m pytest tests -q -m cuda -k "not tiled and not v2 and not mma" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
 stamp cuda_rc
-timeout 150 python3 -m pytest tests -q -m cuda -k "tiled or v2" -rf --tb=short --durations=15 -p no:cacheprovider \
+timeout 150 python3 -m pytest tests -q -m cuda -k "tiled or v2 or mma" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests_tiled.txt" 2>&1
 cuda_tiled_rc=$?
 stamp cuda_tiled_rc
@@ -61,8 +61,9 @@ OMP_NUM_THREADS=2 timeout 150 python3 -m pytest tests -q -n 8 --timeout 90 -rf -
 cpu_rc=$?
 stamp cpu_rc
 
-# 3. benchmarks (the attention benchmark times both verify_attention CUDA kernels: rowwise, the default, and
-# tiled; the CUDA tests above run each of them too)
+# 3. benchmarks (the attention benchmark times every verify_attention CUDA kernel: rowwise, the default, tiled
+# and mma; the CUDA tests above run each of them too; a second run covers the issue's largest sizes, R = 256
+# and 16k contexts, with the two kernels fast enough to time there)
 timeout 100 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
   --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
 bench_rc=$?
@@ -79,6 +80,10 @@ timeout 100 python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 12
   --markdown "$log/bench_attention.md" --json "$log/bench_attention.json" >"$log/bench_attention.txt" 2>&1
 bench_att_rc=$?
 stamp bench_att_rc
+timeout 90 python3 benchmarks/bench_attention.py --device cuda --kernels tiled mma --reqs 32 256 --contexts 16384 \
+  --markdown "$log/bench_attention_large.md" --json "$log/bench_attention_large.json" >"$log/bench_attention_large.txt" 2>&1
+bench_att_large_rc=$?
+stamp bench_att_large_rc
 
 {
   echo "# GPU check: $(date -u +%Y-%m-%d)"
@@ -94,13 +99,14 @@ stamp bench_att_rc
   echo "|---|---|"
   echo "| build | $(status $build_rc) |"
   echo "| CUDA kernels usable | $cuda_ok |"
-  echo "| CUDA tests (validated kernels: all but tiled attention, planner v2, sampler v2) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
-  echo "| CUDA tests (opt-in kernels: tiled attention, planner v2, sampler v2) | $(status $cuda_tiled_rc): $(tail -1 "$log/cuda_tests_tiled.txt") |"
+  echo "| CUDA tests (validated kernels: all but tiled and mma attention, planner v2, sampler v2) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
+  echo "| CUDA tests (opt-in kernels: tiled and mma attention, planner v2, sampler v2) | $(status $cuda_tiled_rc): $(tail -1 "$log/cuda_tests_tiled.txt") |"
   echo "| CPU tests | $(status $cpu_rc): $(tail -1 "$log/cpu_tests.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
   echo "| sampling benchmark | $(status $bench_samp_rc) |"
-  echo "| attention benchmark (SIMT kernels: rowwise, tiled) | $(status $bench_att_rc) |"
+  echo "| attention benchmark (rowwise, tiled, mma) | $(status $bench_att_rc) |"
+  echo "| attention benchmark, R = 256 and 16k contexts (tiled, mma) | $(status $bench_att_large_rc) |"
   echo
   echo "## Kernel resources (ptxas)"
   echo
@@ -108,7 +114,7 @@ stamp bench_att_rc
   cat "$log/ptxas.txt"
   echo '```'
   echo
-  for b in planner confidence sampling attention; do
+  for b in planner confidence sampling attention attention_large; do
     if [ -s "$log/bench_$b.md" ]; then cat "$log/bench_$b.md"; else echo '```'; tail -40 "$log/bench_$b.txt"; echo '```'; fi
     echo
   done
@@ -121,7 +127,7 @@ stamp bench_att_rc
     echo '```'
   fi
   if [ $cuda_tiled_rc -ne 0 ]; then
-    echo "## CUDA test failures (tiled attention kernel)"
+    echo "## CUDA test failures (opt-in kernels)"
     echo
     echo '```'
     grep -E "^(FAILED|ERROR)|Error|assert" "$log/cuda_tests_tiled.txt" | head -60
@@ -141,4 +147,4 @@ stamp bench_att_rc
 # The device tool brings back only a few files: one archive holds every log.
 tar czf "$(dirname "$report")/logs.tgz" -C "$(dirname "$report")" logs && rm -rf "$log"
 echo "report written to $report"
-[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cuda_tiled_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ]
+[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cuda_tiled_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ] && [ $bench_att_large_rc -eq 0 ]

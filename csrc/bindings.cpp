@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "adaptive_verify/attention/can_implement.h"
 #include "adaptive_verify/attention/cpu.h"
 #include "adaptive_verify/confidence/cpu.h"
 #include "adaptive_verify/cuda_api.h"
@@ -358,7 +359,9 @@ int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_s
   p.out = ptr<void>(out);
   p.lse = ptr<float>(lse);
   p.error_counts = ptr<int32_t>(error_counts);
-  p.kernel = kernel;  // CUDA implementation (ignored on CPU); the launcher rejects unknown values
+  p.kernel = kernel;  // CUDA implementation (ignored on CPU)
+  if (const char* why = attention::can_implement(p, on_cuda))
+    throw pybind11::value_error(std::string("adaptive_verify.verify_attention: ") + why);
   if (!on_cuda) return attention::verify_attention_cpu(p);
 #ifdef AV_WITH_CUDA
   return attention::verify_attention_cuda(p, ptr<float>(workspace), reinterpret_cast<void*>(stream));
@@ -428,6 +431,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("ATTENTION_SPLIT_TOKENS") = int(attention::kSplitTokens);
   m.attr("ATTENTION_KERNEL_ROWWISE") = int(attention::kAttentionRowwise);
   m.attr("ATTENTION_KERNEL_TILED") = int(attention::kAttentionTiled);
+  m.attr("ATTENTION_KERNEL_MMA") = int(attention::kAttentionMma);
   m.attr("STATUS_QUERY_LEN") = int(kErrQueryLen);
   m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
   m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);

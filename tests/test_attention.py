@@ -14,6 +14,7 @@ CUDA tests are in test_attention_cuda.py.
 """
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -490,14 +491,14 @@ def test_verify_attention_bad_kernel_environment_variable(monkeypatch, value):
     _attn(cuda_kernel="rowwise")  # an explicit argument does not read the variable
 
 
-@pytest.mark.parametrize("env", [None, "rowwise", "tiled"])
+@pytest.mark.parametrize("env", [None, "rowwise", "tiled", "mma"])
 def test_verify_attention_cuda_kernel_is_ignored_on_cpu(monkeypatch, env):
     if env is None:
         monkeypatch.delenv("AV_ATTENTION_KERNEL", raising=False)
     else:
         monkeypatch.setenv("AV_ATTENTION_KERNEL", env)
     want = _attn(cuda_kernel="rowwise")
-    for kernel in (None, "rowwise", "tiled"):
+    for kernel in (None, "rowwise", "tiled", "mma"):
         assert torch.equal(_attn(cuda_kernel=kernel), want), kernel
 
 
@@ -637,3 +638,27 @@ def test_max_seq_len_bounds_the_blocks_read():
         av.verify_attention(*args, max_seq_len=0)
     with pytest.raises(TypeError, match="max_seq_len"):
         av.verify_attention(*args, max_seq_len=12.5)
+
+
+# (argument overrides of a good _C.verify_attention call, the name its error must start with)
+CAN_IMPLEMENT = [
+    (dict(dtype=0), "q: dtype"), (dict(D=96), "q: head dim"), (dict(Hkv=3), "q / k_cache"),
+    (dict(Hq=24, Hkv=8), "q / k_cache: Hq / Hkv"), (dict(block_size=48), "k_cache: block_size"),
+    (dict(max_query_len=17), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
+    (dict(kernel=3), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
+    (dict(on_cuda=True, R=65536), "block_table: at most 65535"),
+]
+
+
+@pytest.mark.parametrize("bad,name", CAN_IMPLEMENT, ids=[n for _, n in CAN_IMPLEMENT])
+def test_kernels_can_implement_rejects_unsupported_problems(bad, name):
+    """The C++ can_implement check behind _C.verify_attention: an unsupported problem is a ValueError naming
+    the argument before anything is read (the pointers here are null) or launched."""
+    from adaptive_verify._ext import _C
+    args = dict(on_cuda=False, stream=0, q=0, q_stride_t=0, q_stride_h=0, k_cache=0, v_cache=0, block_table=0,
+                block_table_stride=1, max_blocks=1, seq_lens=0, qsl=0, dtype=2, R=0, T=0, Hq=8, Hkv=2, D=128,
+                block_size=16, num_blocks=1, max_query_len=4, scale=1.0, out=0, lse=0, error_counts=0,
+                workspace=0, kernel=2)
+    args.update(bad)  # (every other test here passes through the check with a good problem)
+    with pytest.raises(ValueError, match=f"verify_attention: {re.escape(name)}"):
+        _C.verify_attention(*args.values())

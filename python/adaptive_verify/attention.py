@@ -5,11 +5,13 @@ the attention reads every length from device memory: query token i of request r 
 0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
 ``write_kv`` with the planner's slot_mapping).
 
-Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and two
-SIMT CUDA kernels (split-KV in two launches), chosen with ``cuda_kernel`` / ``AV_ATTENTION_KERNEL``:
-"rowwise" (the default; validated on an H200 on 2026-11-29, but slow) and "tiled" (K/V tiles in shared
-memory; not yet run on a GPU). The tensor-core kernel the design asks for (GQA rows packed into the MMA M
-dimension, K/V read once per KV head) is still to write. On CUDA, lengths and block ids that the host cannot
+Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and three
+CUDA kernels (split-KV in two launches), chosen with ``cuda_kernel`` / ``AV_ATTENTION_KERNEL``:
+"rowwise" (the default; SIMT; validated on an H200 on 2026-11-29, but slow), "tiled" (SIMT, K/V tiles in
+shared memory; not yet run on a GPU) and "mma" (tensor cores: each request's q_len x (Hq / Hkv) rows packed
+into the MMA M dimension so a block reads its split of a KV head's cache once for up to 128 rows, a
+cp.async pipeline, mma.sync m16n8k16; validated on the CPU by a fiber emulator that runs its CUDA source,
+tests/test_attention_emu.py, but not yet on a GPU). On CUDA, lengths and block ids that the host cannot
 check without a sync make their request padding (or skip the bad block) and are counted in
 ``error_counts()``. ``write_kv`` has both kernels.
 
@@ -40,7 +42,8 @@ GQA_RATIOS = (1, 2, 4, 8, 16)
 MAX_QUERY_LEN = 16
 _DTYPES = {torch.bfloat16: 2, torch.float16: 1}
 # CUDA implementations of verify_attention (AttentionParams::kernel in params.h).
-_CUDA_KERNELS = {"rowwise": _C.ATTENTION_KERNEL_ROWWISE, "tiled": _C.ATTENTION_KERNEL_TILED}
+_CUDA_KERNELS = {"rowwise": _C.ATTENTION_KERNEL_ROWWISE, "tiled": _C.ATTENTION_KERNEL_TILED,
+                 "mma": _C.ATTENTION_KERNEL_MMA}
 CUDA_KERNEL_ENV = "AV_ATTENTION_KERNEL"
 
 _MESSAGES = {
@@ -112,14 +115,21 @@ def verify_attention(
             table's full width, which for a long-context table is mostly unused (2048 tokens, Hq = 64, D =
             128 and a 128k-token table would otherwise need 17 GB). A request with seq_lens above it is
             treated like one whose block table is too short: ValueError on CPU, skipped and counted on CUDA.
-        cuda_kernel: CUDA implementation, "rowwise" or "tiled"; None (default) reads the environment variable
-            AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value (argument or variable)
-            raises ValueError. Both give the same results up to fp32 rounding; CPU tensors check the value
-            and otherwise ignore it.
+        cuda_kernel: CUDA implementation, "rowwise", "tiled" or "mma"; None (default) reads the environment
+            variable AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value (argument or
+            variable) raises ValueError. All agree with the float64 reference within the tests' tolerance
+            (twice a float32 reference's rounding error plus one ulp); CPU tensors check the value and
+            otherwise ignore it.
             - "rowwise" (default): one warp per query row; validated on an H200 on 2026-11-29 (every CUDA
               test passes), but latency-bound, about 10x slower than it should be.
-            - "tiled": K/V tiles in shared memory, read once per block of 16 query rows; not yet run on
-              a GPU, so opt-in until it passes the CUDA tests.
+            - "tiled": SIMT, K/V tiles in shared memory, read once per block of 16 query rows; not yet run
+              on a GPU, so opt-in until it passes the CUDA tests.
+            - "mma": tensor cores, GQA rows in the MMA M dimension (K/V read once per split and KV head
+              for up to 128 rows), softmax probabilities rounded to q's dtype before P V as in
+              FlashAttention-2. Opt-in until it passes the CUDA tests on a GPU; its source already runs
+              in the CPU suite under an emulator. An inf in a V row that a query row cannot see but a later
+              row of its request can (a later draft token's V) makes the row NaN (0 x inf), where the other
+              kernels skip it.
     """
     kernel_id = _cuda_kernel(cuda_kernel)
     check_tensor("q", q, dtypes=tuple(_DTYPES), ndim=3)

@@ -7,8 +7,9 @@ request's pages into a dense KV tensor, pad the queries to the longest request, 
 scaled_dot_product_attention with a causal-in-block mask. The figure that matters is achieved bandwidth
 over the KV bytes that must be read (2 x seq_len x Hkv x D x 2 bytes per request), against a plain
 copy's bandwidth in the same process; on CUDA the L2 cache is flushed before every timed call.
-On CUDA both implementations are timed (``cuda_kernel="rowwise"``, the default, and ``"tiled"``); the
-speedup, bandwidth and max |diff| columns are for the faster one (max |diff|: the larger of the two).
+On CUDA every implementation in ``kernels`` is timed (default all three: ``cuda_kernel="rowwise"``, the
+default, ``"tiled"`` and ``"mma"``, the tensor-core kernel); the speedup and bandwidth columns are for the
+fastest of them (named in the "best" column), max |diff| is the largest over all of them.
 """
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def make_inputs(R, context, layer, device, seed=0):
     blocks_per_req = (context + BLOCK_SIZE - 1) // BLOCK_SIZE
     num_blocks = R * blocks_per_req
     block_table = torch.randperm(num_blocks, generator=g).to(torch.int32).view(R, blocks_per_req)
-    mk = lambda *s: (torch.randn(*s, generator=g) * 0.5).to(torch.bfloat16).to(device)  # noqa: E731
+    # Random data made on the device itself: the largest caches (R = 256, 16k contexts: 17 GB) would take
+    # minutes to draw on the host.
+    gd = torch.Generator(device=device).manual_seed(seed)
+    mk = lambda *s: (torch.randn(*s, generator=gd, device=device) * 0.5).to(torch.bfloat16)  # noqa: E731
     return dict(q=mk(T, Hq, D), k_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D), v_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D),
                 block_table=block_table.to(device), seq_lens=torch.full((R,), context, dtype=torch.int32, device=device),
                 query_start_loc=qsl.to(device), max_query_len=8)
@@ -82,11 +86,11 @@ def _cuda_cold_us(fn, reps=10) -> float:
     return statistics.median(samples)
 
 
-def bench_one(R, context, layer, device, min_time_s) -> dict:
+def bench_one(R, context, layer, device, min_time_s, kernels=None) -> dict:
     args = make_inputs(R, context, layer, device)
     Hq, Hkv, D = LAYERS[layer]
     # The CPU kernel ignores cuda_kernel: time it once.
-    kernels = CUDA_KERNELS if device.type == "cuda" else ("rowwise",)
+    kernels = (kernels or CUDA_KERNELS) if device.type == "cuda" else ("rowwise",)
     ours = {k: (lambda k=k: verify_attention(**args, cuda_kernel=k)) for k in kernels}
     base = lambda: padded_sdpa(**args)  # noqa: E731
     # The padded baseline materialises K and V densely per query head: skip it where that alone would
@@ -99,7 +103,8 @@ def bench_one(R, context, layer, device, min_time_s) -> dict:
     else:
         times = {k: host_time_us(fn, min_time_s=min_time_s, warmup=1, max_iters=20) for k, fn in ours.items()}
         t_base = host_time_us(base, min_time_s=min_time_s, warmup=1, max_iters=20) if run_base else float("nan")
-    t_ours = min(times.values())
+    best = min(times, key=times.get)
+    t_ours = times[best]
     if run_base:
         want = base().float()
         err = max((fn().float() - want).abs().max().item() for fn in ours.values())
@@ -107,9 +112,9 @@ def bench_one(R, context, layer, device, min_time_s) -> dict:
         err = float("nan")
     nbytes = 2 * R * context * Hkv * D * 2
     nan = float("nan")
-    return dict(layer=layer, R=R, context=context, ours_us=t_ours, rowwise_us=times["rowwise"],
-                tiled_us=times.get("tiled", nan), tiled_speedup=times["rowwise"] / times.get("tiled", nan),
-                baseline_us=t_base, speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9,
+    return dict(layer=layer, R=R, context=context, ours_us=t_ours, best=best,
+                **{f"{k}_us": times.get(k, nan) for k in CUDA_KERNELS}, baseline_us=t_base,
+                speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9,
                 mbytes=nbytes / 1e6, max_abs_diff=err)
 
 
@@ -150,25 +155,29 @@ KV_COLUMNS = [("layer", "layer"), ("T", "tokens"), ("ours_us", "write_kv us"), (
 COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
            ("baseline_us", "padded SDPA us"), ("speedup", "baseline / ours"), ("gbps", "GB/s"),
            ("pct_copy", "% of copy BW"), ("max_abs_diff", "max |diff|")]
-# On CUDA: both kernels' times, then the other columns for the faster of the two ("best").
-CUDA_COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"),
-                ("rowwise_us", "rowwise us"), ("tiled_us", "tiled us"), ("tiled_speedup", "rowwise / tiled"),
-                ("baseline_us", "padded SDPA us"), ("speedup", "baseline / best"), ("gbps", "GB/s (best)"),
-                ("pct_copy", "% of copy BW (best)"), ("max_abs_diff", "max |diff| (either)")]
-CUDA_KERNELS = ("rowwise", "tiled")  # verify_attention(cuda_kernel=...)
+CUDA_KERNELS = ("rowwise", "tiled", "mma")  # verify_attention(cuda_kernel=...)
 
 
-def run(r_values=None, contexts=None, layers=tuple(LAYERS), *, device="auto", min_time_s=0.2) -> dict:
+def cuda_columns(kernels) -> list:
+    """On CUDA: each timed kernel's time, then the other columns for the fastest ("best")."""
+    return ([("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB")]
+            + [(f"{k}_us", f"{k} us") for k in kernels]
+            + [("best", "best"), ("baseline_us", "padded SDPA us"), ("speedup", "baseline / best"),
+               ("gbps", "GB/s (best)"), ("pct_copy", "% of copy BW (best)"), ("max_abs_diff", "max |diff| (any)")])
+
+
+def run(r_values=None, contexts=None, layers=tuple(LAYERS), *, device="auto", min_time_s=0.2, kernels=None) -> dict:
     dev = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     r_values = r_values or (R_VALUES if dev.type == "cuda" else CPU_R_VALUES)
     contexts = contexts or (CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
     copy = copy_bandwidth_gbps(dev, nbytes=(1 << 30) if dev.type == "cuda" else (1 << 28))
-    rows = [bench_one(R, c, layer, dev, min_time_s) for layer in layers for R in r_values for c in contexts]
+    kernels = tuple(kernels or CUDA_KERNELS)
+    rows = [bench_one(R, c, layer, dev, min_time_s, kernels) for layer in layers for R in r_values for c in contexts]
     for r in rows:
         r["pct_copy"] = 100 * r["gbps"] / copy
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "copy_gbps": copy, "rows": rows, "write_kv": bench_write_kv(dev, min_time_s)}
+            "copy_gbps": copy, "kernels": list(kernels), "rows": rows, "write_kv": bench_write_kv(dev, min_time_s)}
 
 
 def report(result: dict) -> str:
@@ -178,10 +187,10 @@ def report(result: dict) -> str:
         "",
         f"bf16 paged KV (block size {BLOCK_SIZE}), q_len mix 1..8; {cold}. Copy bandwidth in the same process: "
         f"{result['copy_gbps']:.0f} GB/s."
-        + ("" if result["device"] == "cpu" else " Both CUDA kernels are timed: rowwise (the default) and tiled; the "
-           "best columns are for the faster of the two."),
+        + ("" if result["device"] == "cpu" else f" CUDA kernels timed: {', '.join(result['kernels'])} (rowwise is the "
+           "default); the best columns are for the fastest."),
         "",
-        markdown_table(result["rows"], COLUMNS if result["device"] == "cpu" else CUDA_COLUMNS),
+        markdown_table(result["rows"], COLUMNS if result["device"] == "cpu" else cuda_columns(result["kernels"])),
         "",
         "write_kv (bf16, random slots):",
         "",
@@ -196,10 +205,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.add_argument("--layers", nargs="+", choices=sorted(LAYERS), default=list(LAYERS))
         ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
+        ap.add_argument("--kernels", nargs="+", choices=CUDA_KERNELS, default=list(CUDA_KERNELS),
+                        help="CUDA implementations to time (CUDA only)")
 
     return cli_main(argv, prog="adaptive-verify bench attention", description=__doc__.split("\n\n")[0],
                     add_arguments=add_arguments, report=report,
-                    run=lambda a: run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time))
+                    run=lambda a: run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time,
+                                     kernels=a.kernels))
 
 
 if __name__ == "__main__":

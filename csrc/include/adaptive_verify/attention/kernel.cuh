@@ -7,8 +7,10 @@
 //   kAttentionRowwise (default): kernel_rowwise.cuh, one warp per query row; validated on an H200
 //     (2026-11-29) but latency-bound (~1 us per KV position);
 //   kAttentionTiled: kernel_tiled.cuh, K/V tiles in shared memory read once per block of 16 query rows;
-//     not yet run on a GPU.
-// Both write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats)
+//     not yet run on a GPU;
+//   kAttentionMma: kernel_mma.cuh, tensor cores (mma.sync) with the request's GQA rows packed into the MMA
+//     M dimension and a cp.async pipeline; run only under the host emulator (tests/emu) so far.
+// All write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats)
 // and use the same split boundaries (kSplitTokens) as the CPU kernel.
 #pragma once
 
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "adaptive_verify/attention/kernel_mma.cuh"
 #include "adaptive_verify/attention/kernel_rowwise.cuh"
 #include "adaptive_verify/attention/kernel_tiled.cuh"
 #include "adaptive_verify/attention/params.h"
@@ -50,13 +53,15 @@ inline int32_t attention_splits(const AttentionParams& p) {
   return int32_t(s < 1 ? 1 : s);
 }
 
-// Workspace floats the two launches need (either kernel): (max, sum) and acc[D] per (token, head, split).
+// Workspace floats the two launches need (any kernel): (max, sum) and acc[D] per (token, head, split).
 inline int64_t attention_workspace_floats(const AttentionParams& p) {
   return p.num_tokens * p.num_q_heads * int64_t(attention_splits(p)) * (p.head_dim + 2);
 }
 
 inline cudaError_t launch_verify_attention(const AttentionParams& p, float* workspace, cudaStream_t stream) {
-  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled) return cudaErrorInvalidValue;
+  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && p.kernel != kAttentionMma)
+    return cudaErrorInvalidValue;
+  if (p.kernel == kAttentionMma && p.dtype == kFloat32) return cudaErrorInvalidValue;  // tensor cores: 16-bit
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.num_reqs > 65535) return cudaErrorInvalidValue;  // grid.z
   const int32_t S = attention_splits(p);
@@ -69,6 +74,12 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, float* work
     using T = decltype(tag);
     auto launch = [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
+      if constexpr (sizeof(T) == 2) {
+        if (p.kernel == kAttentionMma) {
+          err = launch_attention_mma<T, D>(p, S, ws_ml, ws_acc, vec_loads, stream);
+          return;
+        }
+      }
       if (p.kernel == kAttentionTiled) {
         err = launch_attention_tiled<T, D>(p, S, ws_ml, ws_acc, vec_loads, stream);
       } else {

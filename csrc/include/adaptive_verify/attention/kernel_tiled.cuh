@@ -10,21 +10,22 @@
 //      its rows against the tile: fp32 dots over D from smem, a per-row online softmax (one warp per 4
 //      rows, shuffle reductions), and P.V into register accumulators. It writes (max, sum, acc[D]) per
 //      (token, head, split), in the same workspace layout as the row-wise kernel;
-//   2. merge: one warp per (token, head) merges the token's splits in order by log-sum-exp.
+//   2. merge (merge.cuh): one warp per (token, head) merges the token's splits in order by log-sum-exp.
 // Same split boundaries as the CPU kernel (kSplitTokens), so outputs are batch-invariant; the dot-product
 // and softmax order differ from the CPU's (tile-wise rescaling instead of position by position), so the
 // two agree to fp32 rounding, not bit for bit. NaN/inf scores are handled as the CPU's update would.
 // NOTES: not yet run on a GPU (the row-wise kernel passed the CUDA tests on an H200 but was latency-bound:
 // ~1 us per position). Rows past 16 re-read the split's K/V in another block (L2 hits when they run
 // together). Single-buffered: each tile's loads are exposed within a block and hidden only by other
-// resident blocks (cp.async double buffering is the next step). The tensor-core version (GQA rows in the
-// MMA M dimension, K/V read once per KV head) replaces both kernels.
+// resident blocks. The tensor-core kernel (kernel_mma.cuh: GQA rows in the MMA M dimension, a cp.async
+// pipeline) is meant to replace both SIMT kernels once it passes on a GPU.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "adaptive_verify/attention/merge.cuh"
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/attention/request_span.cuh"
 #include "adaptive_verify/dtype.h"
@@ -145,24 +146,11 @@ __global__ void __launch_bounds__(TiledConfig<T, D>::kThreads, 1)
   const int32_t s = blockIdx.x / num_chunks, chunk = blockIdx.x % num_chunks, h = blockIdx.y, r = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const RequestSpan span = request_span(p, r);
-  if (!span.valid) {
-    if (blockIdx.x == 0 && h == 0 && tid == 0 && p.query_start_loc[r + 1] != p.query_start_loc[r])
-      atomicAdd(p.error_counts + kCountQueryLenOutOfRange, 1);
-    return;  // its tokens are padding: the merge kernel writes zeros without reading the workspace
-  }
-  const int32_t group = p.num_q_heads / p.num_kv_heads;
-  const int32_t rows = span.q_len * group;
-  const int32_t row0 = chunk * kRows;
-  const int32_t s0 = s * kSplitTokens;
-  // Past this request's rows or context: nothing to write (the merge reads only its own splits).
-  if (row0 >= rows || s0 > span.kv_len - 1) return;
-  const int32_t nrows = rows - row0 < kRows ? rows - row0 : kRows;
-  // Row i of the request sees positions <= kv_len - q_len + i; the chunk's last row sees the most.
-  const int32_t last_of_token0 = span.kv_len - span.q_len;
-  const int32_t chunk_last = last_of_token0 + (row0 + nrows - 1) / group;
-  const int32_t s_end = s0 + kSplitTokens - 1 < chunk_last ? s0 + kSplitTokens - 1 : chunk_last;
-  // Bad block ids are counted by the chunk holding the request's last rows: it reads up to kv_len - 1.
-  const bool counts_bad = h == 0 && chunk == (rows - 1) / kRows;
+  const ChunkWork work = chunk_work(p, span, r, s, chunk, kRows, h, blockIdx.x == 0 && tid == 0);
+  if (!work.active) return;
+  const int32_t group = work.group, row0 = work.row0, nrows = work.nrows, s0 = work.s0;
+  const int32_t last_of_token0 = work.last_of_token0, s_end = work.s_end;
+  const bool counts_bad = work.counts_bad;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
@@ -384,42 +372,6 @@ __global__ void __launch_bounds__(TiledConfig<T, D>::kThreads, 1)
   }
 }
 
-// One warp per (token, q head): lanes own columns lane + 32 * e and merge the token's splits in order.
-template <typename T, int D>
-__global__ void __launch_bounds__(128)
-    attention_merge_tiled_kernel(const AttentionParams p, int32_t num_splits, const float* __restrict__ ws_ml,
-                                 const float* __restrict__ ws_acc) {
-  constexpr int kPerLane = D / 32;
-  const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (item >= p.num_tokens * p.num_q_heads) return;  // no barrier in this kernel
-  const int64_t token = item / p.num_q_heads;
-  const int32_t qh = int32_t(item % p.num_q_heads);
-  T* out = static_cast<T*>(p.out);
-  const int32_t used = token_splits(p, token, num_splits);
-  float M = -INFINITY, L = 0.f;
-  const int64_t cell0 = (token * p.num_q_heads + qh) * num_splits;
-  // l != 0 (not l > 0): a NaN or inf score must reach the output as it does on the CPU, not drop a split.
-  for (int32_t s = 0; s < used; ++s)
-    if (ws_ml[2 * (cell0 + s) + 1] != 0.f) M = fmaxf(M, ws_ml[2 * (cell0 + s)]);
-  float v[kPerLane];
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) v[e] = 0.f;
-  for (int32_t s = 0; s < used; ++s) {
-    const float l = ws_ml[2 * (cell0 + s) + 1];
-    if (l != 0.f) {
-      const float w = expf(ws_ml[2 * (cell0 + s)] - M);
-      L += l * w;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) v[e] += ws_acc[(cell0 + s) * D + e * 32 + lane] * w;
-    }
-  }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) from_float(v[e] * inv, out + (token * p.num_q_heads + qh) * D + e * 32 + lane);
-  if (lane == 0 && p.lse != nullptr) p.lse[token * p.num_q_heads + qh] = L > 0.f ? M + logf(L) : -INFINITY;
-}
-
 // Both launches of the tiled kernel; workspace split as in launch_verify_attention (kernel.cuh).
 template <typename T, int D>
 inline cudaError_t launch_attention_tiled(const AttentionParams& p, int32_t num_splits, float* ws_ml, float* ws_acc,
@@ -440,10 +392,9 @@ inline cudaError_t launch_attention_tiled(const AttentionParams& p, int32_t num_
     const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, num_splits, int32_t(chunks), vec_loads, ws_ml, ws_acc);
   }
-  constexpr int kMergeWarps = 4;
   const int64_t items = p.num_tokens * p.num_q_heads;
   const unsigned merge_blocks = unsigned((items + kMergeWarps - 1) / kMergeWarps);
-  attention_merge_tiled_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
   return cudaSuccess;
 }
 

@@ -17,6 +17,7 @@ constexpr int32_t kSplitTokens = 512;
 // cudaErrorInvalidValue. Keep in sync with python/adaptive_verify/attention.py (_CUDA_KERNELS).
 constexpr int32_t kAttentionRowwise = 0;  // default: one warp per query row (validated on an H200)
 constexpr int32_t kAttentionTiled = 1;    // K/V tiles in shared memory (not yet run on a GPU)
+constexpr int32_t kAttentionMma = 2;      // tensor cores, GQA rows in the MMA M dimension (not yet run on a GPU)
 
 struct AttentionParams {
   const void* q = nullptr;  // [T, Hq, D] of `dtype`, strides (q_stride_t, q_stride_h, 1)
@@ -38,7 +39,7 @@ struct AttentionParams {
   void* out = nullptr;   // [T, Hq, D] of `dtype`, contiguous
   float* lse = nullptr;  // [T, Hq] or null
   int32_t* error_counts = nullptr;
-  int32_t kernel = kAttentionRowwise;  // kAttentionRowwise or kAttentionTiled (CUDA only)
+  int32_t kernel = kAttentionRowwise;  // kAttentionRowwise, kAttentionTiled or kAttentionMma (CUDA only)
 };
 
 struct WriteKvParams {

@@ -1,5 +1,5 @@
 // Device-side view of one request's lengths, shared by the verify_attention kernels (kernel_rowwise.cuh,
-// kernel_tiled.cuh).
+// kernel_tiled.cuh, kernel_mma.cuh, merge.cuh).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,44 @@ __device__ __forceinline__ RequestSpan request_span(const AttentionParams& p, in
   const bool valid = q_len > 0 && q_len <= p.max_query_len && begin >= 0 && end <= p.num_tokens && kv_len >= q_len &&
                      (int64_t(kv_len) + p.block_size - 1) / p.block_size <= p.max_blocks;
   return RequestSpan{begin, int32_t(valid ? q_len : 0), kv_len, valid};
+}
+
+// What block (split s, row chunk `chunk` of `chunk_rows` rows, KV head h) of a chunked partials kernel
+// (kernel_tiled.cuh, kernel_mma.cuh) does for request r. Rows are the request's q_len x group query rows,
+// row = i * group + g (query token i, q head h * group + g).
+struct ChunkWork {
+  bool active;             // false: nothing to write (invalid request, or rows / split past the request)
+  int32_t group, rows;     // Hq / Hkv, and the request's q_len * group rows
+  int32_t row0, nrows;     // the block's rows: row0 .. row0 + nrows - 1
+  int32_t last_of_token0;  // row `row` sees positions <= last_of_token0 + row / group
+  int32_t s0, s_end;       // the positions the block reads, s0 .. s_end (none when s_end < s0)
+  bool counts_bad;         // counts bad block ids: the chunk holding the last rows reads up to kv_len - 1
+};
+
+// An invalid request's tokens are padding (the merge writes zeros without reading the workspace); one
+// thread of the grid (`counter`, with h == 0) counts it if it has tokens.
+__device__ __forceinline__ ChunkWork chunk_work(const AttentionParams& p, const RequestSpan& span, int32_t r,
+                                                int32_t s, int32_t chunk, int32_t chunk_rows, int32_t h,
+                                                bool counter) {
+  ChunkWork w{};
+  if (!span.valid) {
+    if (counter && h == 0 && p.query_start_loc[r + 1] != p.query_start_loc[r])
+      atomicAdd(p.error_counts + kCountQueryLenOutOfRange, 1);
+    return w;
+  }
+  w.group = p.num_q_heads / p.num_kv_heads;
+  w.rows = span.q_len * w.group;
+  w.row0 = chunk * chunk_rows;
+  w.s0 = s * kSplitTokens;
+  // Past the request's rows or context: nothing to write (the merge reads only the request's splits).
+  if (w.row0 >= w.rows || w.s0 > span.kv_len - 1) return w;
+  w.active = true;
+  w.nrows = w.rows - w.row0 < chunk_rows ? w.rows - w.row0 : chunk_rows;
+  w.last_of_token0 = span.kv_len - span.q_len;
+  const int32_t block_last = w.last_of_token0 + (w.row0 + w.nrows - 1) / w.group;  // its last row sees most
+  w.s_end = w.s0 + kSplitTokens - 1 < block_last ? w.s0 + kSplitTokens - 1 : block_last;
+  w.counts_bad = h == 0 && chunk == (w.rows - 1) / chunk_rows;
+  return w;
 }
 
 // Splits the partials kernel wrote for the request owning `token`, at most num_splits: ceil(kv_len /

@@ -1,0 +1,354 @@
+// verify_attention on tensor cores: selected by AttentionParams::kernel = kAttentionMma (bf16/fp16).
+//
+// Split-KV in two launches whose grids depend only on host upper bounds (R, Hkv, max_query_len and the
+// block table's width), so a captured graph replays any lengths:
+//   1. partials: block (split s, row chunk c, KV head h, request r). The request's q_len x group query
+//      rows of KV head h are packed into the MMA M dimension (row = i * group + g: query token i, q head
+//      h * group + g), 16 rows per warp, up to kMaxWarps warps per block, so one block reads the split's
+//      K/V once for up to 128 rows (a q_len-16 request at group 8). The block streams the split through
+//      a kStages-deep cp.async pipeline of kTile-position K/V tiles (16 KB per stage) into swizzled shared
+//      memory; each warp computes S = Q K^T with mma.sync m16n8k16 (fp32 accumulate), its rows' online
+//      softmax in registers (exp2, quad shuffles), and O += P V with P rounded to the input dtype, as
+//      FlashAttention-2 does. It writes (max, sum, acc[D]) per (token, head, split);
+//   2. merge (merge.cuh): one warp per (token, head) merges the token's splits in order by log-sum-exp.
+// The row-wise and tiled kernels write the same workspace and use the same split boundaries (kSplitTokens).
+//
+// Batch invariance: a row's arithmetic depends only on its own request and the call's max_query_len and
+// group (which fix the rows sharing its warp), never on other requests. Warps own M tiles, not KV
+// ranges, so no cross-warp reduction depends on how many rows a block holds.
+//
+// Poison: positions past a block's last visible position, and positions whose block id is out of range
+// (skipped and counted), are zero-filled by cp.async and masked; query rows past the request are zeros.
+// P is 0 at causally hidden positions, whose K/V are this step's own (finite) tokens. Unlike the SIMT
+// kernels, an inf in a V row that the row cannot see but its block can (a later draft token's) reaches
+// the row as 0 * inf = NaN; NaN or +inf scores make the row NaN as on the CPU.
+//
+// NOTES: written without a GPU (2026-11-30) and run only under the host emulator (tests/emu), which
+// executes this source with every CUDA thread as a fiber and checks shared-memory bounds, alignment and
+// pipeline waits. Not yet run on hardware; "rowwise" stays the default until the CUDA tests pass.
+// SM100 builds run the same sm_80-style mma.sync code (no tcgen05/TMA path).
+#pragma once
+
+#include <cstdint>
+
+#include "adaptive_verify/attention/merge.cuh"
+#include "adaptive_verify/attention/params.h"
+#include "adaptive_verify/attention/request_span.cuh"
+#include "adaptive_verify/attention/tensor_core.cuh"
+#include "adaptive_verify/dtype.h"
+
+namespace adaptive_verify {
+namespace attention {
+
+template <typename T, int D>
+struct MmaConfig {
+  static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128 and 256");
+  static_assert(sizeof(T) == 2, "tensor-core path: bf16 and fp16 only");
+  // 16 rows per warp (the MMA M). 8 warps hold 128 rows: q_len 16 at group 8 in one block; larger
+  // problems take more row chunks (blocks re-reading the split's K/V, from L2 when they run together).
+  static constexpr int kMaxWarps = 8;
+  static constexpr int kRowsPerWarp = 16;
+  // Positions per pipeline stage: 8 KB of K plus 8 KB of V whatever D, so every head dim keeps the same
+  // bytes in flight; S then holds kTile / 8 MMA tiles (64 / 32 / 16 positions: 8 / 4 / 2 tiles).
+  static constexpr int kTile = 4096 / D;
+  // Three stages: two tiles in flight while the third is computed on.
+  static constexpr int kStages = 3;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per K/V/Q row
+  static constexpr int kTileElems = kTile * D;
+  static constexpr int kKvBytes = kStages * 2 * kTileElems * 2;  // K then V of each stage
+  static constexpr int kFlagBytes = kStages * kTile * 4;          // per position: 1 if its block id is valid
+  static_assert(kTile % 16 == 0, "P V takes the tile 16 positions (one MMA K) at a time");
+  static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks within groups of 8");
+  static_assert(kKvBytes % 16 == 0 && kFlagBytes % 16 == 0, "smem parts stay 16-byte aligned");
+  // Dynamic shared memory of a block of `warps` warps: K/V stages, flags, then the block's query rows.
+  static constexpr int smem_bytes(int warps) { return kKvBytes + kFlagBytes + warps * kRowsPerWarp * D * 2; }
+  static_assert(kKvBytes + kFlagBytes + kMaxWarps * kRowsPerWarp * D * 2 <= 227 * 1024, "fits one SM's smem");
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile: chunks are XORed
+// with row % 8, so the 8 rows an ldmatrix reads at one logical chunk fall in 8 distinct bank groups.
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Partials of one (split s, row chunk, KV head h, request r); see the file comment. Thread layout: warp w
+// owns block rows 16 w .. 16 w + 15; in MMA fragments lane l holds rows l / 4 and l / 4 + 8 of its warp's
+// tile and columns 2 (l % 4) + {0, 1} of each 8-column MMA tile.
+template <typename T, int D>
+__global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
+    attention_partials_mma_kernel(const AttentionParams p, int32_t num_splits, int32_t num_chunks, bool vec_loads,
+                                  float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
+  using Cfg = MmaConfig<T, D>;
+  constexpr int kTile = Cfg::kTile, kStages = Cfg::kStages, kChunks = Cfg::kChunks;
+  constexpr int kNT = kTile / 8;  // MMA N tiles of S (positions)
+  constexpr int kDT = D / 8;      // MMA N tiles of O (head dim)
+  AV_DYNAMIC_SMEM(smem);
+  T* kv_s = reinterpret_cast<T*>(smem);                                      // [kStages][2][kTile][D]
+  int32_t* flag_s = reinterpret_cast<int32_t*>(smem + Cfg::kKvBytes);         // [kStages][kTile]
+  T* q_s = reinterpret_cast<T*>(smem + Cfg::kKvBytes + Cfg::kFlagBytes);     // [warps * 16][D]
+
+  const int32_t s = blockIdx.x / num_chunks, chunk = blockIdx.x % num_chunks, h = blockIdx.y, r = blockIdx.z;
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
+  const int block_rows = nthreads / 32 * Cfg::kRowsPerWarp;
+  const RequestSpan span = request_span(p, r);
+  const ChunkWork w = chunk_work(p, span, r, s, chunk, block_rows, h, blockIdx.x == 0 && tid == 0);
+  if (!w.active) return;  // no barrier has been reached yet: the whole block leaves together
+  const int32_t group = w.group, row0 = w.row0, nrows = w.nrows, s0 = w.s0, s_end = w.s_end;
+  const int32_t last_of_token0 = w.last_of_token0;
+  const int64_t begin = span.begin;
+  const int32_t num_tiles = s_end >= s0 ? (s_end - s0) / kTile + 1 : 0;  // 0: the block's rows see none
+  const bool counts_bad = w.counts_bad;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
+
+  // Tile i's K and V rows into stage i % kStages: one 16-byte chunk per thread and round, zero-filled past
+  // s_end and for bad block ids (flag 0: masked in the softmax). Caches whose base is not 16-byte aligned
+  // (rows are 16-byte multiples, so the base decides) take plain element copies instead of cp.async.
+  auto load_tile = [&](int32_t i) {
+    const int stage = i % kStages;
+    T* k_dst = kv_s + stage * 2 * Cfg::kTileElems;
+    T* v_dst = k_dst + Cfg::kTileElems;
+    const int32_t t0 = s0 + i * kTile;
+    for (int idx = tid; idx < kTile * kChunks; idx += nthreads) {
+      const int j = idx / kChunks, c = idx % kChunks;
+      const int32_t pos = t0 + j;
+      int64_t off = -1;
+      if (pos <= s_end) {
+        const int32_t block = table[pos / p.block_size];
+        if (block >= 0 && block < p.num_blocks) {
+          off = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + c * 8;
+        } else if (counts_bad && c == 0) {  // cannot be checked on the host without a sync
+          atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
+        }
+      }
+      if (c == 0) flag_s[stage * kTile + j] = off >= 0 ? 1 : 0;
+      T* kd = k_dst + swizzle<D>(j, c);
+      T* vd = v_dst + swizzle<D>(j, c);
+      if (vec_loads) {
+        tc::cp_async16(kd, off >= 0 ? kc + off : kc, off >= 0);
+        tc::cp_async16(vd, off >= 0 ? vc + off : vc, off >= 0);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          kd[e] = off >= 0 ? kc[off + e] : T{0};
+          vd[e] = off >= 0 ? vc[off + e] : T{0};
+        }
+      }
+    }
+  };
+
+  // Prologue: the first kStages - 1 tiles in flight (one commit group per tile slot, empty past the end,
+  // so cp_async_wait<kStages - 2> below always means "tile i has landed").
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_tiles) load_tile(i);
+    tc::cp_async_commit();
+  }
+  // The block's query rows into smem (swizzled), zeros past the request; made visible by the first
+  // barrier of the tile loop.
+  for (int idx = tid; idx < block_rows * kChunks; idx += nthreads) {
+    const int lr = idx / kChunks, c = idx % kChunks;
+    T* dst = q_s + swizzle<D>(lr, c);
+    if (lr < nrows) {
+      const int32_t row = row0 + lr;
+      const T* src = static_cast<const T*>(p.q) + (begin + row / group) * p.q_stride_t +
+                     int64_t(h * group + row % group) * p.q_stride_h + c * 8;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = src[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = T{0};
+    }
+  }
+
+  // This lane's two rows (block rows wr and wr + 8) and the last position each sees (-1: past the request).
+  const int wr = warp * Cfg::kRowsPerWarp + (lane >> 2);
+  const int32_t lim0 = wr < nrows ? last_of_token0 + (row0 + wr) / group : -1;
+  const int32_t lim1 = wr + 8 < nrows ? last_of_token0 + (row0 + wr + 8) / group : -1;
+  // The warp's last visible position (warp-uniform): its last real row's limit.
+  const int warp_rows_end = (warp + 1) * Cfg::kRowsPerWarp < nrows ? (warp + 1) * Cfg::kRowsPerWarp : nrows;
+  const int32_t warp_last =
+      warp * Cfg::kRowsPerWarp < nrows ? last_of_token0 + (row0 + warp_rows_end - 1) / group : -1;
+  const float scale_log2 = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+
+  // Online-softmax state, in log2 units of the scaled score: m per row (quad-uniform), l per lane (this
+  // lane's columns only; summed over the quad at the end), and the O accumulators (C fragments).
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float acc[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+
+  for (int32_t i = 0; i < num_tiles; ++i) {
+    tc::cp_async_wait<kStages - 2>();  // this thread's copies of tile i have landed
+    __syncthreads();  // everyone's have (and the query rows are stored); everyone is done with tile i - 1
+    if (i + kStages - 1 < num_tiles) load_tile(i + kStages - 1);  // into tile i - 1's stage
+    tc::cp_async_commit();
+
+    const int32_t t0 = s0 + i * kTile;
+    if (t0 > warp_last) continue;  // warp-uniform: no row of this warp sees the tile (no barrier below)
+    const int stage = i % kStages;
+    const T* k_t = kv_s + stage * 2 * Cfg::kTileElems;
+    const T* v_t = k_t + Cfg::kTileElems;
+    const int32_t* flags = flag_s + stage * kTile;
+
+    // S = Q K^T over the head dim, 16 at a time. ldmatrix row addresses: for Q (A operand) lane l gives
+    // row l % 16, chunk 2 ks + l / 16; for K (B operand, K rows are its columns) position
+    // 16 np + 8 (l / 16) + l % 8, chunk 2 ks + (l / 8) % 2, so r[0..1] and r[2..3] are two N tiles.
+    float sc[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t qa[4];
+      tc::ldmatrix_x4(qa, q_s + swizzle<D>(warp * Cfg::kRowsPerWarp + (lane & 15), 2 * ks + (lane >> 4)));
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t kb[4];
+        tc::ldmatrix_x4(kb, k_t + swizzle<D>(16 * np + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1)));
+        tc::mma_16816(sc[2 * np], qa, kb[0], kb[1], T{});
+        tc::mma_16816(sc[2 * np + 1], qa, kb[2], kb[3], T{});
+      }
+    }
+
+    // Mask and scale: element e of N tile nt is position t0 + 8 nt + 2 (l % 4) + e % 2 of row e < 2 ? wr :
+    // wr + 8. Hidden: past the row's limit or the split, or a skipped block.
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 8 * nt + 2 * (lane & 3) + (e & 1);
+        const int32_t pos = t0 + j;
+        const int32_t lim = e < 2 ? lim0 : lim1;
+        const bool vis = pos <= lim && pos <= s_end && flags[j] != 0;
+        sc[nt][e] = vis ? sc[nt][e] * scale_log2 : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));  // fmaxf drops NaN; exp2 below carries it to l and acc
+      mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {  // the 4 lanes of a quad share a row
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+    // Reference point of the exponentials: 0 while a row has seen nothing (m = -inf), so that hidden
+    // positions give exp2(-inf) = 0 and never exp2(-inf - -inf) = NaN.
+    const float ref0 = new0 == -INFINITY ? 0.f : new0, ref1 = new1 == -INFINITY ? 0.f : new1;
+    const float c0 = exp2f(m0 - ref0), c1 = exp2f(m1 - ref1);
+    m0 = new0;
+    m1 = new1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      sc[nt][0] = exp2f(sc[nt][0] - ref0);
+      sc[nt][1] = exp2f(sc[nt][1] - ref0);
+      sc[nt][2] = exp2f(sc[nt][2] - ref1);
+      sc[nt][3] = exp2f(sc[nt][3] - ref1);
+      ps0 += sc[nt][0] + sc[nt][1];
+      ps1 += sc[nt][2] + sc[nt][3];
+    }
+    l0 = l0 * c0 + ps0;
+    l1 = l1 * c1 + ps1;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      acc[dt][0] *= c0;
+      acc[dt][1] *= c0;
+      acc[dt][2] *= c1;
+      acc[dt][3] *= c1;
+    }
+
+    // O += P V, 16 positions (one MMA K) at a time. The C fragments of S tiles 2 kk and 2 kk + 1 are
+    // exactly the A fragment of P for positions 16 kk .. 16 kk + 15. V rows are positions, so the B
+    // operand comes from ldmatrix.trans: lane l gives position 16 kk + l % 16, chunk 2 dp + l / 16, and
+    // r[0..1] / r[2..3] are head-dim tiles 2 dp / 2 dp + 1.
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t pa[4];
+      pa[0] = tc::pack2(sc[2 * kk][0], sc[2 * kk][1], T{});
+      pa[1] = tc::pack2(sc[2 * kk][2], sc[2 * kk][3], T{});
+      pa[2] = tc::pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], T{});
+      pa[3] = tc::pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], T{});
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t vb[4];
+        tc::ldmatrix_x4_trans(vb, v_t + swizzle<D>(16 * kk + (lane & 15), 2 * dp + (lane >> 4)));
+        tc::mma_16816(acc[2 * dp], pa, vb[0], vb[1], T{});
+        tc::mma_16816(acc[2 * dp + 1], pa, vb[2], vb[3], T{});
+      }
+    }
+  }
+  tc::cp_async_wait<0>();  // nothing may be in flight when the block exits (only empty groups remain)
+
+  // l over the quad's columns; then (m, l) from lane 0 of each quad, acc as float2 per fragment pair.
+  // m back to natural-log units for the workspace: m ln 2. Rows with no visible position in this split
+  // write (-inf, 0, zeros), which the merge skips.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int lr = wr + 8 * half;
+    if (lr >= nrows) continue;
+    const int32_t row = row0 + lr;
+    const int64_t cell = ((begin + row / group) * p.num_q_heads + h * group + row % group) * num_splits + s;
+    if ((lane & 3) == 0) {
+      const float m = half == 0 ? m0 : m1;
+      ws_ml[2 * cell] = m == -INFINITY ? -INFINITY : m * kLn2;
+      ws_ml[2 * cell + 1] = half == 0 ? l0 : l1;
+    }
+    float* dst = ws_acc + cell * D + 2 * (lane & 3);
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      dst[8 * dt] = acc[dt][2 * half];
+      dst[8 * dt + 1] = acc[dt][2 * half + 1];
+    }
+  }
+}
+
+// Launch shape of the partials kernel, from host bounds only: warps = ceil(max_query_len * group / 16)
+// capped at kMaxWarps, and enough row chunks to cover max_query_len * group rows.
+struct MmaLaunchShape {
+  int32_t warps = 0, chunks = 0;
+};
+inline MmaLaunchShape mma_launch_shape(const AttentionParams& p, int max_warps) {
+  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
+  const int64_t rows = int64_t(p.max_query_len) * group;
+  int64_t warps = (rows + 15) / 16;
+  warps = warps < 1 ? 1 : (warps > max_warps ? max_warps : warps);
+  return MmaLaunchShape{int32_t(warps), int32_t((rows + warps * 16 - 1) / (warps * 16))};
+}
+
+#if !defined(AV_CUDA_EMULATION)
+// Both launches of the tensor-core kernel; workspace split as in launch_verify_attention (kernel.cuh).
+template <typename T, int D>
+inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_splits, float* ws_ml, float* ws_acc,
+                                        bool vec_loads, cudaStream_t stream) {
+  using Cfg = MmaConfig<T, D>;
+  const MmaLaunchShape shape = mma_launch_shape(p, Cfg::kMaxWarps);
+  const int64_t grid_x = int64_t(num_splits) * shape.chunks;
+  if (p.num_reqs > 0 && shape.chunks > 0) {
+    if (grid_x > 0x7fffffff) return cudaErrorInvalidValue;
+    auto* kernel = attention_partials_mma_kernel<T, D>;
+    const int smem = Cfg::smem_bytes(shape.warps);
+    if (smem > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+    }
+    const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs));
+    kernel<<<grid, 32 * shape.warps, smem, stream>>>(p, num_splits, shape.chunks, vec_loads, ws_ml, ws_acc);
+  }
+  const int64_t items = p.num_tokens * p.num_q_heads;
+  const unsigned merge_blocks = unsigned((items + kMergeWarps - 1) / kMergeWarps);
+  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+  return cudaSuccess;
+}
+#endif  // !AV_CUDA_EMULATION
+
+}  // namespace attention
+}  // namespace adaptive_verify

@@ -1,0 +1,404 @@
+// A host emulator for the CUDA kernels that use warp-level tensor-core primitives (kernel_mma.cuh), so the
+// CPU test suite runs their real source: every CUDA thread of a block is a fiber (ucontext) on one OS
+// thread, scheduled round-robin; __syncthreads and warp collectives are barriers between fibers.
+//
+// What it checks, beyond the results the tests compare:
+//   - ldmatrix / cp.async shared addresses lie inside the block's dynamic smem and are 16-byte aligned;
+//   - cp.async global sources lie inside a registered range (the caches) and are 16-byte aligned;
+//   - every warp collective is reached by all 32 lanes, every __syncthreads by every live thread (a
+//     divergent barrier or an early exit before a barrier is reported as a deadlock);
+//   - dynamic smem starts as NaN bytes (0xff), so reading what was never written shows up;
+//   - cp.async data lands only at cp_async_wait (mode kLateCopies): reading a stage before its wait sees
+//     the stage's previous contents; or at issue (kEarlyCopies): a stage refilled before every warp is
+//     done with it corrupts the result. The tests run both.
+// It does not model timing, the memory model beyond that, or the tensor cores' internal rounding: mma
+// sums in double and rounds once, so results agree with hardware to fp32 rounding, not bit for bit.
+//
+// Include this before any adaptive_verify header; it defines AV_CUDA_EMULATION.
+#pragma once
+
+#define AV_CUDA_EMULATION 1
+
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define AV_DYNAMIC_SMEM(name) unsigned char* name = ::av_emu::dynamic_smem()
+
+#include "adaptive_verify/dtype.h"
+
+namespace av_emu {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+enum CopyMode { kLateCopies = 0, kEarlyCopies = 1 };
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct PendingCopy {
+  void* dst;
+  const void* src;  // null: zero fill
+};
+
+struct Fiber {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;
+  Dim3 thread_idx;
+  bool done = false;
+  std::vector<std::vector<PendingCopy>> groups;  // committed cp.async groups, oldest first
+  std::vector<PendingCopy> open;                 // issued since the last commit
+};
+
+struct Block {
+  Dim3 block_idx, block_dim;
+  int nthreads = 0;
+  std::vector<unsigned char> smem;
+  std::vector<Fiber> fibers;
+  int current = -1;
+  // barrier state: arrivals and generation, per block and per warp
+  int block_arrived = 0;
+  uint64_t block_gen = 0;
+  std::vector<int> warp_arrived;
+  std::vector<uint64_t> warp_gen;
+  std::vector<std::vector<unsigned char>> slots;  // per thread: 64 bytes of collective payload
+};
+
+struct State {
+  Block* block = nullptr;
+  ucontext_t scheduler;
+  CopyMode mode = kLateCopies;
+  std::vector<std::pair<const unsigned char*, const unsigned char*>> global_ranges;
+  std::string error;  // first failure seen inside a fiber
+};
+
+inline State& state() {
+  static State s;
+  return s;
+}
+
+inline Fiber& self() { return state().block->fibers[size_t(state().block->current)]; }
+
+inline void fail(const std::string& what) {
+  if (state().error.empty()) state().error = what;
+  throw Failure(what);
+}
+
+inline void yield() { swapcontext(&self().ctx, &state().scheduler); }
+
+inline unsigned char* dynamic_smem() { return state().block->smem.data(); }
+
+inline void check_smem(const void* p, size_t bytes, const char* what) {
+  Block& b = *state().block;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < b.smem.data() || c + bytes > b.smem.data() + b.smem.size())
+    fail(std::string(what) + ": shared address outside the block's dynamic shared memory");
+  if ((reinterpret_cast<uintptr_t>(c) & 15u) != 0) fail(std::string(what) + ": shared address not 16-byte aligned");
+}
+
+inline void check_global(const void* p, size_t bytes, const char* what) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if ((reinterpret_cast<uintptr_t>(c) & 15u) != 0) fail(std::string(what) + ": global address not 16-byte aligned");
+  for (const auto& r : state().global_ranges)
+    if (c >= r.first && c + bytes <= r.second) return;
+  fail(std::string(what) + ": global read outside every registered range");
+}
+
+inline void syncthreads() {
+  Block& b = *state().block;
+  const uint64_t gen = b.block_gen;
+  if (++b.block_arrived == b.nthreads) {
+    b.block_arrived = 0;
+    ++b.block_gen;
+    return;
+  }
+  while (b.block_gen == gen) yield();
+}
+
+inline void warp_barrier() {
+  Block& b = *state().block;
+  const int w = int(self().thread_idx.x) / 32;
+  const uint64_t gen = b.warp_gen[size_t(w)];
+  if (++b.warp_arrived[size_t(w)] == 32) {
+    b.warp_arrived[size_t(w)] = 0;
+    ++b.warp_gen[size_t(w)];
+    return;
+  }
+  while (b.warp_gen[size_t(w)] == gen) yield();
+}
+
+inline int lane_id() { return int(self().thread_idx.x) & 31; }
+inline unsigned char* slot_of(int lane) {
+  Block& b = *state().block;
+  const int warp0 = (int(self().thread_idx.x) / 32) * 32;
+  return b.slots[size_t(warp0 + lane)].data();
+}
+
+// Deposits `mine` in this lane's slot, waits for the warp, runs f (which reads any lane's slot), waits
+// again so that no slot is overwritten while another lane still reads it.
+template <typename V, typename F>
+inline auto collective(const V& mine, F&& f) {
+  static_assert(sizeof(V) <= 64, "collective payload");
+  std::memcpy(slot_of(lane_id()), &mine, sizeof(V));
+  warp_barrier();
+  auto result = f();
+  warp_barrier();
+  return result;
+}
+
+template <typename V>
+inline V slot_value(int lane) {
+  V v;
+  std::memcpy(&v, slot_of(lane), sizeof(V));
+  return v;
+}
+
+inline uint16_t read_u16(const unsigned char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Runs grid x block fibers of `kernel(args...)`, one block at a time; dynamic smem of `smem_bytes`.
+// Throws Failure (with the first error) on any check above or a deadlock.
+template <typename Kernel>
+inline void launch(Dim3 grid, Dim3 block_dim, size_t smem_bytes, Kernel&& kernel) {
+  State& st = state();
+  constexpr size_t kStack = 256 * 1024;
+  const int nthreads = int(block_dim.x * block_dim.y * block_dim.z);
+  if (block_dim.y != 1 || block_dim.z != 1 || nthreads % 32 != 0) throw Failure("launch: 1-D blocks of whole warps");
+  static Kernel* current_kernel;
+  current_kernel = &kernel;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        Block b;
+        b.block_idx = Dim3{bx, by, bz};
+        b.block_dim = block_dim;
+        b.nthreads = nthreads;
+        b.smem.assign(smem_bytes + 16, 0xff);  // +16: slack for alignment of the data pointer below
+        b.fibers.resize(size_t(nthreads));
+        b.warp_arrived.assign(size_t(nthreads / 32), 0);
+        b.warp_gen.assign(size_t(nthreads / 32), 0);
+        b.slots.assign(size_t(nthreads), std::vector<unsigned char>(64));
+        // std::vector's storage is 16-byte aligned by the allocator on this platform; check it.
+        if ((reinterpret_cast<uintptr_t>(b.smem.data()) & 15u) != 0) throw Failure("smem allocation not aligned");
+        b.smem.resize(smem_bytes);
+        st.block = &b;
+        for (int t = 0; t < nthreads; ++t) {
+          Fiber& f = b.fibers[size_t(t)];
+          f.thread_idx = Dim3{unsigned(t), 0, 0};
+          f.stack.reset(new char[kStack]);
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack.get();
+          f.ctx.uc_stack.ss_size = kStack;
+          f.ctx.uc_link = &st.scheduler;
+          makecontext(&f.ctx, reinterpret_cast<void (*)()>(+[]() {
+                        try {
+                          (*current_kernel)();
+                        } catch (const Failure&) {
+                        }
+                        self().done = true;
+                      }),
+                      0);
+        }
+        // Round-robin until every fiber is done; a pass in which nothing moved is a deadlock.
+        int live = nthreads;
+        while (live > 0) {
+          const uint64_t before_block = b.block_gen;
+          const std::vector<uint64_t> before_warps = b.warp_gen;
+          const std::vector<int> before_warp_arrived = b.warp_arrived;
+          const int before_live = live;
+          const int before_arrived = b.block_arrived;
+          for (int t = 0; t < nthreads; ++t) {
+            if (b.fibers[size_t(t)].done) continue;
+            b.current = t;
+            swapcontext(&st.scheduler, &b.fibers[size_t(t)].ctx);
+            if (b.fibers[size_t(t)].done) --live;
+            if (!st.error.empty()) throw Failure(st.error);
+          }
+          const bool moved = b.block_gen != before_block || b.warp_gen != before_warps || live != before_live ||
+                             b.block_arrived != before_arrived || b.warp_arrived != before_warp_arrived;
+          if (!moved && live > 0) {
+            st.error = "deadlock: " + std::to_string(live) + " threads wait at a barrier that not every thread reaches";
+            throw Failure(st.error);
+          }
+          if (live > 0 && live < nthreads && b.block_arrived > 0) {
+            st.error = "a thread exited while others wait at __syncthreads";
+            throw Failure(st.error);
+          }
+        }
+        for (const Fiber& f : b.fibers)
+          if (!f.groups.empty() || !f.open.empty()) {
+            // Copies never waited for: legal in CUDA only if nobody reads them; flag, the kernel waits for all.
+            st.error = "cp.async copies still pending when the block exited";
+            throw Failure(st.error);
+          }
+        st.block = nullptr;
+      }
+}
+
+inline void perform(const PendingCopy& c) {
+  if (c.src != nullptr) std::memcpy(c.dst, c.src, 16); else std::memset(c.dst, 0, 16);
+}
+
+}  // namespace av_emu
+
+// ---- CUDA names the kernels use ----
+#define threadIdx (::av_emu::self().thread_idx)
+#define blockIdx (::av_emu::state().block->block_idx)
+#define blockDim (::av_emu::state().block->block_dim)
+
+inline void __syncthreads() { ::av_emu::syncthreads(); }
+
+inline float __shfl_xor_sync(unsigned mask, float v, int off) {
+  if (mask != 0xffffffffu) ::av_emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
+  return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<float>(::av_emu::lane_id() ^ off); });
+}
+
+inline int atomicAdd(int32_t* p, int v) {  // one OS thread: plain read-modify-write is atomic
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+
+namespace adaptive_verify {
+namespace attention {
+namespace tc {
+
+// Fragment element of the 8x8 b16 matrix whose row `row` starts at the address lane `base + row` gave.
+inline uint16_t matrix_elem(int base, int row, int col) {
+  const auto* addr = ::av_emu::slot_value<const unsigned char*>(base + row);
+  return ::av_emu::read_u16(addr + 2 * col);
+}
+
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  ::av_emu::check_smem(row, 16, "ldmatrix");
+  const int l = ::av_emu::lane_id();
+  struct R4 {
+    uint32_t v[4];
+  };
+  const R4 out = ::av_emu::collective(row, [&] {
+    R4 o;
+    for (int i = 0; i < 4; ++i)
+      o.v[i] = uint32_t(matrix_elem(8 * i, l / 4, 2 * (l % 4))) |
+               (uint32_t(matrix_elem(8 * i, l / 4, 2 * (l % 4) + 1)) << 16);
+    return o;
+  });
+  for (int i = 0; i < 4; ++i) r[i] = out.v[i];
+}
+
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  ::av_emu::check_smem(row, 16, "ldmatrix.trans");
+  const int l = ::av_emu::lane_id();
+  struct R4 {
+    uint32_t v[4];
+  };
+  const R4 out = ::av_emu::collective(row, [&] {
+    R4 o;
+    for (int i = 0; i < 4; ++i)
+      o.v[i] = uint32_t(matrix_elem(8 * i, 2 * (l % 4), l / 4)) |
+               (uint32_t(matrix_elem(8 * i, 2 * (l % 4) + 1, l / 4)) << 16);
+    return o;
+  });
+  for (int i = 0; i < 4; ++i) r[i] = out.v[i];
+}
+
+inline float b16_to_float(uint16_t v, bf16_t) { return bf16_to_float(v); }
+inline float b16_to_float(uint16_t v, half_t) { return half_to_float(v); }
+
+// PTX m16n8k16 .row.col fragments (g = lane / 4, t = lane % 4): A regs {a[0]: (g, 2t..), a[1]: (g + 8,
+// 2t..), a[2]: (g, 2t + 8..), a[3]: (g + 8, 2t + 8..)}; B regs {b0: (k 2t.., n g), b1: (k 2t + 8.., n g)};
+// C/D: d[0..1] (g, 2t..), d[2..3] (g + 8, 2t..).
+template <typename T>
+inline void mma_impl(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  };
+  Frag mine;
+  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
+  mine.b[0] = b0;
+  mine.b[1] = b1;
+  const int l = ::av_emu::lane_id();
+  struct D4 {
+    float v[4];
+  };
+  const D4 out = ::av_emu::collective(mine, [&] {
+    double A[16][16], B[16][8];
+    for (int src = 0; src < 32; ++src) {
+      const Frag f = ::av_emu::slot_value<Frag>(src);
+      const int g = src / 4, t = src % 4;
+      for (int e = 0; e < 2; ++e) {
+        const auto half = [&](uint32_t w) { return double(b16_to_float(uint16_t(w >> (16 * e)), T{})); };
+        A[g][2 * t + e] = half(f.a[0]);
+        A[g + 8][2 * t + e] = half(f.a[1]);
+        A[g][2 * t + 8 + e] = half(f.a[2]);
+        A[g + 8][2 * t + 8 + e] = half(f.a[3]);
+        B[2 * t + e][g] = half(f.b[0]);
+        B[2 * t + 8 + e][g] = half(f.b[1]);
+      }
+    }
+    D4 o;
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i / 2), col = 2 * t + (i % 2);
+      double sum = double(d[i]);
+      for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+      o.v[i] = float(sum);
+    }
+    return o;
+  });
+  for (int i = 0; i < 4; ++i) d[i] = out.v[i];
+}
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bf16_t) {
+  mma_impl<bf16_t>(d, a, b0, b1);
+}
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, half_t) {
+  mma_impl<half_t>(d, a, b0, b1);
+}
+
+inline uint32_t pack2(float lo, float hi, bf16_t) { return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16); }
+inline uint32_t pack2(float lo, float hi, half_t) { return uint32_t(float_to_half(lo)) | (uint32_t(float_to_half(hi)) << 16); }
+
+inline void cp_async16(void* dst, const void* src, bool fill) {
+  ::av_emu::check_smem(dst, 16, "cp.async");
+  if (fill) ::av_emu::check_global(src, 16, "cp.async");
+  const ::av_emu::PendingCopy c{dst, fill ? src : nullptr};
+  if (::av_emu::state().mode == ::av_emu::kEarlyCopies) {
+    ::av_emu::perform(c);
+  } else {
+    ::av_emu::self().open.push_back(c);
+  }
+}
+inline void cp_async_commit() {
+  auto& f = ::av_emu::self();
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+template <int N>
+inline void cp_async_wait() {
+  auto& f = ::av_emu::self();
+  while (f.groups.size() > size_t(N)) {
+    for (const auto& c : f.groups.front()) ::av_emu::perform(c);
+    f.groups.erase(f.groups.begin());
+  }
+}
+
+}  // namespace tc
+}  // namespace attention
+}  // namespace adaptive_verify
