@@ -287,37 +287,28 @@ inline uint16_t matrix_elem(int base, int row, int col) {
   return ::av_emu::read_u16(addr + 2 * col);
 }
 
-inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
-  ::av_emu::check_smem(row, 16, "ldmatrix");
+// ldmatrix .x4: lane l receives, from matrix i (rows at the addresses of lanes 8 i .. 8 i + 7), elements
+// (row l / 4, columns 2 (l % 4) + {0, 1}), or with .trans (rows 2 (l % 4) + {0, 1}, column l / 4).
+inline void ldmatrix_x4_impl(uint32_t (&r)[4], const void* row, bool trans) {
+  ::av_emu::check_smem(row, 16, trans ? "ldmatrix.trans" : "ldmatrix");
   const int l = ::av_emu::lane_id();
   struct R4 {
     uint32_t v[4];
   };
   const R4 out = ::av_emu::collective(row, [&] {
     R4 o;
-    for (int i = 0; i < 4; ++i)
-      o.v[i] = uint32_t(matrix_elem(8 * i, l / 4, 2 * (l % 4))) |
-               (uint32_t(matrix_elem(8 * i, l / 4, 2 * (l % 4) + 1)) << 16);
+    for (int i = 0; i < 4; ++i) {
+      const auto elem = [&](int e) {
+        return trans ? matrix_elem(8 * i, 2 * (l % 4) + e, l / 4) : matrix_elem(8 * i, l / 4, 2 * (l % 4) + e);
+      };
+      o.v[i] = uint32_t(elem(0)) | (uint32_t(elem(1)) << 16);
+    }
     return o;
   });
   for (int i = 0; i < 4; ++i) r[i] = out.v[i];
 }
-
-inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-  ::av_emu::check_smem(row, 16, "ldmatrix.trans");
-  const int l = ::av_emu::lane_id();
-  struct R4 {
-    uint32_t v[4];
-  };
-  const R4 out = ::av_emu::collective(row, [&] {
-    R4 o;
-    for (int i = 0; i < 4; ++i)
-      o.v[i] = uint32_t(matrix_elem(8 * i, 2 * (l % 4), l / 4)) |
-               (uint32_t(matrix_elem(8 * i, 2 * (l % 4) + 1, l / 4)) << 16);
-    return o;
-  });
-  for (int i = 0; i < 4; ++i) r[i] = out.v[i];
-}
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) { ldmatrix_x4_impl(r, row, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { ldmatrix_x4_impl(r, row, true); }
 
 inline float b16_to_float(uint16_t v, bf16_t) { return bf16_to_float(v); }
 inline float b16_to_float(uint16_t v, half_t) { return half_to_float(v); }
