@@ -1,8 +1,9 @@
-"""The tensor-core verify_attention kernel (csrc/include/adaptive_verify/attention/kernel_mma.cuh) run on the
-CPU by the fiber emulator in tests/emu: its real CUDA source, compiled by the host compiler, with every CUDA
-thread a fiber and ldmatrix / mma.sync / cp.async emulated from the PTX fragment layouts.
+"""The tensor-core and tiled verify_attention CUDA kernels (csrc/include/adaptive_verify/attention/kernel_mma.cuh,
+kernel_tiled.cuh, and their merge kernel) run on the CPU by the fiber emulator in tests/emu: their real CUDA
+source, compiled by the host compiler, with every CUDA thread a fiber and warp shuffles / ballots, ldmatrix,
+mma.sync and cp.async emulated (the last three from the PTX fragment layouts).
 
-This is how the kernel's indexing (GQA row packing, MMA fragments, the smem swizzle, the cp.async pipeline,
+This is how the kernels' indexing (GQA row packing, MMA fragments, the smem swizzle, the cp.async pipeline,
 masking, split bookkeeping) is tested on machines without a GPU. The emulator also fails a run on
 out-of-bounds or misaligned shared/global accesses, divergent barriers and reads of a pipeline stage before
 its wait (see tests/emu/cuda_emu.h). Each problem runs with cp.async data landing late (at the wait) and,
@@ -30,6 +31,8 @@ SOURCES = [EMU_DIR / "attention_emu.cpp", EMU_DIR / "cuda_emu.h"] + sorted(
     (ROOT / "csrc" / "include" / "adaptive_verify").rglob("*.[ch]*"))
 _DTYPES = {torch.bfloat16: 2, torch.float16: 1}
 LATE, EARLY = 0, 1  # cp.async data lands at the wait / at issue
+KERNELS = {"mma": 2, "tiled": 1}  # AttentionParams::kernel (params.h)
+each_kernel = pytest.mark.parametrize("kernel", list(KERNELS))
 
 
 @pytest.fixture(scope="session")
@@ -44,16 +47,18 @@ def emu(tmp_path_factory):
                str(EMU_DIR / "attention_emu.cpp"), "-o", str(lib)]
         subprocess.run(cmd, check=True)
     dll = ctypes.CDLL(str(lib))
-    fn = dll.av_emu_verify_attention_mma
+    fn = dll.av_emu_verify_attention
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, ptr, ptr, i32, i32, i64,
-                   i32, i32, i32, i32, i64, i32, ctypes.c_float, ptr, ptr, ptr, ctypes.c_char_p, ctypes.c_int]
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, ptr, ptr,
+                   i32, i32, i64, i32, i32, i32, i32, i64, i32, ctypes.c_float, ptr, ptr, ptr, ctypes.c_char_p,
+                   ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
 
 
-def emu_call(emu, p, *, copy_mode=LATE, plain_loads=False, scale=None, block_table=None, seq_lens=None):
-    """verify_attention through the emulated CUDA kernels; returns (out, lse, error counts)."""
+def emu_call(emu, kernel, p, *, copy_mode=LATE, plain_loads=False, scale=None, block_table=None,
+             seq_lens=None):
+    """verify_attention through an emulated CUDA kernel ("mma" or "tiled"); returns (out, lse, error counts)."""
     q, kc, vc, bt, sl, qsl, mql = p.args()
     bt = bt if block_table is None else block_table
     sl = sl if seq_lens is None else seq_lens
@@ -64,8 +69,8 @@ def emu_call(emu, p, *, copy_mode=LATE, plain_loads=False, scale=None, block_tab
     counts = torch.zeros(16, dtype=torch.int32)
     err = ctypes.create_string_buffer(512)
     scale = D ** -0.5 if scale is None else scale
-    status = emu(copy_mode, int(plain_loads), q.data_ptr(), q.stride(0), q.stride(1), kc.data_ptr(), vc.data_ptr(),
-                 kc.numel() * kc.element_size(), bt.data_ptr(), bt.stride(0), bt.shape[1], sl.data_ptr(),
+    status = emu(KERNELS[kernel], copy_mode, int(plain_loads), q.data_ptr(), q.stride(0), q.stride(1), kc.data_ptr(),
+                 vc.data_ptr(), kc.numel() * kc.element_size(), bt.data_ptr(), bt.stride(0), bt.shape[1], sl.data_ptr(),
                  qsl.data_ptr(), _DTYPES[q.dtype], bt.shape[0], T, Hq, Hkv, D, block_size, num_blocks, mql, scale,
                  out.data_ptr(), lse.data_ptr(), counts.data_ptr(), err, len(err))
     assert status == 0, f"emulator: {err.value.decode()}"
@@ -89,11 +94,12 @@ CASES = [
 
 @pytest.mark.parametrize("dtype,D,block_size,group,mql", CASES,
                          ids=[f"{str(d)[6:]}-D{D}-bs{bs}-g{g}-mql{m}" for d, D, bs, g, m in CASES])
-def test_mma_kernel_matches_reference(emu, dtype, D, block_size, group, mql):
+@each_kernel
+def test_kernel_matches_reference(emu, kernel, dtype, D, block_size, group, mql):
     Hkv = 2 if group <= 4 else 1
     p = random_problem(300 + D + block_size + group, dtype, D, block_size, Hkv, group, R=4, max_query_len=mql,
                        max_seq=1100)
-    out, lse, counts = emu_call(emu, p)
+    out, lse, counts = emu_call(emu, kernel, p)
     check_against_reference(p, out, lse)
     assert int(counts.sum()) == 0
 
@@ -103,23 +109,26 @@ def test_mma_kernel_with_copies_landing_at_issue(emu, case):
     """cp.async data written as soon as it is issued: a stage refilled while a warp still reads it would
     change the result; equal bits to the late-landing run."""
     dtype, D, block_size, group, mql = CASES[case]
+    kernel = "mma"  # the only kernel with cp.async
     Hkv = 2 if group <= 4 else 1
     p = random_problem(300 + D + block_size + group, dtype, D, block_size, Hkv, group, R=4, max_query_len=mql,
                        max_seq=1100)
-    late = emu_call(emu, p, copy_mode=LATE)
-    early = emu_call(emu, p, copy_mode=EARLY)
+    late = emu_call(emu, kernel, p, copy_mode=LATE)
+    early = emu_call(emu, kernel, p, copy_mode=EARLY)
     assert torch.equal(bits(late[0]), bits(early[0])) and torch.equal(bits(late[1]), bits(early[1]))
 
 
-def test_mma_kernel_plain_loads_path(emu):
+@each_kernel
+def test_kernel_plain_loads_path(emu, kernel):
     """Caches whose base is not 16-byte aligned take element copies instead of cp.async: same bits."""
     p = random_problem(41, torch.bfloat16, 128, 32, 2, 4, R=3, max_query_len=4, max_seq=700)
-    vec = emu_call(emu, p)
-    plain = emu_call(emu, p, plain_loads=True)
+    vec = emu_call(emu, kernel, p)
+    plain = emu_call(emu, kernel, p, plain_loads=True)
     assert torch.equal(bits(vec[0]), bits(plain[0])) and torch.equal(bits(vec[1]), bits(plain[1]))
 
 
-def test_mma_kernel_split_and_block_boundaries(emu):
+@each_kernel
+def test_kernel_split_and_block_boundaries(emu, kernel):
     """seq_len == q_len, lengths either side of pages, of the kernel's tiles and of the 512-token splits."""
     dtype, D, Hkv, group, block_size = torch.float16, 128, 1, 8, 16
     g = torch.Generator().manual_seed(6)
@@ -127,51 +136,56 @@ def test_mma_kernel_split_and_block_boundaries(emu):
     cases += [(1 + (n + d) % 16, n + d) for n in (512, 1024) for d in (-1, 0, 1)]
     reqs = [random_request(g, q, s, Hkv * group, Hkv, D, dtype) for q, s in cases]
     p = Problem(reqs, block_size, extra_tokens=0, max_query_len=16, seed=6)
-    out, lse, _ = emu_call(emu, p)
+    out, lse, _ = emu_call(emu, kernel, p)
     check_against_reference(p, out, lse)
 
 
-def test_mma_kernel_large_scores(emu):
+@each_kernel
+def test_kernel_large_scores(emu, kernel):
     """Scores up to ~100 and a sharp softmax (the running max must be subtracted before exp2)."""
     p = random_problem(12, torch.bfloat16, 64, 32, 2, 4, R=3, max_query_len=6, max_seq=900, q_scale=30.0)
-    out, lse, _ = emu_call(emu, p)
+    out, lse, _ = emu_call(emu, kernel, p)
     check_against_reference(p, out, lse)
 
 
 @pytest.mark.parametrize("scale", [0.3, 1e-3])
-def test_mma_kernel_scale(emu, scale):
+@each_kernel
+def test_kernel_scale(emu, kernel, scale):
     p = random_problem(22, torch.float16, 64, 32, 2, 2, R=3, max_query_len=5, max_seq=600)
-    out, lse, _ = emu_call(emu, p, scale=scale)
+    out, lse, _ = emu_call(emu, kernel, p, scale=scale)
     check_against_reference(p, out, lse, scale=scale)
 
 
-def test_mma_kernel_batch_invariance(emu):
+@each_kernel
+def test_kernel_batch_invariance(emu, kernel):
     """A request's output and lse are bitwise identical alone and inside a batch, at another position and
     in other pages."""
     dtype, D, block_size, Hkv, group, mql = torch.bfloat16, 128, 32, 2, 4, 8
     g = torch.Generator().manual_seed(8)
     Hq = Hkv * group
     target = random_request(g, 5, 1300, Hq, Hkv, D, dtype)
-    alone = emu_call(emu, Problem([target], block_size, extra_tokens=0, spare_blocks=0, max_query_len=mql, seed=1))
+    alone = emu_call(emu, kernel,
+                     Problem([target], block_size, extra_tokens=0, spare_blocks=0, max_query_len=mql, seed=1))
     others = [random_request(g, n, s, Hq, Hkv, D, dtype) for n, s in [(2, 900), (0, 0), (8, 130), (1, 1)]]
     p = Problem(others[:2] + [target] + others[2:], block_size, extra_tokens=3, spare_blocks=2, max_query_len=mql,
                 seed=2)
-    got = emu_call(emu, p)
+    got = emu_call(emu, kernel, p)
     rows = p.rows(2)
     assert torch.equal(bits(got[0][rows]), bits(alone[0])) and torch.equal(bits(got[1][rows]), bits(alone[1]))
 
 
-def test_mma_kernel_bad_lengths_are_padding_and_counted(emu):
+@each_kernel
+def test_kernel_bad_lengths_are_padding_and_counted(emu, kernel):
     """A request whose seq_lens is below its q_len (unknowable on the host without a sync) becomes padding
     and is counted once; the others are unaffected."""
     p = random_problem(11, torch.bfloat16, 128, 16, 1, 2, R=4, max_seq=600)
     seq = p.seq_lens.clone()
     r = next(i for i in range(p.R) if p.q_lens[i] > 0)
     seq[r] = 0
-    out, _, counts = emu_call(emu, p, seq_lens=seq)
+    out, _, counts = emu_call(emu, kernel, p, seq_lens=seq)
     assert (out[p.rows(r)] == 0).all()
     assert int(counts[6]) == 1  # kCountQueryLenOutOfRange
-    good, _, _ = emu_call(emu, p)
+    good, _, _ = emu_call(emu, kernel, p)
     others = torch.ones(p.T, dtype=torch.bool)
     others[p.rows(r)] = False
     assert torch.equal(bits(out[others]), bits(good[others]))
@@ -194,7 +208,8 @@ def _dense_attention(p, r, skip=()):
     return torch.einsum("thp,phd->thd", scores.softmax(-1), v)
 
 
-def test_mma_kernel_skips_and_counts_bad_block_ids(emu):
+@each_kernel
+def test_kernel_skips_and_counts_bad_block_ids(emu, kernel):
     """A block id out of range where a request reads: its positions are skipped (never read: the
     emulator's bounds check would fail), left out of the softmax, and counted once per position."""
     g = torch.Generator().manual_seed(13)
@@ -203,7 +218,7 @@ def test_mma_kernel_skips_and_counts_bad_block_ids(emu):
     bt = p.block_table.clone()
     bt[0, 2] = FAR  # positions 32..47 of request 0
     bt[1, 0] = -7   # positions 0..15 of request 1
-    out, lse, counts = emu_call(emu, p, block_table=bt)
+    out, lse, counts = emu_call(emu, kernel, p, block_table=bt)
     assert int(counts[2]) == 32  # kCountSlotOutOfRange
     for r, skip in [(0, range(32, 48)), (1, range(0, 16))]:
         want = _dense_attention(p, r, skip)
@@ -211,20 +226,22 @@ def test_mma_kernel_skips_and_counts_bad_block_ids(emu):
         assert err <= 4e-3, f"request {r}: max error {err:.3g} against attention without the skipped block"
 
 
-def test_mma_kernel_only_padding_and_stale_rows(emu):
+@each_kernel
+def test_kernel_only_padding_and_stale_rows(emu, kernel):
     g = torch.Generator().manual_seed(3)
     reqs = [random_request(g, 0, 0, 4, 2, 64, torch.float16) for _ in range(3)]
     p = Problem(reqs, 16, extra_tokens=5, max_query_len=4, dtype=torch.float16, Hq=4, Hkv=2, D=64)
-    out, lse, counts = emu_call(emu, p)
+    out, lse, counts = emu_call(emu, kernel, p)
     assert (out == 0).all() and (lse == NEG_INF).all() and int(counts.sum()) == 0
 
 
-def test_mma_launch_covers_every_gqa_ratio_and_query_length(emu):
+@each_kernel
+def test_launch_covers_every_gqa_ratio_and_query_length(emu, kernel):
     """Every (group, max_query_len) pair's rows are covered by the launch (a row left out would stay NaN)."""
     g = torch.Generator().manual_seed(17)
     for group in GQA_RATIOS:
         for mql in (1, 3, 16):
             reqs = [random_request(g, n, s, group, 1, 64, torch.bfloat16) for n, s in [(mql, 40), (1, 20)]]
             p = Problem(reqs, 16, extra_tokens=1, max_query_len=mql, seed=group * 100 + mql)
-            out, lse, _ = emu_call(emu, p)
+            out, lse, _ = emu_call(emu, kernel, p)
             check_against_reference(p, out, lse)

@@ -1,6 +1,7 @@
-// verify_attention's tensor-core CUDA kernel (kernel_mma.cuh) and its merge kernel (merge.cuh), run on the
-// host by the fiber emulator (cuda_emu.h), behind a C entry point the tests load with ctypes
-// (tests/test_attention_emu.py). Built by the tests with the host compiler; not part of the package.
+// verify_attention's tensor-core and tiled CUDA kernels (kernel_mma.cuh, kernel_tiled.cuh) and their merge
+// kernel (merge.cuh), run on the host by the fiber emulator (cuda_emu.h), behind a C entry point the tests
+// load with ctypes (tests/test_attention_emu.py). Built by the tests with the host compiler; not part of
+// the package.
 #include "cuda_emu.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <limits>
 
 #include "adaptive_verify/attention/kernel_mma.cuh"
+#include "adaptive_verify/attention/kernel_tiled.cuh"
 
 namespace attn = adaptive_verify::attention;
 
@@ -15,19 +17,28 @@ namespace {
 
 template <typename T, int D>
 void run(const attn::AttentionParams& p, bool vec_loads) {
-  using Cfg = attn::MmaConfig<T, D>;
   const int64_t max_context = int64_t(p.max_blocks) * p.block_size;
   const int32_t S = int32_t(std::max<int64_t>(1, (max_context + attn::kSplitTokens - 1) / attn::kSplitTokens));
   // NaN-filled: the merge must read only cells the partials kernel wrote.
   std::vector<float> ws(size_t(p.num_tokens * p.num_q_heads * S * (D + 2)), std::numeric_limits<float>::quiet_NaN());
   float* ws_ml = ws.data();
   float* ws_acc = ws.data() + 2 * p.num_tokens * p.num_q_heads * S;
-  const attn::MmaLaunchShape shape = attn::mma_launch_shape(p, Cfg::kMaxWarps);
-  if (p.num_reqs > 0 && shape.chunks > 0) {
-    const av_emu::Dim3 grid{unsigned(S * shape.chunks), unsigned(p.num_kv_heads), unsigned(p.num_reqs)};
-    av_emu::launch(grid, av_emu::Dim3{unsigned(32 * shape.warps), 1, 1}, size_t(Cfg::smem_bytes(shape.warps)), [&] {
-      attn::attention_partials_mma_kernel<T, D>(p, S, shape.chunks, vec_loads, ws_ml, ws_acc);
-    });
+  if (p.kernel == attn::kAttentionMma) {  // as launch_attention_mma (kernel_mma.cuh)
+    using Cfg = attn::MmaConfig<T, D>;
+    const attn::MmaLaunchShape shape = attn::mma_launch_shape(p, Cfg::kMaxWarps);
+    if (p.num_reqs > 0 && shape.chunks > 0) {
+      const av_emu::Dim3 grid{unsigned(S * shape.chunks), unsigned(p.num_kv_heads), unsigned(p.num_reqs)};
+      av_emu::launch(grid, av_emu::Dim3{unsigned(32 * shape.warps), 1, 1}, size_t(Cfg::smem_bytes(shape.warps)),
+                     [&] { attn::attention_partials_mma_kernel<T, D>(p, S, shape.chunks, vec_loads, ws_ml, ws_acc); });
+    }
+  } else {  // as launch_attention_tiled (kernel_tiled.cuh)
+    using Cfg = attn::TiledConfig<T, D>;
+    const int32_t chunks = int32_t(attn::tiled_row_chunks<T, D>(p));
+    if (p.num_reqs > 0 && chunks > 0) {
+      const av_emu::Dim3 grid{unsigned(S * chunks), unsigned(p.num_kv_heads), unsigned(p.num_reqs)};
+      av_emu::launch(grid, av_emu::Dim3{unsigned(Cfg::kThreads), 1, 1}, size_t(Cfg::kSmemBytes),
+                     [&] { attn::attention_partials_tiled_kernel<T, D>(p, S, chunks, vec_loads, ws_ml, ws_acc); });
+    }
   }
   const int64_t items = p.num_tokens * p.num_q_heads;
   if (items > 0) {
@@ -41,10 +52,11 @@ void run(const attn::AttentionParams& p, bool vec_loads) {
 
 extern "C" {
 
-// Same arguments as adaptive_verify._C.verify_attention (host pointers), plus: copy_mode (0: cp.async data
-// lands at the wait, 1: at issue), plain_loads (1: the unaligned-cache path), cache_bytes (size of each
-// cache, for the emulator's bounds check) and an error buffer. Returns 0, or 1 with the emulator's message.
-int av_emu_verify_attention_mma(int copy_mode, int plain_loads, const void* q, int64_t q_stride_t,
+// Same arguments as adaptive_verify._C.verify_attention (host pointers), plus: kernel (kAttentionMma or
+// kAttentionTiled), copy_mode (0: cp.async data lands at the wait, 1: at issue), plain_loads (1: the
+// unaligned-cache path), cache_bytes (size of each cache, for the emulator's bounds check) and an error
+// buffer. Returns 0, or 1 with the emulator's message.
+int av_emu_verify_attention(int kernel, int copy_mode, int plain_loads, const void* q, int64_t q_stride_t,
                                 int64_t q_stride_h, const void* k_cache, const void* v_cache, int64_t cache_bytes,
                                 const int32_t* block_table, int64_t block_table_stride, int32_t max_blocks,
                                 const int32_t* seq_lens, const int32_t* query_start_loc, int32_t dtype,
@@ -75,15 +87,17 @@ int av_emu_verify_attention_mma(int copy_mode, int plain_loads, const void* q, i
   p.out = out;
   p.lse = lse;
   p.error_counts = error_counts;
-  p.kernel = attn::kAttentionMma;
+  p.kernel = kernel;
 
   av_emu::State& st = av_emu::state();
   st.mode = copy_mode == 1 ? av_emu::kEarlyCopies : av_emu::kLateCopies;
   st.error.clear();
-  st.global_ranges = {{static_cast<const unsigned char*>(k_cache), static_cast<const unsigned char*>(k_cache) + cache_bytes},
-                      {static_cast<const unsigned char*>(v_cache), static_cast<const unsigned char*>(v_cache) + cache_bytes}};
+  const auto* k_bytes = static_cast<const unsigned char*>(k_cache);
+  const auto* v_bytes = static_cast<const unsigned char*>(v_cache);
+  st.global_ranges = {{k_bytes, k_bytes + cache_bytes}, {v_bytes, v_bytes + cache_bytes}};
   const bool vec_loads = plain_loads == 0;
   try {
+    if (kernel != attn::kAttentionMma && kernel != attn::kAttentionTiled) throw av_emu::Failure("unknown kernel");
     bool known = true;
     auto by_dim = [&](auto tag) {
       using T = decltype(tag);

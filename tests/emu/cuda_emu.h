@@ -266,6 +266,43 @@ inline void perform(const PendingCopy& c) {
 
 inline void __syncthreads() { ::av_emu::syncthreads(); }
 
+// CUDA vector types and bit casts (cuda_runtime's vector_types.h and device intrinsics).
+struct alignas(16) uint4 {
+  uint32_t x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return uint4{x, y, z, w}; }
+inline float __uint_as_float(uint32_t u) { return ::adaptive_verify::bits_float(u); }
+struct __half {
+  uint16_t bits;
+};
+inline __half __ushort_as_half(uint16_t u) { return __half{u}; }
+inline float __half2float(__half h) { return ::adaptive_verify::half_to_float(h.bits); }
+inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
+
+// Read-only global load; 16-byte loads are bounds-checked against the registered ranges (the caches).
+template <typename T>
+inline T __ldg(const T* p) {
+  if (sizeof(T) == 16) ::av_emu::check_global(p, 16, "__ldg");
+  return *p;
+}
+
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  if (mask != 0xffffffffu) ::av_emu::fail("__ballot_sync: only full-warp masks are emulated");
+  return ::av_emu::collective(pred != 0, [&] {
+    unsigned b = 0;
+    for (int l = 0; l < 32; ++l) b |= ::av_emu::slot_value<bool>(l) ? 1u << l : 0u;
+    return b;
+  });
+}
+
+inline float __shfl_sync(unsigned mask, float v, int src) {
+  if (mask != 0xffffffffu) ::av_emu::fail("__shfl_sync: only full-warp masks are emulated");
+  return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<float>(src & 31); });
+}
+
 inline float __shfl_xor_sync(unsigned mask, float v, int off) {
   if (mask != 0xffffffffu) ::av_emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
   return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<float>(::av_emu::lane_id() ^ off); });
@@ -363,8 +400,12 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
   mma_impl<half_t>(d, a, b0, b1);
 }
 
-inline uint32_t pack2(float lo, float hi, bf16_t) { return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16); }
-inline uint32_t pack2(float lo, float hi, half_t) { return uint32_t(float_to_half(lo)) | (uint32_t(float_to_half(hi)) << 16); }
+inline uint32_t pack2(float lo, float hi, bf16_t) {
+  return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+}
+inline uint32_t pack2(float lo, float hi, half_t) {
+  return uint32_t(float_to_half(lo)) | (uint32_t(float_to_half(hi)) << 16);
+}
 
 inline void cp_async16(void* dst, const void* src, bool fill) {
   ::av_emu::check_smem(dst, 16, "cp.async");

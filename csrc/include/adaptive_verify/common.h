@@ -11,6 +11,12 @@
 #define AV_HD inline
 #endif
 
+// Dynamic shared memory of a kernel, 16-byte aligned (cp.async, ldmatrix and vector stores need it). The
+// host emulator (tests/emu/cuda_emu.h, AV_CUDA_EMULATION) defines its own.
+#if defined(__CUDACC__) && !defined(AV_CUDA_EMULATION)
+#define AV_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace adaptive_verify {
 
 // Status returned by CPU kernels (CUDA launchers return cudaError_t as int). The Python layer turns

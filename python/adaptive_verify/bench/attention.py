@@ -46,7 +46,8 @@ def make_inputs(R, context, layer, device, seed=0):
     gd = torch.Generator(device=device).manual_seed(seed)
     mk = lambda *s: (torch.randn(*s, generator=gd, device=device) * 0.5).to(torch.bfloat16)  # noqa: E731
     return dict(q=mk(T, Hq, D), k_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D), v_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D),
-                block_table=block_table.to(device), seq_lens=torch.full((R,), context, dtype=torch.int32, device=device),
+                block_table=block_table.to(device),
+                seq_lens=torch.full((R,), context, dtype=torch.int32, device=device),
                 query_start_loc=qsl.to(device), max_query_len=8)
 
 

@@ -19,9 +19,12 @@
 // together). Single-buffered: each tile's loads are exposed within a block and hidden only by other
 // resident blocks. The tensor-core kernel (kernel_mma.cuh: GQA rows in the MMA M dimension, a cp.async
 // pipeline) is meant to replace both SIMT kernels once it passes on a GPU.
+// Host-compilable under AV_CUDA_EMULATION (tests/emu): the CPU suite runs this source too.
 #pragma once
 
+#if !defined(AV_CUDA_EMULATION)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(TiledConfig<T, D>::kThreads, 1)
   constexpr int kRowsPerWarp = Cfg::kRowsPerWarp, kRowsPerThread = Cfg::kRowsPerThread;
   constexpr int kRowGroups = Cfg::kRowGroups, kColGroups = Cfg::kColGroups;
   constexpr int kKStride = Cfg::kKStride, kPStride = Cfg::kPStride;
-  extern __shared__ __align__(16) unsigned char smem[];
+  AV_DYNAMIC_SMEM(smem);
   float* q_s = reinterpret_cast<float*>(smem);
   T* k_s = reinterpret_cast<T*>(smem + Cfg::kQBytes);
   T* v_s = reinterpret_cast<T*>(smem + Cfg::kQBytes + Cfg::kKBytes);
@@ -372,14 +375,21 @@ __global__ void __launch_bounds__(TiledConfig<T, D>::kThreads, 1)
   }
 }
 
+// Row chunks of the partials grid, from the host bound max_query_len, so the grid never depends on device
+// lengths.
+template <typename T, int D>
+inline int64_t tiled_row_chunks(const AttentionParams& p) {
+  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
+  return (int64_t(p.max_query_len) * group + TiledConfig<T, D>::kRows - 1) / TiledConfig<T, D>::kRows;
+}
+
+#if !defined(AV_CUDA_EMULATION)
 // Both launches of the tiled kernel; workspace split as in launch_verify_attention (kernel.cuh).
 template <typename T, int D>
 inline cudaError_t launch_attention_tiled(const AttentionParams& p, int32_t num_splits, float* ws_ml, float* ws_acc,
                                           bool vec_loads, cudaStream_t stream) {
   using Cfg = TiledConfig<T, D>;
-  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
-  // Row chunks from the host bound max_query_len, so the grid never depends on device lengths.
-  const int64_t chunks = (int64_t(p.max_query_len) * group + Cfg::kRows - 1) / Cfg::kRows;
+  const int64_t chunks = tiled_row_chunks<T, D>(p);
   const int64_t grid_x = int64_t(num_splits) * (chunks > 0 ? chunks : 1);
   if (p.num_reqs > 0 && chunks > 0) {
     if (grid_x > 0x7fffffff) return cudaErrorInvalidValue;
@@ -397,6 +407,8 @@ inline cudaError_t launch_attention_tiled(const AttentionParams& p, int32_t num_
   attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
   return cudaSuccess;
 }
+
+#endif  // !AV_CUDA_EMULATION
 
 }  // namespace attention
 }  // namespace adaptive_verify

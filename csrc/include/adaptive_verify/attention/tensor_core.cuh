@@ -16,9 +16,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-// Dynamic shared memory of a kernel, 16-byte aligned (cp.async and ldmatrix need it).
-#define AV_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
-
 namespace adaptive_verify {
 namespace attention {
 namespace tc {
