@@ -14,6 +14,7 @@
 #include "adaptive_verify/cuda_api.h"
 #include "adaptive_verify/sampling/cpu.h"
 #include "adaptive_verify/planner/cpu.h"
+#include "adaptive_verify/planner/packed.h"
 
 namespace py = pybind11;
 using namespace adaptive_verify;
@@ -92,74 +93,16 @@ int prefix_survival(bool on_cuda, uintptr_t stream, uintptr_t conf, int64_t conf
 #endif
 }
 
-// The planner takes ~40 scalars. pybind11 converts each positional argument separately (~15 us for 41
-// of them, more than the kernel itself), so Python packs them into one little-endian buffer of 64-bit
-// words with struct.Struct(PLAN_FORMAT) and we decode it here: ~1 us per call in total.
-// Word order (keep in sync with planner.py _PLAN_STRUCT): see kPlanFields.
-constexpr const char* kPlanFields =
-    "on_cuda stream survival survival_stride drafts num_reqs max_drafts mode fixed_budget budget_in "
-    "min_verify max_verify extra_tokens extra_emitting budget_cap verify_cost verify_cost_len draft_cost "
-    "context_lens block_table block_table_stride max_blocks block_size anchor_tokens draft_tokens "
-    "draft_tokens_stride token_offset num_reqs_padded num_tokens_padded verify_lens budget_out "
-    "expected_tokens num_tokens query_start_loc seq_lens token_req positions slot_mapping input_ids "
-    "error_counts workspace write_plan kernel";
-constexpr int kPlanWords = 43;
-constexpr int kDraftCostWord = 17;  // the one float64 word
-
+// The planner's ~40 scalars arrive packed in one bytes object (planner/packed.h says why and in what order).
 int plan(py::bytes packed) {
   char* data = nullptr;
   Py_ssize_t size = 0;
-  if (PyBytes_AsStringAndSize(packed.ptr(), &data, &size) != 0 || size != kPlanWords * 8)
+  if (PyBytes_AsStringAndSize(packed.ptr(), &data, &size) != 0 || size != planner::kPlanWords * 8)
     throw std::invalid_argument("adaptive_verify._C.plan: packed arguments have the wrong size");
-  int64_t w[kPlanWords];
-  std::memcpy(w, data, sizeof(w));
-  double draft_cost;
-  std::memcpy(&draft_cost, &w[kDraftCostWord], sizeof(draft_cost));
-  auto u = [&](int i) { return uintptr_t(w[i]); };
-  planner::Params p;
-  const bool on_cuda = w[0] != 0;
-  const uintptr_t stream = u(1);
-  p.survival = ptr<const float>(u(2));
-  p.survival_stride = w[3];
-  p.drafts = ptr<const int32_t>(u(4));
-  p.num_reqs = int32_t(w[5]);
-  p.max_drafts = int32_t(w[6]);
-  p.mode = int32_t(w[7]);
-  p.fixed_budget = w[8];
-  p.budget_in = ptr<const int32_t>(u(9));
-  p.min_verify = int32_t(w[10]);
-  p.max_verify = int32_t(w[11]);
-  p.extra_tokens = w[12];
-  p.extra_emitting = w[13];
-  p.budget_cap = w[14];
-  p.verify_cost = ptr<const float>(u(15));
-  p.verify_cost_len = w[16];
-  p.draft_cost = float(draft_cost);  // rounded to float32 exactly as the torch reference does
-  p.context_lens = ptr<const int32_t>(u(18));
-  p.block_table = ptr<const int32_t>(u(19));
-  p.block_table_stride = w[20];
-  p.max_blocks = int32_t(w[21]);
-  p.block_size = int32_t(w[22]);
-  p.anchor_tokens = ptr<const int32_t>(u(23));
-  p.draft_tokens = ptr<const int32_t>(u(24));
-  p.draft_tokens_stride = w[25];
-  p.token_offset = w[26];
-  p.num_reqs_padded = int32_t(w[27]);
-  p.num_tokens_padded = w[28];
-  p.verify_lens = ptr<int32_t>(u(29));
-  p.budget_out = ptr<int32_t>(u(30));
-  p.expected_tokens = ptr<float>(u(31));
-  p.num_tokens = ptr<int32_t>(u(32));
-  p.query_start_loc = ptr<int32_t>(u(33));
-  p.seq_lens = ptr<int32_t>(u(34));
-  p.token_req = ptr<int32_t>(u(35));
-  p.positions = ptr<int32_t>(u(36));
-  p.slot_mapping = ptr<int64_t>(u(37));
-  p.input_ids = ptr<int32_t>(u(38));
-  p.error_counts = ptr<int32_t>(u(39));
-  p.workspace = ptr<uint64_t>(u(40));
-  p.write_plan = int32_t(w[41]);
-  p.kernel = int32_t(w[42]);  // CUDA kernel choice (AV_PLANNER_KERNEL); the CPU kernel ignores it
+  const planner::PackedPlan args = planner::unpack_plan(data);
+  const planner::Params& p = args.params;
+  const bool on_cuda = args.on_cuda;
+  const uintptr_t stream = args.stream;
   if (!on_cuda) return planner::plan_cpu(p);
 #ifdef AV_WITH_CUDA
   return planner::plan_cuda(p, reinterpret_cast<void*>(stream));
@@ -415,7 +358,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("error_string", &error_string);
   m.def("prefix_survival", &prefix_survival);
   m.def("plan", &plan);
-  m.attr("PLAN_FIELDS") = kPlanFields;
+  m.attr("PLAN_FIELDS") = planner::kPlanFields;
   m.def("plan_workspace_keys", &plan_workspace_keys);
   m.def("confidence", &confidence_op);
   m.def("confidence_from_logits", &confidence_from_logits_op);

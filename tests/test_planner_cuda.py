@@ -69,23 +69,29 @@ def _assert_same(a, b, what):
         assert torch.equal(x.cpu(), y.cpu()), f"{what}: field {f} differs"
 
 
-@needs_cuda
-@pytest.mark.parametrize("R,K", [(1, 1), (7, 3), (83, 7), (256, 8), (300, 16), (1024, 16), (1200, 16), (5000, 4)])
-@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
-def test_cuda_matches_cpu(R, K, mode, planner_kernel):
-    ct = _cost_table()
+def matches_cpu_cases(R, K, mode):
+    """(problem, keyword arguments, label) of test_cuda_matches_cpu (also run by test_planner_emu.py)."""
     for seed, ties, nan in [(0, False, False), (1, True, False), (2, False, True)]:
         prob = _problem(R, K, seed + 17 * R, ties=ties, nan=nan)
         kw = dict(mode=mode, min_verify=1 if K > 1 else 0, extra_tokens=3, extra_emitting=2, token_offset=5,
                   num_reqs_padded=R + 5, num_tokens_padded=R + R * K + 11)
         if mode == "fixed":
             kw["budget"] = (R * K) // 3
+        yield prob, kw, f"R={R} K={K} mode={mode} seed={seed}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("R,K", [(1, 1), (7, 3), (83, 7), (256, 8), (300, 16), (1024, 16), (1200, 16), (5000, 4)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_cuda_matches_cpu(R, K, mode, planner_kernel):
+    ct = _cost_table()
+    for prob, kw, what in matches_cpu_cases(R, K, mode):
         gp = _to(prob, "cuda")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # mode="global" warns that it is not lossless live
             cpu = _plan(prob, ct, **kw)
             gpu = _plan(gp, ct, **kw)
-        _assert_same(cpu, gpu, f"R={R} K={K} mode={mode} seed={seed}")
+        _assert_same(cpu, gpu, what)
         if mode in ("greedy", "global", "all"):
             b_cpu = av.choose_budget(prob["survival"], prob["drafts"], ct, mode=mode)
             b_gpu = av.choose_budget(gp["survival"], gp["drafts"], ct, mode=mode)
@@ -177,12 +183,9 @@ def _stress_survival(kind, R, K, g):
     return torch.rand(R, K, generator=g) * 1.4 - 0.2
 
 
-@needs_cuda
-@pytest.mark.parametrize("kind", ["constant", "cluster", "wild"])
-@pytest.mark.parametrize("R,K", [(5, 3), (256, 8), (700, 32)])
-@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
-def test_cuda_matches_cpu_stress(kind, R, K, mode, planner_kernel):
-    ct = _cost_table()
+def stress_cases(kind, R, K, mode):
+    """(problem, keyword arguments, label) of test_cuda_matches_cpu_stress (also run by test_planner_emu.py):
+    min/max verify and a capacity on survivals from _stress_survival."""
     g = torch.Generator().manual_seed(R * 31 + K)
     survival = _stress_survival(kind, R, K, g)
     drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
@@ -194,13 +197,23 @@ def test_cuda_matches_cpu_stress(kind, R, K, mode, planner_kernel):
                   extra_emitting=1, num_reqs_padded=R + 2, num_tokens_padded=R + R * K + 4)
         if mode == "fixed":
             kw["budget"] = torch.tensor((R * K) // 2, dtype=torch.int32)
+        yield prob, kw, f"{kind} R={R} K={K} mode={mode} min={min_verify} max={max_verify} cap={capacity}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["constant", "cluster", "wild"])
+@pytest.mark.parametrize("R,K", [(5, 3), (256, 8), (700, 32)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_cuda_matches_cpu_stress(kind, R, K, mode, planner_kernel):
+    ct = _cost_table()
+    for prob, kw, what in stress_cases(kind, R, K, mode):
         gp = _to(prob, "cuda")
         gkw = dict(kw, budget=kw["budget"].cuda()) if mode == "fixed" else kw
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cpu = _plan(prob, ct, **kw)
             gpu = _plan(gp, ct, **gkw)
-        _assert_same(cpu, gpu, f"{kind} R={R} K={K} mode={mode} min={min_verify} max={max_verify} cap={capacity}")
+        _assert_same(cpu, gpu, what)
 
 
 @pytest.mark.parametrize("value", ["v3", "", "V2"])

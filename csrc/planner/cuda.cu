@@ -14,8 +14,8 @@ int prefix_survival_cuda(const SurvivalParams& p, void* stream) {
 int plan_cuda(const Params& p, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.kernel) {
-    case 0: return int(launch_plan(p, s));
-    case 1: return int(launch_plan_v2(p, s));
+    case kPlannerV1: return int(launch_plan(p, s));
+    case kPlannerV2: return int(launch_plan_v2(p, s));
     default: return int(cudaErrorInvalidValue);
   }
 }

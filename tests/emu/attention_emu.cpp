@@ -5,7 +5,6 @@
 #include "cuda_emu.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <limits>
 
 #include "adaptive_verify/attention/kernel_mma.cuh"
@@ -89,14 +88,11 @@ int av_emu_verify_attention(int kernel, int copy_mode, int plain_loads, const vo
   p.error_counts = error_counts;
   p.kernel = kernel;
 
-  av_emu::State& st = av_emu::state();
-  st.mode = copy_mode == 1 ? av_emu::kEarlyCopies : av_emu::kLateCopies;
-  st.error.clear();
   const auto* k_bytes = static_cast<const unsigned char*>(k_cache);
   const auto* v_bytes = static_cast<const unsigned char*>(v_cache);
-  st.global_ranges = {{k_bytes, k_bytes + cache_bytes}, {v_bytes, v_bytes + cache_bytes}};
   const bool vec_loads = plain_loads == 0;
-  try {
+  return av_emu::run_entry(copy_mode == 1 ? av_emu::kEarlyCopies : av_emu::kLateCopies,
+                           {{k_bytes, k_bytes + cache_bytes}, {v_bytes, v_bytes + cache_bytes}}, err, err_len, [&] {
     if (kernel != attn::kAttentionMma && kernel != attn::kAttentionTiled) throw av_emu::Failure("unknown kernel");
     bool known = true;
     auto by_dim = [&](auto tag) {
@@ -112,12 +108,7 @@ int av_emu_verify_attention(int kernel, int copy_mode, int plain_loads, const vo
     else if (dtype == adaptive_verify::kFloat16) by_dim(adaptive_verify::half_t{});
     else known = false;
     if (!known) throw av_emu::Failure("unsupported dtype or head dim");
-  } catch (const av_emu::Failure& e) {
-    st.block = nullptr;
-    std::snprintf(err, size_t(err_len), "%s", e.what());
-    return 1;
-  }
-  return 0;
+  });
 }
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 // A host emulator for the CUDA kernels that use warp-level tensor-core primitives (kernel_mma.cuh), so the
 // CPU test suite runs their real source: every CUDA thread of a block is a fiber (ucontext) on one OS
-// thread, scheduled round-robin; __syncthreads and warp collectives are barriers between fibers.
+// thread; __syncthreads and warp collectives are barriers between fibers. Warps run one at a time, each as
+// far as it can before the next (see launch).
 //
 // What it checks, beyond the results the tests compare:
 //   - ldmatrix / cp.async shared addresses lie inside the block's dynamic smem and are 16-byte aligned;
@@ -8,6 +9,9 @@
 //   - every warp collective is reached by all 32 lanes, every __syncthreads by every live thread (a
 //     divergent barrier or an early exit before a barrier is reported as a deadlock);
 //   - dynamic smem starts as NaN bytes (0xff), so reading what was never written shows up;
+//   - warps run one after another, each until it reaches a __syncthreads, and their threads resume in
+//     thread order or in reverse (av_emu_set_reverse): a missing barrier shows up as stale shared data
+//     in one order or the other;
 //   - cp.async data lands only at cp_async_wait (mode kLateCopies): reading a stage before its wait sees
 //     the stage's previous contents; or at issue (kEarlyCopies): a stage refilled before every warp is
 //     done with it corrupts the result. The tests run both.
@@ -23,7 +27,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -35,6 +41,9 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+// Static __shared__ variables: one instance per kernel instantiation, shared by the fibers of the one block
+// that runs at a time (contents carry over between blocks, as uninitialised smem may in CUDA).
+#define __shared__ static
 #define AV_DYNAMIC_SMEM(name) unsigned char* name = ::av_emu::dynamic_smem()
 
 #include "adaptive_verify/dtype.h"
@@ -83,6 +92,8 @@ struct State {
   Block* block = nullptr;
   ucontext_t scheduler;
   CopyMode mode = kLateCopies;
+  bool reverse = false;  // resume fibers from the last thread to the first (a missing barrier then shows up
+                         // where a thread reads what a lower-numbered thread writes)
   std::vector<std::pair<const unsigned char*, const unsigned char*>> global_ranges;
   std::string error;  // first failure seen inside a fiber
 };
@@ -217,24 +228,40 @@ inline void launch(Dim3 grid, Dim3 block_dim, size_t smem_bytes, Kernel&& kernel
                       }),
                       0);
         }
-        // Round-robin until every fiber is done; a pass in which nothing moved is a deadlock.
+        // Warp by warp, each as far as it can go (until all its threads wait at a __syncthreads or are
+        // done) before the next: a warp never waits for other warps except at __syncthreads, so code that
+        // relies on some other ordering (a missing barrier) reads stale shared memory. A full round in
+        // which nothing moved is a deadlock.
         int live = nthreads;
+        const int nwarps = nthreads / 32;
+        auto resume = [&](int t) {
+          b.current = t;
+          swapcontext(&st.scheduler, &b.fibers[size_t(t)].ctx);
+          if (b.fibers[size_t(t)].done) --live;
+          if (!st.error.empty()) throw Failure(st.error);
+        };
         while (live > 0) {
-          const uint64_t before_block = b.block_gen;
-          const std::vector<uint64_t> before_warps = b.warp_gen;
-          const std::vector<int> before_warp_arrived = b.warp_arrived;
-          const int before_live = live;
-          const int before_arrived = b.block_arrived;
-          for (int t = 0; t < nthreads; ++t) {
-            if (b.fibers[size_t(t)].done) continue;
-            b.current = t;
-            swapcontext(&st.scheduler, &b.fibers[size_t(t)].ctx);
-            if (b.fibers[size_t(t)].done) --live;
-            if (!st.error.empty()) throw Failure(st.error);
+          const uint64_t round_gen = b.block_gen;
+          const int round_arrived = b.block_arrived, round_live = live;
+          bool round_moved = false;
+          for (int wi = 0; wi < nwarps; ++wi) {
+            const int w = st.reverse ? nwarps - 1 - wi : wi;
+            for (;;) {
+              const uint64_t gen = b.block_gen, wgen = b.warp_gen[size_t(w)];
+              const int arrived = b.block_arrived, warrived = b.warp_arrived[size_t(w)], before_live = live;
+              for (int li = 0; li < 32; ++li) {
+                const int t = w * 32 + (st.reverse ? 31 - li : li);
+                if (!b.fibers[size_t(t)].done) resume(t);
+              }
+              const bool moved = b.block_gen != gen || b.warp_gen[size_t(w)] != wgen || b.block_arrived != arrived ||
+                                 b.warp_arrived[size_t(w)] != warrived || live != before_live;
+              if (!moved) break;
+              round_moved = true;
+            }
           }
-          const bool moved = b.block_gen != before_block || b.warp_gen != before_warps || live != before_live ||
-                             b.block_arrived != before_arrived || b.warp_arrived != before_warp_arrived;
-          if (!moved && live > 0) {
+          round_moved =
+              round_moved || b.block_gen != round_gen || b.block_arrived != round_arrived || live != round_live;
+          if (!round_moved && live > 0) {
             st.error = "deadlock: " + std::to_string(live) + " threads wait at a barrier that not every thread reaches";
             throw Failure(st.error);
           }
@@ -251,6 +278,25 @@ inline void launch(Dim3 grid, Dim3 block_dim, size_t smem_bytes, Kernel&& kernel
           }
         st.block = nullptr;
       }
+}
+
+// Runs fn (launches) for a C entry point: fresh error state, the copy mode and the global ranges cp.async
+// and __ldg may read; returns 0, or 1 with the first failure's message in err.
+template <typename F>
+inline int run_entry(CopyMode mode, std::vector<std::pair<const unsigned char*, const unsigned char*>> ranges,
+                     char* err, int err_len, F&& fn) {
+  State& st = state();
+  st.mode = mode;
+  st.error.clear();
+  st.global_ranges = std::move(ranges);
+  try {
+    fn();
+  } catch (const Failure& e) {
+    st.block = nullptr;
+    std::snprintf(err, size_t(err_len), "%s", e.what());
+    return 1;
+  }
+  return 0;
 }
 
 inline void perform(const PendingCopy& c) {
@@ -298,19 +344,59 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
   });
 }
 
-inline float __shfl_sync(unsigned mask, float v, int src) {
+template <typename V>
+inline V __shfl_sync(unsigned mask, V v, int src) {
   if (mask != 0xffffffffu) ::av_emu::fail("__shfl_sync: only full-warp masks are emulated");
-  return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<float>(src & 31); });
+  return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<V>(src & 31); });
 }
 
-inline float __shfl_xor_sync(unsigned mask, float v, int off) {
+template <typename V>
+inline V __shfl_xor_sync(unsigned mask, V v, int off) {
   if (mask != 0xffffffffu) ::av_emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
-  return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<float>(::av_emu::lane_id() ^ off); });
+  return ::av_emu::collective(v, [&] { return ::av_emu::slot_value<V>(::av_emu::lane_id() ^ off); });
 }
 
-inline int atomicAdd(int32_t* p, int v) {  // one OS thread: plain read-modify-write is atomic
-  const int old = *p;
-  *p = old + v;
+// Lanes below `delta` keep their own value.
+template <typename V>
+inline V __shfl_up_sync(unsigned mask, V v, unsigned delta) {
+  if (mask != 0xffffffffu) ::av_emu::fail("__shfl_up_sync: only full-warp masks are emulated");
+  const int l = ::av_emu::lane_id();
+  return ::av_emu::collective(v, [&] { return l >= int(delta) ? ::av_emu::slot_value<V>(l - int(delta)) : v; });
+}
+
+// Lanes whose `v` equals this lane's, as a bit mask.
+template <typename V>
+inline unsigned __match_any_sync(unsigned mask, V v) {
+  if (mask != 0xffffffffu) ::av_emu::fail("__match_any_sync: only full-warp masks are emulated");
+  return ::av_emu::collective(v, [&] {
+    unsigned m = 0;
+    for (int l = 0; l < 32; ++l) m |= ::av_emu::slot_value<V>(l) == v ? 1u << l : 0u;
+    return m;
+  });
+}
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline float __fmul_rn(float a, float b) { return a * b; }  // the emulator builds with -ffp-contract=off
+using std::max;
+using std::min;
+
+// Atomics: fibers switch only at barriers and collectives, so a plain read-modify-write is atomic.
+template <typename V, typename W>
+inline V atomicAdd(V* p, W v) {
+  const V old = *p;
+  *p = V(old + V(v));
+  return old;
+}
+template <typename V, typename W>
+inline V atomicMin(V* p, W v) {
+  const V old = *p;
+  *p = V(v) < old ? V(v) : old;
+  return old;
+}
+template <typename V, typename W>
+inline V atomicMax(V* p, W v) {
+  const V old = *p;
+  *p = V(v) > old ? V(v) : old;
   return old;
 }
 
@@ -434,3 +520,7 @@ inline void cp_async_wait() {
 }  // namespace tc
 }  // namespace attention
 }  // namespace adaptive_verify
+
+// Resume order of the fibers for later launches (0: thread order, 1: reverse). One definition per driver:
+// this header is included by exactly one translation unit of each.
+extern "C" void av_emu_set_reverse(int reverse) { ::av_emu::state().reverse = reverse != 0; }

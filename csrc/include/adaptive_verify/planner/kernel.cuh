@@ -11,7 +11,9 @@
 //  - The bitonic sort is data-oblivious: its cost depends only on next_pow2(R * K).
 #pragma once
 
+#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -204,7 +206,8 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) prefix_survival_ker
 }
 
 __global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const Params p, int64_t n_pad) {
-  extern __shared__ uint64_t smem_keys[];
+  AV_DYNAMIC_SMEM(smem_keys_bytes);
+  uint64_t* smem_keys = reinterpret_cast<uint64_t*>(smem_keys_bytes);
   __shared__ detail::Scratch scratch;
   uint64_t* keys = p.workspace != nullptr ? p.workspace : smem_keys;
   const int tid = threadIdx.x, nthreads = blockDim.x;
@@ -352,6 +355,7 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const P
   }
 }
 
+#if !defined(AV_CUDA_EMULATION)
 // Launchers: raw pointers and a stream in, cudaError_t out.
 inline cudaError_t launch_prefix_survival(const SurvivalParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
@@ -381,6 +385,8 @@ inline cudaError_t launch_plan(const Params& p, cudaStream_t stream) {
   plan_kernel<<<1, threads_for(n_pad, p.num_reqs), smem_bytes, stream>>>(q, n_pad);
   return cudaGetLastError();
 }
+
+#endif  // !AV_CUDA_EMULATION
 
 }  // namespace planner
 }  // namespace adaptive_verify

@@ -32,7 +32,9 @@
 //    (workspace_keys) beyond it.
 #pragma once
 
+#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
 #include <cuda_runtime.h>
+#endif
 
 #include <climits>
 #include <cstdint>
@@ -139,7 +141,8 @@ __device__ __forceinline__ void consider(double& best_t, int64_t& best_b, double
 __global__ void __launch_bounds__(KernelConfigV2::kMaxThreads) plan_kernel_v2(const Params p, int64_t n_pad,
                                                                                int32_t nb) {
   using Cfg = KernelConfigV2;
-  extern __shared__ uint64_t smem_words[];
+  AV_DYNAMIC_SMEM(smem_words_bytes);
+  uint64_t* smem_words = reinterpret_cast<uint64_t*>(smem_words_bytes);
   __shared__ v2::Shared sh;
   __shared__ detail::Scratch scratch;
   uint64_t* base = p.workspace != nullptr ? p.workspace : smem_words;
@@ -512,6 +515,7 @@ __global__ void __launch_bounds__(KernelConfigV2::kMaxThreads) plan_kernel_v2(co
   }
 }
 
+#if !defined(AV_CUDA_EMULATION)
 inline cudaError_t launch_plan_v2(const Params& p, cudaStream_t stream) {
   const int64_t n_slots = int64_t(p.num_reqs) * p.max_drafts;
   const int64_t n_pad = next_pow2(n_slots);
@@ -533,6 +537,8 @@ inline cudaError_t launch_plan_v2(const Params& p, cudaStream_t stream) {
   plan_kernel_v2<<<1, threads_for_v2(n_slots, p.num_reqs), smem_bytes, stream>>>(q, n_pad, buckets_for_v2(n_pad));
   return cudaGetLastError();
 }
+
+#endif  // !AV_CUDA_EMULATION
 
 }  // namespace planner
 }  // namespace adaptive_verify

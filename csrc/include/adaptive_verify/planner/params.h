@@ -17,6 +17,10 @@ enum Mode : int32_t {
   kAll = 3,     // B = B_max: verify every candidate (fixed-k baseline)
 };
 
+// Params::kernel values (planner.py PLANNER_KERNELS).
+constexpr int32_t kPlannerV1 = 0;
+constexpr int32_t kPlannerV2 = 1;
+
 struct Params {
   // ---- candidates ----
   const float* survival = nullptr;  // [R, K] float32, row stride survival_stride, last dim contiguous
@@ -71,7 +75,7 @@ struct Params {
 
   // CUDA only: which kernel runs the plan (the CPU kernel ignores it). 0: kernel.cuh (bitonic sort of every
   // key, the validated default); 1: kernel_v2.cuh (histogram + bucket ranking, work spread over the block).
-  int32_t kernel = 0;
+  int32_t kernel = kPlannerV1;
 
   // CUDA only: global scratch of next_pow2(R*K) uint64 keys when they do not fit shared memory.
   uint64_t* workspace = nullptr;

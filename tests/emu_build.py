@@ -1,0 +1,27 @@
+"""Builds a host-emulator driver from tests/emu (see tests/emu/cuda_emu.h) into a shared library for ctypes,
+once per test session and source hash."""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EMU_DIR = Path(__file__).resolve().parent / "emu"
+_INCLUDE = ROOT / "csrc" / "include"
+
+
+def build(name: str, tmp_path_factory) -> ctypes.CDLL:
+    """tests/emu/<name>.cpp, compiled with the host compiler (the one that builds the package) exactly as the
+    library's host code is: C++17, -O2, -ffp-contract=off (no fused multiply-add)."""
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a host C++ compiler is needed to build the emulator (it also builds the package)"
+    sources = [EMU_DIR / f"{name}.cpp", EMU_DIR / "cuda_emu.h"] + sorted(_INCLUDE.rglob("*.[ch]*"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    lib = tmp_path_factory.getbasetemp() / f"{name}_{digest}.so"
+    if not lib.exists():
+        cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", f"-I{_INCLUDE}", f"-I{EMU_DIR}",
+               str(EMU_DIR / f"{name}.cpp"), "-o", str(lib)]
+        subprocess.run(cmd, check=True)
+    return ctypes.CDLL(str(lib))
