@@ -88,13 +88,15 @@ struct Block {
   std::vector<std::vector<unsigned char>> slots;  // per thread: 64 bytes of collective payload
 };
 
+using Ranges = std::vector<std::pair<const unsigned char*, const unsigned char*>>;
+
 struct State {
   Block* block = nullptr;
   ucontext_t scheduler;
   CopyMode mode = kLateCopies;
   bool reverse = false;  // resume fibers from the last thread to the first (a missing barrier then shows up
                          // where a thread reads what a lower-numbered thread writes)
-  std::vector<std::pair<const unsigned char*, const unsigned char*>> global_ranges;
+  Ranges global_ranges;  // where cp.async and 16-byte __ldg may read
   std::string error;  // first failure seen inside a fiber
 };
 
@@ -283,8 +285,7 @@ inline void launch(Dim3 grid, Dim3 block_dim, size_t smem_bytes, Kernel&& kernel
 // Runs fn (launches) for a C entry point: fresh error state, the copy mode and the global ranges cp.async
 // and __ldg may read; returns 0, or 1 with the first failure's message in err.
 template <typename F>
-inline int run_entry(CopyMode mode, std::vector<std::pair<const unsigned char*, const unsigned char*>> ranges,
-                     char* err, int err_len, F&& fn) {
+inline int run_entry(CopyMode mode, Ranges ranges, char* err, int err_len, F&& fn) {
   State& st = state();
   st.mode = mode;
   st.error.clear();
@@ -316,6 +317,9 @@ inline void __syncthreads() { ::av_emu::syncthreads(); }
 struct alignas(16) uint4 {
   uint32_t x, y, z, w;
 };
+struct alignas(16) int4 {
+  int32_t x, y, z, w;
+};
 struct alignas(16) float4 {
   float x, y, z, w;
 };
@@ -327,6 +331,44 @@ struct __half {
 inline __half __ushort_as_half(uint16_t u) { return __half{u}; }
 inline float __half2float(__half h) { return ::adaptive_verify::half_to_float(h.bits); }
 inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline float __int_as_float(int x) { return ::adaptive_verify::bits_float(uint32_t(x)); }
+// One block at a time on one OS thread: every write is visible to every later read.
+inline void __threadfence() {}
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+
+// fp16 / bf16 pairs as cuda_fp16.h / cuda_bf16.h lay them out (x in the low 16 bits) and the few packed
+// intrinsics the sampler uses; NaN-propagating max, compared through float (exact for both formats).
+struct __half2 {
+  __half x, y;
+};
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline float __bfloat162float(__nv_bfloat16 h) { return ::adaptive_verify::bf16_to_float(h.bits); }
+inline __half __low2half(__half2 h) { return h.x; }
+inline __half __high2half(__half2 h) { return h.y; }
+inline __nv_bfloat16 __low2bfloat16(__nv_bfloat162 h) { return h.x; }
+inline __nv_bfloat16 __high2bfloat16(__nv_bfloat162 h) { return h.y; }
+template <typename H, typename F>
+inline H max_nan(H a, H b, F to_f) {
+  const float fa = to_f(a), fb = to_f(b);
+  if (fa != fa) return a;
+  if (fb != fb) return b;
+  return fb > fa ? b : a;
+}
+inline __half __hmax_nan(__half a, __half b) { return max_nan(a, b, __half2float); }
+inline __nv_bfloat16 __hmax_nan(__nv_bfloat16 a, __nv_bfloat16 b) { return max_nan(a, b, __bfloat162float); }
+inline __half2 __hmax2_nan(__half2 a, __half2 b) { return __half2{__hmax_nan(a.x, b.x), __hmax_nan(a.y, b.y)}; }
+inline __nv_bfloat162 __hmax2_nan(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return __nv_bfloat162{__hmax_nan(a.x, b.x), __hmax_nan(a.y, b.y)};
+}
 
 // Read-only global load; 16-byte loads are bounds-checked against the registered ranges (the caches).
 template <typename T>

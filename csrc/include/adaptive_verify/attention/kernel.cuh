@@ -7,7 +7,7 @@
 //   kAttentionRowwise (default): kernel_rowwise.cuh, one warp per query row; validated on an H200
 //     (2026-11-29) but latency-bound (~1 us per KV position);
 //   kAttentionTiled: kernel_tiled.cuh, K/V tiles in shared memory read once per block of 16 query rows;
-//     not yet run on a GPU;
+//     not yet run on a GPU (its source runs in the CPU suite under tests/emu);
 //   kAttentionMma: kernel_mma.cuh, tensor cores (mma.sync) with the request's GQA rows packed into the MMA
 //     M dimension and a cp.async pipeline; run only under the host emulator (tests/emu) so far.
 // All write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats)

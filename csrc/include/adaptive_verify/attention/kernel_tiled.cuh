@@ -14,12 +14,12 @@
 // Same split boundaries as the CPU kernel (kSplitTokens), so outputs are batch-invariant; the dot-product
 // and softmax order differ from the CPU's (tile-wise rescaling instead of position by position), so the
 // two agree to fp32 rounding, not bit for bit. NaN/inf scores are handled as the CPU's update would.
-// NOTES: not yet run on a GPU (the row-wise kernel passed the CUDA tests on an H200 but was latency-bound:
-// ~1 us per position). Rows past 16 re-read the split's K/V in another block (L2 hits when they run
-// together). Single-buffered: each tile's loads are exposed within a block and hidden only by other
-// resident blocks. The tensor-core kernel (kernel_mma.cuh: GQA rows in the MMA M dimension, a cp.async
-// pipeline) is meant to replace both SIMT kernels once it passes on a GPU.
-// Host-compilable under AV_CUDA_EMULATION (tests/emu): the CPU suite runs this source too.
+// NOTES: not yet run on a GPU, only under the host emulator (tests/test_attention_emu.py); the row-wise
+// kernel passed the CUDA tests on an H200 but was latency-bound (~1 us per position). Rows past 16 re-read
+// the split's K/V in another block (L2 hits when they run together). Single-buffered: each tile's loads
+// are exposed within a block and hidden only by other resident blocks. The tensor-core kernel
+// (kernel_mma.cuh: GQA rows in the MMA M dimension, a cp.async pipeline) is meant to replace both SIMT
+// kernels once it passes on a GPU.
 #pragma once
 
 #if !defined(AV_CUDA_EMULATION)

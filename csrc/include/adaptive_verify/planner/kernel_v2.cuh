@@ -1,6 +1,7 @@
 // CUDA planner, second kernel ("v2", AV_PLANNER_KERNEL=v2): the same integers as the bitonic-sort kernel of
 // kernel.cuh (v1) and the C++ CPU kernel, with the work of every phase spread over the block's threads.
-// Still one launch of one thread block, no host synchronisation, graph-capturable.
+// Still one launch of one thread block, no host synchronisation, graph-capturable. Not yet run on a GPU; its
+// source runs in the CPU suite under the host emulator (tests/test_planner_emu.py: the CPU kernel's integers).
 //
 // NOTES: why it is faster than v1, phase by phase (n = R * K slots):
 //  - Ranking words instead of 64-bit keys. A candidate's word u = bits(s) + (forced ? 2^30 : 0) (s the

@@ -10,7 +10,9 @@
 //    pass, and only the rows a request needs (up to its first rejection) are read at all.
 #pragma once
 
+#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -162,6 +164,7 @@ __global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const S
 }
 
 
+#if !defined(AV_CUDA_EMULATION)
 inline cudaError_t launch_rejection(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   return launch_for_dtype(p.dtype, [&](auto tag) {
@@ -175,6 +178,8 @@ inline cudaError_t launch_sample(const SampleParams& p, cudaStream_t stream) {
     sample_kernel<decltype(tag)><<<p.num_rows, SamplerConfig::kThreads, 0, stream>>>(p);
   });
 }
+
+#endif  // !AV_CUDA_EMULATION
 
 }  // namespace sampling
 }  // namespace adaptive_verify

@@ -38,9 +38,13 @@
 //    race entries whose log-free bound (race_bound) is below the thread's best score, and Philox calls for
 //    quads where no entry can reach it with any uniform.
 //  - Unverified on hardware when written: the H200 was not available; ptxas: 0 spills, <= 128 registers.
+//    Its source runs in the CPU suite under the host emulator (tests/test_sampling_emu.py: the same
+//    integers and error counts as the CPU kernel).
 #pragma once
 
+#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -522,6 +526,7 @@ inline bool splitv_can_implement(const void* workspace, int64_t workspace_bytes,
          slots * s.num_chunks <= int64_t(INT32_MAX);
 }
 
+#if !defined(AV_CUDA_EMULATION)
 inline cudaError_t launch_rejection_splitv(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   const int64_t slots = int64_t(p.num_reqs) * (p.max_drafts + 1);
@@ -546,6 +551,8 @@ inline cudaError_t launch_sample_splitv(const SampleParams& p, cudaStream_t stre
     splitv_sample_merge_kernel<T><<<p.num_rows, SplitVConfig::kThreads, 0, stream>>>(p, int32_t(s.num_chunks));
   });
 }
+
+#endif  // !AV_CUDA_EMULATION
 
 }  // namespace sampling
 }  // namespace adaptive_verify

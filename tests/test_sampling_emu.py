@@ -1,0 +1,159 @@
+"""The sampler's CUDA kernels (sampling/kernel.cuh "v1", validated on an H200; sampling/kernel_splitv.cuh
+"v2", the split-vocabulary kernel, not yet run on a GPU) run on the CPU by the fiber emulator in tests/emu
+and compared with the C++ CPU kernel: the same integers and the same error counts, on the cases of
+test_sampling_cuda.py at sizes the emulator runs in seconds.
+
+The emulated kernels replace adaptive_verify._C.rejection_sample / sample for the duration of a call, so
+the Python layer (validation, outputs) is the one real calls use. v1 passing here is a check of the emulator
+itself against hardware-validated code.
+"""
+import ctypes
+import importlib
+
+import pytest
+import torch
+
+import adaptive_verify as av
+import emu_build
+from test_sampling_cuda import _batch
+
+sampling_module = importlib.import_module("adaptive_verify.sampling")
+u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+
+
+@pytest.fixture(scope="session")
+def emu_lib(tmp_path_factory):
+    lib = emu_build.build("sampling_emu", tmp_path_factory)
+    lib.av_emu_rejection_sample.argtypes = [u64, i64, i32, i64, i64, u64, u64, i64, ctypes.c_bool, u64, i64, i64,
+                                            u64, u64, u64, u64, i32, i32, u64, u64, u64, i32, ctypes.c_char_p,
+                                            ctypes.c_int]
+    lib.av_emu_sample.argtypes = [u64, i64, i32, i64, i32, u64, u64, u64, u64, u64, u64, i32, ctypes.c_char_p,
+                                  ctypes.c_int]
+    lib.av_emu_set_reverse.argtypes = [ctypes.c_int]
+    return lib
+
+
+class _EmulatedC:
+    """adaptive_verify._C with rejection_sample() / sample() run by the emulated CUDA kernels."""
+
+    def __init__(self, real, lib):
+        self._real, self._lib, self.calls = real, lib, 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _run(self, fn, args):
+        err = ctypes.create_string_buffer(512)
+        # (on_cuda, stream, ..., kernel, workspace, workspace_bytes): the emulator allocates the workspace
+        status = fn(*args[2:-2], err, len(err))
+        assert status == 0, f"emulator: {err.value.decode()}"
+        self.calls += 1
+        return 0
+
+    def rejection_sample(self, *args):
+        return self._run(self._lib.av_emu_rejection_sample, args)
+
+    def sample(self, *args):
+        return self._run(self._lib.av_emu_sample, args)
+
+
+@pytest.fixture(params=["v1", "v2"])
+def emulated(request, monkeypatch, emu_lib):
+    """Returns run(fn): fn() with the emulated kernel of this parametrization in place of the CPU kernel."""
+    monkeypatch.setenv("AV_SAMPLER_KERNEL", request.param)
+    proxy = _EmulatedC(sampling_module._C, emu_lib)
+
+    def run(fn):
+        calls = proxy.calls
+        with monkeypatch.context() as m:
+            m.setattr(sampling_module, "_C", proxy)
+            out = fn()
+        assert proxy.calls == calls + 1, "the emulated kernel did not run"
+        return out
+
+    run.lib = emu_lib
+    return run
+
+
+def _check_same(run, logits, qsl, drafts, **kw):
+    """Emulated CUDA kernel == CPU kernel on outputs and on every error counter."""
+    av.reset_error_counts("cpu")
+    cpu = av.rejection_sample(logits, qsl, drafts, **kw)
+    cpu_counts = av.error_counts("cpu")
+    av.reset_error_counts("cpu")
+    emu = run(lambda: av.rejection_sample(logits, qsl, drafts, **kw))
+    assert torch.equal(cpu[0], emu[0]) and torch.equal(cpu[1], emu[1])
+    assert av.error_counts("cpu") == cpu_counts
+    av.reset_error_counts("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("V", [1, 7, 1000, 32003])
+@pytest.mark.parametrize("probs", [False, True])
+def test_rejection_sample_emulated_matches_cpu(emulated, dtype, V, probs):
+    R, K = (16, 5) if V < 10000 else (4, 3)
+    logits, qsl, drafts, q, temperature, seeds = _batch(R, K, V, dtype, V + probs, probs)
+    _check_same(emulated, logits, qsl, drafts, draft_probs=q, temperature=temperature, seeds=seeds, offset=12345)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rejection_sample_emulated_ties_and_nans(emulated, dtype):
+    """As test_sampling_cuda's: ties across chunks, NaN / -inf entries and rows, misaligned rows, one request
+    spread over many chunks."""
+    R, K, V = 4, 3, 100003
+    g = torch.Generator().manual_seed(7)
+    qsl = torch.tensor([0, 4, 8, 10, 14], dtype=torch.int32)
+    logits = torch.randint(0, 3, (14, V), generator=g).float()
+    logits[:, ::97] = float("nan")
+    logits[:, 5::89] = float("-inf")
+    logits[2] = float("-inf")
+    logits[9] = float("nan")
+    logits = logits.to(dtype)
+    top = torch.nan_to_num(logits.float(), nan=-float("inf")).argmax(-1).to(torch.int32)
+    rows = (qsl[:-1, None] + torch.arange(K)[None, :]).clamp(max=13)
+    drafts = top[rows]
+    drafts[1, 1] = V
+    for temperature in (torch.zeros(R), torch.full((R,), 0.7)):
+        _check_same(emulated, logits, qsl, drafts, temperature=temperature,
+                    seeds=torch.arange(R, dtype=torch.int64) * 31, offset=3)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_rejection_sample_emulated_realistic_drafts(emulated, greedy):
+    """Drafts equal to the row's argmax half the time, so chains of every length occur (v2's early exit
+    records rejections and skips later rows); NaN in a few rows; threads also resumed in reverse."""
+    R, K, V = 24, 7, 4000
+    g = torch.Generator().manual_seed(11)
+    qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
+    logits = (torch.randn(R * (K + 1), V, generator=g) * 2).to(torch.bfloat16)
+    logits[5::97, 3::1009] = float("nan")
+    top = logits.float().nan_to_num(nan=-float("inf")).argmax(-1).view(R, K + 1)[:, :K].to(torch.int32)
+    drafts = torch.where(torch.rand(R, K, generator=g) < 0.5, top, torch.randint(0, V, (R, K), generator=g,
+                                                                                   dtype=torch.int32))
+    temperature = torch.zeros(R) if greedy else torch.rand(R, generator=g) + 0.5
+    for reverse in (0, 1):
+        emulated.lib.av_emu_set_reverse(reverse)
+        try:
+            _check_same(emulated, logits, qsl, drafts, temperature=temperature,
+                        seeds=torch.arange(R, dtype=torch.int64), offset=9)
+        finally:
+            emulated.lib.av_emu_set_reverse(0)
+
+
+def test_rejection_sample_emulated_huge_scaled_logits(emulated):
+    """|max logit / temperature| >= 2^20: v2 re-runs the race on v1's routine."""
+    logits, qsl, drafts, _, _, seeds = _batch(6, 3, 7000, torch.float32, 3, False)
+    _check_same(emulated, logits * 1e6, qsl, drafts, temperature=torch.full((6,), 0.5), seeds=seeds, offset=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [1, 5, 32000])
+def test_sample_emulated_matches_cpu(emulated, dtype, V):
+    N = 12 if V < 10000 else 3
+    logits = (torch.randn(N, V, generator=torch.Generator().manual_seed(V)) * 2).to(dtype)
+    temperature = torch.rand(N) + 0.05
+    temperature[::5] = 0
+    seeds = torch.arange(N, dtype=torch.int64) * 7919
+    cpu = av.sample(logits, temperature, seeds, 3)
+    emu = emulated(lambda: av.sample(logits, temperature, seeds, 3))
+    assert torch.equal(cpu, emu)
