@@ -25,3 +25,42 @@ def build(name: str, tmp_path_factory) -> ctypes.CDLL:
                str(EMU_DIR / f"{name}.cpp"), "-o", str(lib)]
         subprocess.run(cmd, check=True)
     return ctypes.CDLL(str(lib))
+
+
+class EmulatedC:
+    """adaptive_verify._C with some entry points replaced by emulated ones: `replacements` maps a name to a
+    function taking the real entry point's arguments and returning its status. Counts the calls, so a test
+    can check the emulator really ran."""
+
+    def __init__(self, real, replacements):
+        self._real, self._replacements, self.calls = real, replacements, 0
+
+    def __getattr__(self, name):
+        if name in self._replacements:
+            def call(*args):
+                self.calls += 1
+                return self._replacements[name](*args)
+            return call
+        return getattr(self._real, name)
+
+
+def emulated_runner(monkeypatch, module, proxy: EmulatedC):
+    """run(fn): fn() with `module`'s _C replaced by `proxy`; asserts that exactly one emulated call ran."""
+
+    def run(fn):
+        calls = proxy.calls
+        with monkeypatch.context() as m:
+            m.setattr(module, "_C", proxy)
+            out = fn()
+        assert proxy.calls == calls + 1, "the emulated kernel did not run"
+        return out
+
+    return run
+
+
+def status_of(fn, *args) -> int:
+    """Calls an emulator entry point with a trailing (error buffer, length); fails with its message."""
+    err = ctypes.create_string_buffer(512)
+    status = fn(*args, err, len(err))
+    assert status == 0, f"emulator: {err.value.decode()}"
+    return 0

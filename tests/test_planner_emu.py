@@ -35,39 +35,13 @@ def emu_plan(request, emu_lib):
     return emu_lib.av_emu_plan
 
 
-class _EmulatedC:
-    """adaptive_verify._C with plan() run by the emulated CUDA kernel (on host memory)."""
-
-    def __init__(self, real, fn):
-        self._real, self._fn, self.calls = real, fn, 0
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def plan(self, packed: bytes) -> int:
-        err = ctypes.create_string_buffer(512)
-        status = self._fn(packed, err, len(err))
-        assert status == 0, f"emulator: {err.value.decode()}"
-        self.calls += 1
-        return 0
-
-
 @pytest.fixture(params=KERNELS)
 def emulated(request, monkeypatch, emu_plan):
     """Returns run(fn): fn() with the emulated kernel (the variant of this parametrization) in place of the
     CPU kernel."""
     monkeypatch.setenv("AV_PLANNER_KERNEL", request.param)
-    proxy = _EmulatedC(planner_module._C, emu_plan)
-
-    def run(fn):
-        calls = proxy.calls
-        with monkeypatch.context() as m:
-            m.setattr(planner_module, "_C", proxy)
-            out = fn()
-        assert proxy.calls == calls + 1, "the emulated kernel did not run"
-        return out
-
-    return run
+    proxy = emu_build.EmulatedC(planner_module._C, {"plan": lambda packed: emu_build.status_of(emu_plan, packed)})
+    return emu_build.emulated_runner(monkeypatch, planner_module, proxy)
 
 
 def _compare(ct, cases, run):

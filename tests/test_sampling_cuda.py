@@ -62,11 +62,11 @@ def test_rejection_sample_cuda_matches_cpu(kernel, dtype, V, probs):
     _check_same(logits, qsl, drafts, draft_probs=q, temperature=temperature, seeds=seeds, offset=12345)
 
 
-@cuda_test
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rejection_sample_cuda_ties_and_nans(kernel, dtype):
+def ties_and_nans_case(dtype):
     """Few distinct values (ties across chunks: smallest id wins), NaN and -inf entries, a row of -inf, a row of
-    NaN, misaligned rows (V odd), one request (many chunks a row)."""
+    NaN, misaligned rows (V odd), one request spread over many chunks; drafts mostly the row's argmax, so
+    the chain runs through several rows, and one out of range (rejected and counted).
+    Returns (logits, qsl, drafts, R)."""
     R, K, V = 4, 3, 100003
     g = torch.Generator().manual_seed(7)
     qsl = torch.tensor([0, 4, 8, 10, 14], dtype=torch.int32)
@@ -78,19 +78,23 @@ def test_rejection_sample_cuda_ties_and_nans(kernel, dtype):
     logits = logits.to(dtype)
     top = torch.nan_to_num(logits.float(), nan=-float("inf")).argmax(-1).to(torch.int32)  # [14]
     rows = (qsl[:-1, None] + torch.arange(K)[None, :]).clamp(max=13)  # [R, K]: the row judging each draft
-    drafts = top[rows]  # mostly accepted, so the chain runs through several rows
-    drafts[1, 1] = V  # out of range: rejected and counted
+    drafts = top[rows]
+    drafts[1, 1] = V
+    return logits, qsl, drafts, R
+
+
+@cuda_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rejection_sample_cuda_ties_and_nans(kernel, dtype):
+    logits, qsl, drafts, R = ties_and_nans_case(dtype)
     for temperature in (torch.zeros(R), torch.full((R,), 0.7)):
         _check_same(logits, qsl, drafts, temperature=temperature, seeds=torch.arange(R, dtype=torch.int64) * 31,
                     offset=3)
 
 
-@cuda_test
-@pytest.mark.parametrize("greedy", [True, False])
-def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
-    """Many requests (v2: several waves of blocks, so its early exit skips rows past recorded rejections),
-    drafts equal to the row's argmax half the time so chains of every length occur; NaN in a few rows."""
-    R, K, V = 384, 7, 32000
+def realistic_case(R, K, V, greedy):
+    """Drafts equal to the row's argmax half the time, so chains of every length occur; NaN in a few rows.
+    Returns (logits, qsl, drafts, temperature)."""
     g = torch.Generator().manual_seed(11)
     qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
     logits = (torch.randn(R * (K + 1), V, generator=g) * 2).to(torch.bfloat16)
@@ -99,6 +103,15 @@ def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
     drafts = torch.where(torch.rand(R, K, generator=g) < 0.5, top, torch.randint(0, V, (R, K), generator=g,
                                                                                    dtype=torch.int32))
     temperature = torch.zeros(R) if greedy else torch.rand(R, generator=g) + 0.5
+    return logits, qsl, drafts, temperature
+
+
+@cuda_test
+@pytest.mark.parametrize("greedy", [True, False])
+def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
+    """Many requests (v2: several waves of blocks, so its early exit skips rows past recorded rejections)."""
+    R = 384
+    logits, qsl, drafts, temperature = realistic_case(R, 7, 32000, greedy)
     _check_same(logits, qsl, drafts, temperature=temperature, seeds=torch.arange(R, dtype=torch.int64), offset=9)
 
 

@@ -15,7 +15,7 @@ import torch
 
 import adaptive_verify as av
 import emu_build
-from test_sampling_cuda import _batch
+from test_sampling_cuda import _batch, realistic_case, ties_and_nans_case
 
 sampling_module = importlib.import_module("adaptive_verify.sampling")
 u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
@@ -33,44 +33,17 @@ def emu_lib(tmp_path_factory):
     return lib
 
 
-class _EmulatedC:
-    """adaptive_verify._C with rejection_sample() / sample() run by the emulated CUDA kernels."""
-
-    def __init__(self, real, lib):
-        self._real, self._lib, self.calls = real, lib, 0
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def _run(self, fn, args):
-        err = ctypes.create_string_buffer(512)
-        # (on_cuda, stream, ..., kernel, workspace, workspace_bytes): the emulator allocates the workspace
-        status = fn(*args[2:-2], err, len(err))
-        assert status == 0, f"emulator: {err.value.decode()}"
-        self.calls += 1
-        return 0
-
-    def rejection_sample(self, *args):
-        return self._run(self._lib.av_emu_rejection_sample, args)
-
-    def sample(self, *args):
-        return self._run(self._lib.av_emu_sample, args)
-
-
 @pytest.fixture(params=["v1", "v2"])
 def emulated(request, monkeypatch, emu_lib):
     """Returns run(fn): fn() with the emulated kernel of this parametrization in place of the CPU kernel."""
     monkeypatch.setenv("AV_SAMPLER_KERNEL", request.param)
-    proxy = _EmulatedC(sampling_module._C, emu_lib)
-
-    def run(fn):
-        calls = proxy.calls
-        with monkeypatch.context() as m:
-            m.setattr(sampling_module, "_C", proxy)
-            out = fn()
-        assert proxy.calls == calls + 1, "the emulated kernel did not run"
-        return out
-
+    # The real entry points take (on_cuda, stream, ..., kernel, workspace, workspace_bytes); the emulator
+    # takes the middle part and allocates the workspace itself.
+    proxy = emu_build.EmulatedC(sampling_module._C, {
+        "rejection_sample": lambda *a: emu_build.status_of(emu_lib.av_emu_rejection_sample, *a[2:-2]),
+        "sample": lambda *a: emu_build.status_of(emu_lib.av_emu_sample, *a[2:-2]),
+    })
+    run = emu_build.emulated_runner(monkeypatch, sampling_module, proxy)
     run.lib = emu_lib
     return run
 
@@ -98,21 +71,9 @@ def test_rejection_sample_emulated_matches_cpu(emulated, dtype, V, probs):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rejection_sample_emulated_ties_and_nans(emulated, dtype):
-    """As test_sampling_cuda's: ties across chunks, NaN / -inf entries and rows, misaligned rows, one request
-    spread over many chunks."""
-    R, K, V = 4, 3, 100003
-    g = torch.Generator().manual_seed(7)
-    qsl = torch.tensor([0, 4, 8, 10, 14], dtype=torch.int32)
-    logits = torch.randint(0, 3, (14, V), generator=g).float()
-    logits[:, ::97] = float("nan")
-    logits[:, 5::89] = float("-inf")
-    logits[2] = float("-inf")
-    logits[9] = float("nan")
-    logits = logits.to(dtype)
-    top = torch.nan_to_num(logits.float(), nan=-float("inf")).argmax(-1).to(torch.int32)
-    rows = (qsl[:-1, None] + torch.arange(K)[None, :]).clamp(max=13)
-    drafts = top[rows]
-    drafts[1, 1] = V
+    """test_sampling_cuda's case: ties across chunks, NaN / -inf entries and rows, misaligned rows, one
+    request spread over many chunks."""
+    logits, qsl, drafts, R = ties_and_nans_case(dtype)
     for temperature in (torch.zeros(R), torch.full((R,), 0.7)):
         _check_same(emulated, logits, qsl, drafts, temperature=temperature,
                     seeds=torch.arange(R, dtype=torch.int64) * 31, offset=3)
@@ -120,17 +81,10 @@ def test_rejection_sample_emulated_ties_and_nans(emulated, dtype):
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_rejection_sample_emulated_realistic_drafts(emulated, greedy):
-    """Drafts equal to the row's argmax half the time, so chains of every length occur (v2's early exit
-    records rejections and skips later rows); NaN in a few rows; threads also resumed in reverse."""
-    R, K, V = 24, 7, 4000
-    g = torch.Generator().manual_seed(11)
-    qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
-    logits = (torch.randn(R * (K + 1), V, generator=g) * 2).to(torch.bfloat16)
-    logits[5::97, 3::1009] = float("nan")
-    top = logits.float().nan_to_num(nan=-float("inf")).argmax(-1).view(R, K + 1)[:, :K].to(torch.int32)
-    drafts = torch.where(torch.rand(R, K, generator=g) < 0.5, top, torch.randint(0, V, (R, K), generator=g,
-                                                                                   dtype=torch.int32))
-    temperature = torch.zeros(R) if greedy else torch.rand(R, generator=g) + 0.5
+    """Chains of every length (v2's early exit records rejections and skips later rows); threads also
+    resumed in reverse."""
+    R = 24
+    logits, qsl, drafts, temperature = realistic_case(R, 7, 4000, greedy)
     for reverse in (0, 1):
         emulated.lib.av_emu_set_reverse(reverse)
         try:
