@@ -336,9 +336,16 @@ inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_sp
     if (grid_x > 0x7fffffff) return cudaErrorInvalidValue;
     auto* kernel = attention_partials_mma_kernel<T, D>;
     const int smem = Cfg::smem_bytes(shape.warps);
-    if (smem > 48 * 1024) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    // Opt in to the largest block's dynamic shared memory once per device (a function attribute, not a
+    // stream operation, so also fine while a graph is being captured).
+    static bool opted_in[64] = {};
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if (device >= 64 || !opted_in[device]) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes(Cfg::kMaxWarps));
       if (err != cudaSuccess) return err;
+      if (device < 64) opted_in[device] = true;
     }
     const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs));
     kernel<<<grid, 32 * shape.warps, smem, stream>>>(p, num_splits, shape.chunks, vec_loads, ws_ml, ws_acc);
