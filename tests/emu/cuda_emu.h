@@ -98,6 +98,9 @@ struct State {
                          // where a thread reads what a lower-numbered thread writes)
   Ranges global_ranges;  // where cp.async and 16-byte __ldg may read
   std::string error;  // first failure seen inside a fiber
+  // Per launch, summed over its blocks: __syncthreads completed, and warp collectives completed (a
+  // rough count of a kernel's serial phases; reset by av_emu_counters).
+  uint64_t block_barriers = 0, warp_collectives = 0;
 };
 
 inline State& state() {
@@ -138,6 +141,7 @@ inline void syncthreads() {
   if (++b.block_arrived == b.nthreads) {
     b.block_arrived = 0;
     ++b.block_gen;
+    ++state().block_barriers;
     return;
   }
   while (b.block_gen == gen) yield();
@@ -150,6 +154,7 @@ inline void warp_barrier() {
   if (++b.warp_arrived[size_t(w)] == 32) {
     b.warp_arrived[size_t(w)] = 0;
     ++b.warp_gen[size_t(w)];
+    ++state().warp_collectives;  // two warp barriers per collective
     return;
   }
   while (b.warp_gen[size_t(w)] == gen) yield();
@@ -566,3 +571,11 @@ inline void cp_async_wait() {
 // Resume order of the fibers for later launches (0: thread order, 1: reverse). One definition per driver:
 // this header is included by exactly one translation unit of each.
 extern "C" void av_emu_set_reverse(int reverse) { ::av_emu::state().reverse = reverse != 0; }
+
+// Barriers completed since the last call, then reset: out[0] = __syncthreads (all blocks), out[1] = warp
+// collectives (all warps).
+extern "C" void av_emu_counters(uint64_t* out) {
+  out[0] = ::av_emu::state().block_barriers;
+  out[1] = ::av_emu::state().warp_collectives / 2;
+  ::av_emu::state().block_barriers = ::av_emu::state().warp_collectives = 0;
+}

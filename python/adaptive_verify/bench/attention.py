@@ -10,6 +10,11 @@ copy's bandwidth in the same process; on CUDA the L2 cache is flushed before eve
 On CUDA every implementation in ``kernels`` is timed (default all three: ``cuda_kernel="rowwise"``, the
 default, ``"tiled"`` and ``"mma"``, the tensor-core kernel); the speedup and bandwidth columns are for the
 fastest of them (named in the "best" column), max |diff| is the largest over all of them.
+
+No FlashInfer column: the H200 this project is lent has no flashinfer, reaches no registry, and takes at
+most 64 MiB of carried wheels per call; flashinfer-python 0.7.2's wheel alone is 62 MB and needs
+nvidia-cutlass-dsl, cuda-tile, apache-tvm-ffi and more (checked 2026-11-30), and its kernels JIT-compile on
+first use, minutes of the 15 the session has. The padded SDPA baseline and the copy bandwidth stand in.
 """
 from __future__ import annotations
 
