@@ -8,7 +8,8 @@
 //   - cp.async global sources lie inside a registered range (the caches) and are 16-byte aligned;
 //   - every warp collective is reached by all 32 lanes, every __syncthreads by every live thread (a
 //     divergent barrier or an early exit before a barrier is reported as a deadlock);
-//   - dynamic smem starts as NaN bytes (0xff), so reading what was never written shows up;
+//   - dynamic and static smem start as NaN bytes (0xff) in every block, so reading what was never
+//     written shows up;
 //   - warps run one after another, each until it reaches a __syncthreads, and their threads resume in
 //     thread order or in reverse (av_emu_set_reverse): a missing barrier shows up as stale shared data
 //     in one order or the other;
@@ -42,8 +43,11 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 // Static __shared__ variables: one instance per kernel instantiation, shared by the fibers of the one block
-// that runs at a time (contents carry over between blocks, as uninitialised smem may in CUDA).
-#define __shared__ static
+// that runs at a time. They live in their own section, which launch() fills with 0xff bytes before every
+// block, so a read of what the block never wrote sees NaN-like garbage, not a previous block's values.
+#define __shared__ static __attribute__((section("av_emu_shared")))
+extern "C" unsigned char __start_av_emu_shared[] __attribute__((weak));
+extern "C" unsigned char __stop_av_emu_shared[] __attribute__((weak));
 #define AV_DYNAMIC_SMEM(name) unsigned char* name = ::av_emu::dynamic_smem()
 
 #include "adaptive_verify/dtype.h"
@@ -217,6 +221,8 @@ inline void launch(Dim3 grid, Dim3 block_dim, size_t smem_bytes, Kernel&& kernel
         // std::vector's storage is 16-byte aligned by the allocator on this platform; check it.
         if ((reinterpret_cast<uintptr_t>(b.smem.data()) & 15u) != 0) throw Failure("smem allocation not aligned");
         b.smem.resize(smem_bytes);
+        if (__start_av_emu_shared != nullptr && __stop_av_emu_shared > __start_av_emu_shared)
+          std::memset(__start_av_emu_shared, 0xff, size_t(__stop_av_emu_shared - __start_av_emu_shared));
         st.block = &b;
         for (int t = 0; t < nthreads; ++t) {
           Fiber& f = b.fibers[size_t(t)];
