@@ -272,13 +272,37 @@ int64_t sampler_splitv_workspace_bytes(int32_t dtype, int64_t V, int64_t slots, 
 
 // ---- attention area ----
 
+// The sizes of a verify_attention call (no pointers yet).
+attention::AttentionParams attention_sizes(int32_t R, int64_t T, int32_t Hq, int32_t Hkv, int32_t D,
+                                           int32_t block_size, int32_t max_blocks, int32_t max_query_len,
+                                           int32_t kernel) {
+  attention::AttentionParams p;
+  p.num_reqs = R;
+  p.num_tokens = T;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = Hkv;
+  p.head_dim = D;
+  p.block_size = block_size;
+  p.max_blocks = max_blocks;
+  p.max_query_len = max_query_len;
+  p.kernel = kernel;  // CUDA implementation (ignored on CPU)
+  return p;
+}
+
+// Floats of CUDA workspace verify_attention needs (attention::attention_workspace_floats).
+int64_t attention_workspace_floats(int32_t R, int64_t T, int32_t Hq, int32_t Hkv, int32_t D, int32_t block_size,
+                                   int32_t max_blocks, int32_t max_query_len, int32_t kernel) {
+  return attention::attention_workspace_floats(
+      attention_sizes(R, T, Hq, Hkv, D, block_size, max_blocks, max_query_len, kernel));
+}
+
 int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_stride_t, int64_t q_stride_h,
                         uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_table, int64_t block_table_stride,
                         int32_t max_blocks, uintptr_t seq_lens, uintptr_t qsl, int32_t dtype, int32_t R, int64_t T,
                         int32_t Hq, int32_t Hkv, int32_t D, int32_t block_size, int64_t num_blocks,
                         int32_t max_query_len, double scale, uintptr_t out, uintptr_t lse, uintptr_t error_counts,
                         uintptr_t workspace, int32_t kernel) {
-  attention::AttentionParams p;
+  attention::AttentionParams p = attention_sizes(R, T, Hq, Hkv, D, block_size, max_blocks, max_query_len, kernel);
   p.q = ptr<const void>(q);
   p.q_stride_t = q_stride_t;
   p.q_stride_h = q_stride_h;
@@ -286,23 +310,14 @@ int verify_attention_op(bool on_cuda, uintptr_t stream, uintptr_t q, int64_t q_s
   p.v_cache = ptr<const void>(v_cache);
   p.block_table = ptr<const int32_t>(block_table);
   p.block_table_stride = block_table_stride;
-  p.max_blocks = max_blocks;
   p.seq_lens = ptr<const int32_t>(seq_lens);
   p.query_start_loc = ptr<const int32_t>(qsl);
   p.dtype = dtype;
-  p.num_reqs = R;
-  p.num_tokens = T;
-  p.num_q_heads = Hq;
-  p.num_kv_heads = Hkv;
-  p.head_dim = D;
-  p.block_size = block_size;
   p.num_blocks = num_blocks;
-  p.max_query_len = max_query_len;
   p.scale = float(scale);
   p.out = ptr<void>(out);
   p.lse = ptr<float>(lse);
   p.error_counts = ptr<int32_t>(error_counts);
-  p.kernel = kernel;  // CUDA implementation (ignored on CPU)
   if (const char* why = attention::can_implement(p, on_cuda))
     throw pybind11::value_error(std::string("adaptive_verify.verify_attention: ") + why);
   if (!on_cuda) return attention::verify_attention_cpu(p);
@@ -375,6 +390,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("ATTENTION_KERNEL_ROWWISE") = int(attention::kAttentionRowwise);
   m.attr("ATTENTION_KERNEL_TILED") = int(attention::kAttentionTiled);
   m.attr("ATTENTION_KERNEL_MMA") = int(attention::kAttentionMma);
+  m.attr("ATTENTION_KERNEL_MMA_FUSED") = int(attention::kAttentionMmaFused);
+  m.def("attention_workspace_floats", &attention_workspace_floats);
   m.attr("STATUS_QUERY_LEN") = int(kErrQueryLen);
   m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
   m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);

@@ -491,14 +491,14 @@ def test_verify_attention_bad_kernel_environment_variable(monkeypatch, value):
     _attn(cuda_kernel="rowwise")  # an explicit argument does not read the variable
 
 
-@pytest.mark.parametrize("env", [None, "rowwise", "tiled", "mma"])
+@pytest.mark.parametrize("env", [None, "rowwise", "tiled", "mma", "mma_fused"])
 def test_verify_attention_cuda_kernel_is_ignored_on_cpu(monkeypatch, env):
     if env is None:
         monkeypatch.delenv("AV_ATTENTION_KERNEL", raising=False)
     else:
         monkeypatch.setenv("AV_ATTENTION_KERNEL", env)
     want = _attn(cuda_kernel="rowwise")
-    for kernel in (None, "rowwise", "tiled", "mma"):
+    for kernel in (None, "rowwise", "tiled", "mma", "mma_fused"):
         assert torch.equal(_attn(cuda_kernel=kernel), want), kernel
 
 
@@ -645,8 +645,9 @@ CAN_IMPLEMENT = [
     (dict(dtype=0), "q: dtype"), (dict(D=96), "q: head dim"), (dict(Hkv=3), "q / k_cache"),
     (dict(Hq=24, Hkv=8), "q / k_cache: Hq / Hkv"), (dict(block_size=48), "k_cache: block_size"),
     (dict(max_query_len=17), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
-    (dict(kernel=3), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
+    (dict(kernel=4), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
     (dict(on_cuda=True, R=65536), "block_table: at most 65535"),
+    (dict(on_cuda=True, R=65535, kernel=3), "block_table: at most 65534"),  # mma_fused: one more grid slice
 ]
 
 

@@ -1,7 +1,8 @@
-"""The tensor-core and tiled verify_attention CUDA kernels (csrc/include/adaptive_verify/attention/kernel_mma.cuh,
-kernel_tiled.cuh, and their merge kernel) run on the CPU by the fiber emulator in tests/emu: their real CUDA
-source, compiled by the host compiler, with every CUDA thread a fiber and warp shuffles / ballots, ldmatrix,
-mma.sync and cp.async emulated (the last three from the PTX fragment layouts).
+"""The tensor-core (two launches, and fused into one) and tiled verify_attention CUDA kernels
+(csrc/include/adaptive_verify/attention/kernel_mma.cuh, kernel_tiled.cuh, and their merge kernel) run on the
+CPU by the fiber emulator in tests/emu: their real CUDA source, compiled by the host compiler, with every
+CUDA thread a fiber and warp shuffles / ballots, ldmatrix, mma.sync and cp.async emulated (the last three
+from the PTX fragment layouts).
 
 This is how the kernels' indexing (GQA row packing, MMA fragments, the smem swizzle, the cp.async pipeline,
 masking, split bookkeeping) is tested on machines without a GPU. The emulator also fails a run on
@@ -24,7 +25,7 @@ from test_attention import (FAR, GQA_RATIOS, NAN, NEG_INF, Problem, bits, check_
 
 _DTYPES = {torch.bfloat16: 2, torch.float16: 1}
 LATE, EARLY = 0, 1  # cp.async data lands at the wait / at issue
-KERNELS = {"mma": 2, "tiled": 1}  # AttentionParams::kernel (params.h)
+KERNELS = {"mma": 2, "mma_fused": 3, "tiled": 1}  # AttentionParams::kernel (params.h)
 each_kernel = pytest.mark.parametrize("kernel", list(KERNELS))
 
 
@@ -46,7 +47,7 @@ def emu(tmp_path_factory):
 
 def emu_call(emu, kernel, p, *, copy_mode=LATE, plain_loads=False, scale=None, block_table=None,
              seq_lens=None):
-    """verify_attention through an emulated CUDA kernel ("mma" or "tiled"); returns (out, lse, error counts)."""
+    """verify_attention through an emulated CUDA kernel (a KERNELS name); returns (out, lse, error counts)."""
     q, kc, vc, bt, sl, qsl, mql = p.args()
     bt = bt if block_table is None else block_table
     sl = sl if seq_lens is None else seq_lens
@@ -122,6 +123,25 @@ def test_kernel_with_threads_resumed_in_reverse(emu, kernel, case):
     finally:
         emu.set_reverse(0)
     assert torch.equal(bits(forward[0]), bits(backward[0])) and torch.equal(bits(forward[1]), bits(backward[1]))
+
+
+@pytest.mark.parametrize("case", [0, 1, 3], ids=lambda i: "-".join(map(str, CASES[i][1:])))
+def test_fused_merge_gives_the_two_launch_bits(emu, case):
+    """mma_fused merges in the partials launch (the last block of each request, KV head and row chunk) with
+    the merge kernel's own routine: the same bits as mma, padding tokens included, whichever block comes
+    last (blocks also run in reverse order)."""
+    dtype, D, block_size, group, mql = CASES[case]
+    Hkv = 2 if group <= 4 else 1
+    p = random_problem(300 + D + block_size + group, dtype, D, block_size, Hkv, group, R=4, max_query_len=mql,
+                       max_seq=1100)
+    two = emu_call(emu, "mma", p)
+    for reverse in (0, 1):
+        emu.set_reverse(reverse)
+        try:
+            one = emu_call(emu, "mma_fused", p)
+        finally:
+            emu.set_reverse(0)
+        assert torch.equal(bits(two[0]), bits(one[0])) and torch.equal(bits(two[1]), bits(one[1]))
 
 
 @each_kernel

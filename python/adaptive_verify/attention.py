@@ -43,7 +43,7 @@ MAX_QUERY_LEN = 16
 _DTYPES = {torch.bfloat16: 2, torch.float16: 1}
 # CUDA implementations of verify_attention (AttentionParams::kernel in params.h).
 _CUDA_KERNELS = {"rowwise": _C.ATTENTION_KERNEL_ROWWISE, "tiled": _C.ATTENTION_KERNEL_TILED,
-                 "mma": _C.ATTENTION_KERNEL_MMA}
+                 "mma": _C.ATTENTION_KERNEL_MMA, "mma_fused": _C.ATTENTION_KERNEL_MMA_FUSED}
 CUDA_KERNEL_ENV = "AV_ATTENTION_KERNEL"
 
 _MESSAGES = {
@@ -115,11 +115,11 @@ def verify_attention(
             table's full width, which for a long-context table is mostly unused (2048 tokens, Hq = 64, D =
             128 and a 128k-token table would otherwise need 17 GB). A request with seq_lens above it is
             treated like one whose block table is too short: ValueError on CPU, skipped and counted on CUDA.
-        cuda_kernel: CUDA implementation, "rowwise", "tiled" or "mma"; None (default) reads the environment
-            variable AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value (argument or
-            variable) raises ValueError. All agree with the float64 reference within the tests' tolerance
-            (twice a float32 reference's rounding error plus one ulp); CPU tensors check the value and
-            otherwise ignore it.
+        cuda_kernel: CUDA implementation, "rowwise", "tiled", "mma" or "mma_fused"; None (default) reads the
+            environment variable AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value
+            (argument or variable) raises ValueError. All agree with the float64 reference within the tests'
+            tolerance (twice a float32 reference's rounding error plus one ulp); CPU tensors check the value
+            and otherwise ignore it.
             - "rowwise" (default): one warp per query row; validated on an H200 on 2026-11-29 (every CUDA
               test passes), but latency-bound, about 10x slower than it should be.
             - "tiled": SIMT, K/V tiles in shared memory, read once per block of 16 query rows; not yet run
@@ -130,6 +130,9 @@ def verify_attention(
               in the CPU suite under an emulator. An inf in a V row that a query row cannot see but a later
               row of its request can (a later draft token's V) makes the row NaN (0 x inf), where the other
               kernels skip it.
+            - "mma_fused": "mma" in one launch: the last split block of each (request, KV head) merges,
+              reading the partials back from L2 instead of a second launch re-reading them (same bits as
+              "mma"; at most 65534 requests).
     """
     kernel_id = _cuda_kernel(cuda_kernel)
     check_tensor("q", q, dtypes=tuple(_DTYPES), ndim=3)
@@ -174,12 +177,13 @@ def verify_attention(
     lse = torch.empty(T, Hq, dtype=torch.float32, device=device) if return_lse else None
     workspace = None
     if device.type == "cuda":
-        if R > 65535:
-            raise ValueError(f"block_table: at most 65535 requests per call on CUDA, got {R}")
-        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions (the
-        # same layout for both CUDA kernels: attention_workspace_floats in kernel.cuh).
-        splits = max(1, -(-max_blocks * block_size // _C.ATTENTION_SPLIT_TOKENS))
-        workspace = torch.empty(T * Hq * splits * (D + 2), dtype=torch.float32, device=device)
+        limit = 65534 if kernel_id == _CUDA_KERNELS["mma_fused"] else 65535  # grid z (+1: padding slice)
+        if R > limit:
+            raise ValueError(f"block_table: at most {limit} requests per call on CUDA with this kernel, got {R}")
+        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions, the
+        # same layout for every CUDA kernel ("mma_fused" adds arrival counters): params.h says how much.
+        n = _C.attention_workspace_floats(R, T, Hq, Hkv, D, block_size, max_blocks, max_query_len, kernel_id)
+        workspace = torch.empty(max(n, 1), dtype=torch.float32, device=device)
     status = _C.verify_attention(
         q.is_cuda, stream_of(device), q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
         block_table.data_ptr(), block_table.stride(0), max_blocks, seq_lens.data_ptr(),

@@ -1,7 +1,7 @@
-// verify_attention's tensor-core and tiled CUDA kernels (kernel_mma.cuh, kernel_tiled.cuh) and their merge
-// kernel (merge.cuh), run on the host by the fiber emulator (cuda_emu.h), behind a C entry point the tests
-// load with ctypes (tests/test_attention_emu.py). Built by the tests with the host compiler; not part of
-// the package.
+// verify_attention's tensor-core (two launches and fused) and tiled CUDA kernels (kernel_mma.cuh,
+// kernel_tiled.cuh) and their merge kernel (merge.cuh), run on the host by the fiber emulator
+// (cuda_emu.h), behind a C entry point the tests load with ctypes (tests/test_attention_emu.py). Built by
+// the tests with the host compiler; not part of the package.
 #include "cuda_emu.h"
 
 #include <algorithm>
@@ -16,19 +16,27 @@ namespace {
 
 template <typename T, int D>
 void run(const attn::AttentionParams& p, bool vec_loads) {
-  const int64_t max_context = int64_t(p.max_blocks) * p.block_size;
-  const int32_t S = int32_t(std::max<int64_t>(1, (max_context + attn::kSplitTokens - 1) / attn::kSplitTokens));
+  const int32_t S = attn::attention_splits(p);
   // NaN-filled: the merge must read only cells the partials kernel wrote.
-  std::vector<float> ws(size_t(p.num_tokens * p.num_q_heads * S * (D + 2)), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> ws(size_t(attn::attention_workspace_floats(p)), std::numeric_limits<float>::quiet_NaN());
   float* ws_ml = ws.data();
   float* ws_acc = ws.data() + 2 * p.num_tokens * p.num_q_heads * S;
-  if (p.kernel == attn::kAttentionMma) {  // as launch_attention_mma (kernel_mma.cuh)
+  const bool fused = p.kernel == attn::kAttentionMmaFused;
+  if (p.kernel == attn::kAttentionMma || fused) {  // as launch_attention_mma (kernel_mma.cuh)
     using Cfg = attn::MmaConfig<T, D>;
-    const attn::MmaLaunchShape shape = attn::mma_launch_shape(p, Cfg::kMaxWarps);
+    const attn::MmaLaunchShape shape = attn::mma_launch_shape(p);
     if (p.num_reqs > 0 && shape.chunks > 0) {
-      const av_emu::Dim3 grid{unsigned(S * shape.chunks), unsigned(p.num_kv_heads), unsigned(p.num_reqs)};
-      av_emu::launch(grid, av_emu::Dim3{unsigned(32 * shape.warps), 1, 1}, size_t(Cfg::smem_bytes(shape.warps)),
-                     [&] { attn::attention_partials_mma_kernel<T, D>(p, S, shape.chunks, vec_loads, ws_ml, ws_acc); });
+      int32_t* counters = nullptr;
+      if (fused) {  // the launcher's memset
+        counters = reinterpret_cast<int32_t*>(ws_acc + p.num_tokens * p.num_q_heads * int64_t(S) * D);
+        std::fill(counters, counters + int64_t(p.num_reqs) * p.num_kv_heads * shape.chunks, 0);
+      }
+      const av_emu::Dim3 grid{unsigned(S * shape.chunks), unsigned(p.num_kv_heads),
+                              unsigned(p.num_reqs + (fused ? 1 : 0))};
+      av_emu::launch(grid, av_emu::Dim3{unsigned(32 * shape.warps), 1, 1}, size_t(Cfg::smem_bytes(shape.warps)), [&] {
+        attn::attention_partials_mma_kernel<T, D>(p, S, shape.chunks, vec_loads, ws_ml, ws_acc, counters);
+      });
+      if (fused) return;
     }
   } else {  // as launch_attention_tiled (kernel_tiled.cuh)
     using Cfg = attn::TiledConfig<T, D>;
@@ -51,10 +59,10 @@ void run(const attn::AttentionParams& p, bool vec_loads) {
 
 extern "C" {
 
-// Same arguments as adaptive_verify._C.verify_attention (host pointers), plus: kernel (kAttentionMma or
-// kAttentionTiled), copy_mode (0: cp.async data lands at the wait, 1: at issue), plain_loads (1: the
-// unaligned-cache path), cache_bytes (size of each cache, for the emulator's bounds check) and an error
-// buffer. Returns 0, or 1 with the emulator's message.
+// Same arguments as adaptive_verify._C.verify_attention (host pointers), plus: kernel (kAttentionMma,
+// kAttentionMmaFused or kAttentionTiled), copy_mode (0: cp.async data lands at the wait, 1: at issue),
+// plain_loads (1: the unaligned-cache path), cache_bytes (size of each cache, for the emulator's bounds
+// check) and an error buffer. Returns 0, or 1 with the emulator's message.
 int av_emu_verify_attention(int kernel, int copy_mode, int plain_loads, const void* q, int64_t q_stride_t,
                                 int64_t q_stride_h, const void* k_cache, const void* v_cache, int64_t cache_bytes,
                                 const int32_t* block_table, int64_t block_table_stride, int32_t max_blocks,
@@ -93,7 +101,8 @@ int av_emu_verify_attention(int kernel, int copy_mode, int plain_loads, const vo
   const bool vec_loads = plain_loads == 0;
   return av_emu::run_entry(copy_mode == 1 ? av_emu::kEarlyCopies : av_emu::kLateCopies,
                            {{k_bytes, k_bytes + cache_bytes}, {v_bytes, v_bytes + cache_bytes}}, err, err_len, [&] {
-    if (kernel != attn::kAttentionMma && kernel != attn::kAttentionTiled) throw av_emu::Failure("unknown kernel");
+    if (kernel != attn::kAttentionMma && kernel != attn::kAttentionMmaFused && kernel != attn::kAttentionTiled)
+      throw av_emu::Failure("unknown kernel");
     bool known = true;
     auto by_dim = [&](auto tag) {
       using T = decltype(tag);

@@ -101,6 +101,7 @@ struct State {
   bool reverse = false;  // resume fibers from the last thread to the first (a missing barrier then shows up
                          // where a thread reads what a lower-numbered thread writes)
   Ranges global_ranges;  // where cp.async and 16-byte __ldg may read
+  Dim3 grid_dim;          // of the running launch
   std::string error;  // first failure seen inside a fiber
   // Per launch, summed over its blocks: __syncthreads completed, and warp collectives completed (a
   // rough count of a kernel's serial phases; reset by av_emu_counters).
@@ -206,91 +207,94 @@ inline void launch(Dim3 grid, Dim3 block_dim, size_t smem_bytes, Kernel&& kernel
   if (block_dim.y != 1 || block_dim.z != 1 || nthreads % 32 != 0) throw Failure("launch: 1-D blocks of whole warps");
   static Kernel* current_kernel;
   current_kernel = &kernel;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        Block b;
-        b.block_idx = Dim3{bx, by, bz};
-        b.block_dim = block_dim;
-        b.nthreads = nthreads;
-        b.smem.assign(smem_bytes + 16, 0xff);  // +16: slack for alignment of the data pointer below
-        b.fibers.resize(size_t(nthreads));
-        b.warp_arrived.assign(size_t(nthreads / 32), 0);
-        b.warp_gen.assign(size_t(nthreads / 32), 0);
-        b.slots.assign(size_t(nthreads), std::vector<unsigned char>(64));
-        // std::vector's storage is 16-byte aligned by the allocator on this platform; check it.
-        if ((reinterpret_cast<uintptr_t>(b.smem.data()) & 15u) != 0) throw Failure("smem allocation not aligned");
-        b.smem.resize(smem_bytes);
-        if (__start_av_emu_shared != nullptr && __stop_av_emu_shared > __start_av_emu_shared)
-          std::memset(__start_av_emu_shared, 0xff, size_t(__stop_av_emu_shared - __start_av_emu_shared));
-        st.block = &b;
-        for (int t = 0; t < nthreads; ++t) {
-          Fiber& f = b.fibers[size_t(t)];
-          f.thread_idx = Dim3{unsigned(t), 0, 0};
-          f.stack.reset(new char[kStack]);
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.stack.get();
-          f.ctx.uc_stack.ss_size = kStack;
-          f.ctx.uc_link = &st.scheduler;
-          makecontext(&f.ctx, reinterpret_cast<void (*)()>(+[]() {
-                        try {
-                          (*current_kernel)();
-                        } catch (const Failure&) {
-                        }
-                        self().done = true;
-                      }),
-                      0);
+  // Blocks one at a time, in grid order or (reverse) the opposite: kernels whose blocks cooperate (the
+  // fused attention's last-arriving block) see both arrival orders.
+  const uint64_t num_blocks = uint64_t(grid.x) * grid.y * grid.z;
+  st.grid_dim = grid;
+  for (uint64_t i = 0; i < num_blocks; ++i) {
+    const uint64_t id = st.reverse ? num_blocks - 1 - i : i;
+    Block b;
+    b.block_idx = Dim3{unsigned(id % grid.x), unsigned(id / grid.x % grid.y), unsigned(id / grid.x / grid.y)};
+    b.block_dim = block_dim;
+    b.nthreads = nthreads;
+    b.smem.assign(smem_bytes + 16, 0xff);  // +16: slack for alignment of the data pointer below
+    b.fibers.resize(size_t(nthreads));
+    b.warp_arrived.assign(size_t(nthreads / 32), 0);
+    b.warp_gen.assign(size_t(nthreads / 32), 0);
+    b.slots.assign(size_t(nthreads), std::vector<unsigned char>(64));
+    // std::vector's storage is 16-byte aligned by the allocator on this platform; check it.
+    if ((reinterpret_cast<uintptr_t>(b.smem.data()) & 15u) != 0) throw Failure("smem allocation not aligned");
+    b.smem.resize(smem_bytes);
+    if (__start_av_emu_shared != nullptr && __stop_av_emu_shared > __start_av_emu_shared)
+      std::memset(__start_av_emu_shared, 0xff, size_t(__stop_av_emu_shared - __start_av_emu_shared));
+    st.block = &b;
+    for (int t = 0; t < nthreads; ++t) {
+      Fiber& f = b.fibers[size_t(t)];
+      f.thread_idx = Dim3{unsigned(t), 0, 0};
+      f.stack.reset(new char[kStack]);
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.get();
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = &st.scheduler;
+      makecontext(&f.ctx, reinterpret_cast<void (*)()>(+[]() {
+                    try {
+                      (*current_kernel)();
+                    } catch (const Failure&) {
+                    }
+                    self().done = true;
+                  }),
+                  0);
+    }
+    // Warp by warp, each as far as it can go (until all its threads wait at a __syncthreads or are
+    // done) before the next: a warp never waits for other warps except at __syncthreads, so code that
+    // relies on some other ordering (a missing barrier) reads stale shared memory. A full round in
+    // which nothing moved is a deadlock.
+    int live = nthreads;
+    const int nwarps = nthreads / 32;
+    auto resume = [&](int t) {
+      b.current = t;
+      swapcontext(&st.scheduler, &b.fibers[size_t(t)].ctx);
+      if (b.fibers[size_t(t)].done) --live;
+      if (!st.error.empty()) throw Failure(st.error);
+    };
+    while (live > 0) {
+      const uint64_t round_gen = b.block_gen;
+      const int round_arrived = b.block_arrived, round_live = live;
+      bool round_moved = false;
+      for (int wi = 0; wi < nwarps; ++wi) {
+        const int w = st.reverse ? nwarps - 1 - wi : wi;
+        for (;;) {
+          const uint64_t gen = b.block_gen, wgen = b.warp_gen[size_t(w)];
+          const int arrived = b.block_arrived, warrived = b.warp_arrived[size_t(w)], before_live = live;
+          for (int li = 0; li < 32; ++li) {
+            const int t = w * 32 + (st.reverse ? 31 - li : li);
+            if (!b.fibers[size_t(t)].done) resume(t);
+          }
+          const bool moved = b.block_gen != gen || b.warp_gen[size_t(w)] != wgen || b.block_arrived != arrived ||
+                             b.warp_arrived[size_t(w)] != warrived || live != before_live;
+          if (!moved) break;
+          round_moved = true;
         }
-        // Warp by warp, each as far as it can go (until all its threads wait at a __syncthreads or are
-        // done) before the next: a warp never waits for other warps except at __syncthreads, so code that
-        // relies on some other ordering (a missing barrier) reads stale shared memory. A full round in
-        // which nothing moved is a deadlock.
-        int live = nthreads;
-        const int nwarps = nthreads / 32;
-        auto resume = [&](int t) {
-          b.current = t;
-          swapcontext(&st.scheduler, &b.fibers[size_t(t)].ctx);
-          if (b.fibers[size_t(t)].done) --live;
-          if (!st.error.empty()) throw Failure(st.error);
-        };
-        while (live > 0) {
-          const uint64_t round_gen = b.block_gen;
-          const int round_arrived = b.block_arrived, round_live = live;
-          bool round_moved = false;
-          for (int wi = 0; wi < nwarps; ++wi) {
-            const int w = st.reverse ? nwarps - 1 - wi : wi;
-            for (;;) {
-              const uint64_t gen = b.block_gen, wgen = b.warp_gen[size_t(w)];
-              const int arrived = b.block_arrived, warrived = b.warp_arrived[size_t(w)], before_live = live;
-              for (int li = 0; li < 32; ++li) {
-                const int t = w * 32 + (st.reverse ? 31 - li : li);
-                if (!b.fibers[size_t(t)].done) resume(t);
-              }
-              const bool moved = b.block_gen != gen || b.warp_gen[size_t(w)] != wgen || b.block_arrived != arrived ||
-                                 b.warp_arrived[size_t(w)] != warrived || live != before_live;
-              if (!moved) break;
-              round_moved = true;
-            }
-          }
-          round_moved =
-              round_moved || b.block_gen != round_gen || b.block_arrived != round_arrived || live != round_live;
-          if (!round_moved && live > 0) {
-            st.error = "deadlock: " + std::to_string(live) + " threads wait at a barrier that not every thread reaches";
-            throw Failure(st.error);
-          }
-          if (live > 0 && live < nthreads && b.block_arrived > 0) {
-            st.error = "a thread exited while others wait at __syncthreads";
-            throw Failure(st.error);
-          }
-        }
-        for (const Fiber& f : b.fibers)
-          if (!f.groups.empty() || !f.open.empty()) {
-            // Copies never waited for: legal in CUDA only if nobody reads them; flag, the kernel waits for all.
-            st.error = "cp.async copies still pending when the block exited";
-            throw Failure(st.error);
-          }
-        st.block = nullptr;
       }
+      round_moved =
+          round_moved || b.block_gen != round_gen || b.block_arrived != round_arrived || live != round_live;
+      if (!round_moved && live > 0) {
+        st.error = "deadlock: " + std::to_string(live) + " threads wait at a barrier that not every thread reaches";
+        throw Failure(st.error);
+      }
+      if (live > 0 && live < nthreads && b.block_arrived > 0) {
+        st.error = "a thread exited while others wait at __syncthreads";
+        throw Failure(st.error);
+      }
+    }
+    for (const Fiber& f : b.fibers)
+      if (!f.groups.empty() || !f.open.empty()) {
+        // Copies never waited for: legal in CUDA only if nobody reads them; flag, the kernel waits for all.
+        st.error = "cp.async copies still pending when the block exited";
+        throw Failure(st.error);
+      }
+    st.block = nullptr;
+  }
 }
 
 // Runs fn (launches) for a C entry point: fresh error state, the copy mode and the global ranges cp.async
@@ -321,6 +325,7 @@ inline void perform(const PendingCopy& c) {
 #define threadIdx (::av_emu::self().thread_idx)
 #define blockIdx (::av_emu::state().block->block_idx)
 #define blockDim (::av_emu::state().block->block_dim)
+#define gridDim (::av_emu::state().grid_dim)
 
 inline void __syncthreads() { ::av_emu::syncthreads(); }
 

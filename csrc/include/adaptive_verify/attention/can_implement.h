@@ -27,12 +27,15 @@ inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
   if (p.num_reqs < 0 || p.num_tokens < 0 || p.max_blocks < 0 || p.num_blocks < 0)
     return "block_table / q: negative sizes";
   if (int64_t(p.max_blocks) * p.block_size > 0x7fffffff) return "block_table: positions exceed int32";
-  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && p.kernel != kAttentionMma)
+  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && p.kernel != kAttentionMma &&
+      p.kernel != kAttentionMmaFused)
     return "cuda_kernel: unknown CUDA implementation";
   if (on_cuda) {
     // Grid limits of the partials kernels: (splits x row chunks, Hkv, R); 16 rows per chunk is the
     // smallest any kernel uses, so this bound covers all three.
     if (p.num_reqs > 65535) return "block_table: at most 65535 requests per call on CUDA";
+    if (p.kernel == kAttentionMmaFused && p.num_reqs > 65534)  // one more grid slice for the padding
+      return "block_table: at most 65534 requests per call with cuda_kernel=\"mma_fused\"";
     if (p.num_kv_heads > 65535) return "k_cache: at most 65535 KV heads on CUDA";
     const int64_t splits = (int64_t(p.max_blocks) * p.block_size + kSplitTokens - 1) / kSplitTokens;
     const int64_t chunks = (int64_t(p.max_query_len) * group + 15) / 16;

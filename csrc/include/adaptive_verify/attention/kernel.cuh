@@ -9,8 +9,11 @@
 //   kAttentionTiled: kernel_tiled.cuh, K/V tiles in shared memory read once per block of 16 query rows;
 //     not yet run on a GPU (its source runs in the CPU suite under tests/emu);
 //   kAttentionMma: kernel_mma.cuh, tensor cores (mma.sync) with the request's GQA rows packed into the MMA
-//     M dimension and a cp.async pipeline; run only under the host emulator (tests/emu) so far.
-// All write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats)
+//     M dimension and a cp.async pipeline; run only under the host emulator (tests/emu) so far;
+//   kAttentionMmaFused: the same partials, merged by the last block of each (request, KV head, row chunk)
+//     in the same launch (no merge launch, the partials re-read from L2).
+// All write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats
+// in params.h)
 // and use the same split boundaries (kSplitTokens) as the CPU kernel.
 #pragma once
 
@@ -47,21 +50,10 @@ __global__ void write_kv_kernel(const WriteKvParams p) {
   static_cast<Word*>(p.v_cache)[dst] = static_cast<const Word*>(p.v)[v_src];
 }
 
-inline int32_t attention_splits(const AttentionParams& p) {
-  const int64_t max_context = int64_t(p.max_blocks) * p.block_size;
-  const int64_t s = (max_context + kSplitTokens - 1) / kSplitTokens;
-  return int32_t(s < 1 ? 1 : s);
-}
-
-// Workspace floats the two launches need (any kernel): (max, sum) and acc[D] per (token, head, split).
-inline int64_t attention_workspace_floats(const AttentionParams& p) {
-  return p.num_tokens * p.num_q_heads * int64_t(attention_splits(p)) * (p.head_dim + 2);
-}
-
 inline cudaError_t launch_verify_attention(const AttentionParams& p, float* workspace, cudaStream_t stream) {
-  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && p.kernel != kAttentionMma)
-    return cudaErrorInvalidValue;
-  if (p.kernel == kAttentionMma && p.dtype == kFloat32) return cudaErrorInvalidValue;  // tensor cores: 16-bit
+  const bool mma = p.kernel == kAttentionMma || p.kernel == kAttentionMmaFused;
+  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && !mma) return cudaErrorInvalidValue;
+  if (mma && p.dtype == kFloat32) return cudaErrorInvalidValue;  // tensor cores: 16-bit inputs
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.num_reqs > 65535) return cudaErrorInvalidValue;  // grid.z
   const int32_t S = attention_splits(p);
@@ -75,7 +67,7 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, float* work
     auto launch = [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
       if constexpr (sizeof(T) == 2) {
-        if (p.kernel == kAttentionMma) {
+        if (mma) {
           err = launch_attention_mma<T, D>(p, S, ws_ml, ws_acc, vec_loads, stream);
           return;
         }

@@ -46,7 +46,7 @@ struct MmaConfig {
   static_assert(sizeof(T) == 2, "tensor-core path: bf16 and fp16 only");
   // 16 rows per warp (the MMA M). 8 warps hold 128 rows: q_len 16 at group 8 in one block; larger
   // problems take more row chunks (blocks re-reading the split's K/V, from L2 when they run together).
-  static constexpr int kMaxWarps = 8;
+  static constexpr int kMaxWarps = kMmaMaxWarps;
   static constexpr int kRowsPerWarp = 16;
   // Positions per pipeline stage: 8 KB of K plus 8 KB of V whatever D, so every head dim keeps the same
   // bytes in flight; S then holds kTile / 8 MMA tiles (64 / 32 / 16 positions: 8 / 4 / 2 tiles).
@@ -72,13 +72,30 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// Fused variant's padding writer (grid slice z = R): one warp per (token, q head) of the tokens no valid
+// request owns (padding rows, tokens past query_start_loc[R], invalid requests), zeros and lse -inf, as
+// the merge kernel writes them; grid-strided over the slice's blocks.
+template <typename T, int D>
+__device__ void write_padding_mma(const AttentionParams& p, int32_t num_splits, const float* ws_ml,
+                                  const float* ws_acc) {
+  const int64_t warps = int64_t(blockDim.x) / 32;
+  const int64_t first = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * warps + threadIdx.x / 32;
+  const int64_t stride = int64_t(gridDim.x) * gridDim.y * warps;
+  for (int64_t item = first; item < p.num_tokens * p.num_q_heads; item += stride) {
+    const int64_t token = item / p.num_q_heads;
+    if (token_splits(p, token, num_splits) != 0) continue;  // a valid request's token: its merge writes it
+    merge_token_head<T, D>(p, token, int32_t(item % p.num_q_heads), 0, num_splits, ws_ml, ws_acc,
+                           int(threadIdx.x & 31));
+  }
+}
+
 // Partials of one (split s, row chunk, KV head h, request r); see the file comment. Thread layout: warp w
 // owns block rows 16 w .. 16 w + 15; in MMA fragments lane l holds rows l / 4 and l / 4 + 8 of its warp's
 // tile and columns 2 (l % 4) + {0, 1} of each 8-column MMA tile.
 template <typename T, int D>
 __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     attention_partials_mma_kernel(const AttentionParams p, int32_t num_splits, int32_t num_chunks, bool vec_loads,
-                                  float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
+                                  float* __restrict__ ws_ml, float* __restrict__ ws_acc, int32_t* counters) {
   using Cfg = MmaConfig<T, D>;
   constexpr int kTile = Cfg::kTile, kStages = Cfg::kStages, kChunks = Cfg::kChunks;
   constexpr int kNT = kTile / 8;  // MMA N tiles of S (positions)
@@ -91,6 +108,10 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   const int32_t s = blockIdx.x / num_chunks, chunk = blockIdx.x % num_chunks, h = blockIdx.y, r = blockIdx.z;
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
   const int block_rows = nthreads / 32 * Cfg::kRowsPerWarp;
+  if (counters != nullptr && r == p.num_reqs) {  // fused: the extra grid slice writes the padding tokens
+    write_padding_mma<T, D>(p, num_splits, ws_ml, ws_acc);
+    return;
+  }
   const RequestSpan span = request_span(p, r);
   const ChunkWork w = chunk_work(p, span, r, s, chunk, block_rows, h, blockIdx.x == 0 && tid == 0);
   if (!w.active) return;  // no barrier has been reached yet: the whole block leaves together
@@ -309,31 +330,46 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
       dst[8 * dt + 1] = acc[dt][2 * half + 1];
     }
   }
-}
+  if (counters == nullptr) return;  // two launches: attention_merge_kernel merges
 
-// Launch shape of the partials kernel, from host bounds only: warps = ceil(max_query_len * group / 16)
-// capped at kMaxWarps, and enough row chunks to cover max_query_len * group rows.
-struct MmaLaunchShape {
-  int32_t warps = 0, chunks = 0;
-};
-inline MmaLaunchShape mma_launch_shape(const AttentionParams& p, int max_warps) {
-  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
-  const int64_t rows = int64_t(p.max_query_len) * group;
-  int64_t warps = (rows + 15) / 16;
-  warps = warps < 1 ? 1 : (warps > max_warps ? max_warps : warps);
-  return MmaLaunchShape{int32_t(warps), int32_t((rows + warps * 16 - 1) / (warps * 16))};
+  // Fused: the last of the request's split blocks for this (KV head, row chunk) to arrive merges its rows,
+  // with the merge kernel's per-(token, head) routine (same bits). Each thread's partials are made visible
+  // device-wide before the block counts itself (the classic fence-then-count pattern).
+  __shared__ int32_t merges;
+  const int32_t used = request_splits(span, num_splits);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int32_t arrived = atomicAdd(counters + (int64_t(r) * p.num_kv_heads + h) * num_chunks + chunk, 1);
+    merges = arrived == used - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (merges == 0) return;
+  __threadfence();  // order the count before the reads of the other blocks' partials
+  // Each output has one writer, as in the merge kernel: a token whose owner (token_owner) is not this
+  // request (query_start_loc not non-decreasing: unchecked on the device) is left to that owner or to the
+  // padding writer.
+  for (int lr = warp; lr < nrows; lr += nthreads / 32) {
+    const int32_t row = row0 + lr;
+    const int64_t token = begin + row / group;
+    if (token_owner(p, token) != r) continue;  // warp-uniform
+    merge_token_head<T, D>(p, token, h * group + row % group, used, num_splits, ws_ml, ws_acc, lane);
+  }
 }
 
 #if !defined(AV_CUDA_EMULATION)
-// Both launches of the tensor-core kernel; workspace split as in launch_verify_attention (kernel.cuh).
+// The tensor-core kernel: partials then merge (kAttentionMma), or one launch whose last blocks merge
+// (kAttentionMmaFused: a memset of the arrival counters, then the partials kernel with an extra grid slice
+// for the padding tokens). Workspace split as attention_workspace_floats (params.h) lays it out.
 template <typename T, int D>
 inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_splits, float* ws_ml, float* ws_acc,
                                         bool vec_loads, cudaStream_t stream) {
   using Cfg = MmaConfig<T, D>;
-  const MmaLaunchShape shape = mma_launch_shape(p, Cfg::kMaxWarps);
+  const bool fused = p.kernel == kAttentionMmaFused;
+  const MmaLaunchShape shape = mma_launch_shape(p);
   const int64_t grid_x = int64_t(num_splits) * shape.chunks;
   if (p.num_reqs > 0 && shape.chunks > 0) {
-    if (grid_x > 0x7fffffff) return cudaErrorInvalidValue;
+    if (grid_x > 0x7fffffff || p.num_reqs + (fused ? 1 : 0) > 65535) return cudaErrorInvalidValue;
     auto* kernel = attention_partials_mma_kernel<T, D>;
     const int smem = Cfg::smem_bytes(shape.warps);
     // Opt in to the largest block's dynamic shared memory once per device (a function attribute, not a
@@ -347,8 +383,17 @@ inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_sp
       if (err != cudaSuccess) return err;
       if (device < 64) opted_in[device] = true;
     }
-    const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs));
-    kernel<<<grid, 32 * shape.warps, smem, stream>>>(p, num_splits, shape.chunks, vec_loads, ws_ml, ws_acc);
+    int32_t* counters = nullptr;
+    if (fused) {
+      counters = reinterpret_cast<int32_t*>(ws_acc + p.num_tokens * p.num_q_heads * int64_t(num_splits) * D);
+      err = cudaMemsetAsync(counters, 0, size_t(p.num_reqs) * p.num_kv_heads * shape.chunks * sizeof(int32_t),
+                            stream);
+      if (err != cudaSuccess) return err;
+    }
+    const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs + (fused ? 1 : 0)));
+    kernel<<<grid, 32 * shape.warps, smem, stream>>>(p, num_splits, shape.chunks, vec_loads, ws_ml, ws_acc,
+                                                     counters);
+    if (fused) return cudaSuccess;
   }
   const int64_t items = p.num_tokens * p.num_q_heads;
   const unsigned merge_blocks = unsigned((items + kMergeWarps - 1) / kMergeWarps);

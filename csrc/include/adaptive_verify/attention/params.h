@@ -18,6 +18,7 @@ constexpr int32_t kSplitTokens = 512;
 constexpr int32_t kAttentionRowwise = 0;  // default: one warp per query row (validated on an H200)
 constexpr int32_t kAttentionTiled = 1;    // K/V tiles in shared memory (not yet run on a GPU)
 constexpr int32_t kAttentionMma = 2;      // tensor cores, GQA rows in the MMA M dimension (not yet run on a GPU)
+constexpr int32_t kAttentionMmaFused = 3; // kAttentionMma whose last block per row chunk merges (one launch)
 
 struct AttentionParams {
   const void* q = nullptr;  // [T, Hq, D] of `dtype`, strides (q_stride_t, q_stride_h, 1)
@@ -39,8 +40,38 @@ struct AttentionParams {
   void* out = nullptr;   // [T, Hq, D] of `dtype`, contiguous
   float* lse = nullptr;  // [T, Hq] or null
   int32_t* error_counts = nullptr;
-  int32_t kernel = kAttentionRowwise;  // kAttentionRowwise, kAttentionTiled or kAttentionMma (CUDA only)
+  int32_t kernel = kAttentionRowwise;  // kAttention* above (CUDA only)
 };
+
+// Split-KV splits of a call: the block table's positions in kSplitTokens pieces (at least one). Host bounds
+// only, so a captured graph's grid and workspace fit any lengths.
+inline int32_t attention_splits(const AttentionParams& p) {
+  const int64_t max_context = int64_t(p.max_blocks) * p.block_size;
+  const int64_t s = (max_context + kSplitTokens - 1) / kSplitTokens;
+  return int32_t(s < 1 ? 1 : s);
+}
+
+// Tensor-core kernels (kernel_mma.cuh): 16 query rows per warp, at most kMmaMaxWarps warps per block; the
+// block count per (split, KV head, request) covers max_query_len * group rows.
+constexpr int kMmaMaxWarps = 8;
+struct MmaLaunchShape {
+  int32_t warps = 0, chunks = 0;
+};
+inline MmaLaunchShape mma_launch_shape(const AttentionParams& p) {
+  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
+  const int64_t rows = int64_t(p.max_query_len) * group;
+  int64_t warps = (rows + 15) / 16;
+  warps = warps < 1 ? 1 : (warps > kMmaMaxWarps ? kMmaMaxWarps : warps);
+  return MmaLaunchShape{int32_t(warps), int32_t((rows + warps * 16 - 1) / (warps * 16))};
+}
+
+// Floats of CUDA workspace a call needs: (max, sum) then acc[D] per (token, q head, split), the same layout
+// for every kernel; kAttentionMmaFused adds an int32 arrival counter per (request, KV head, row chunk).
+inline int64_t attention_workspace_floats(const AttentionParams& p) {
+  int64_t n = p.num_tokens * p.num_q_heads * int64_t(attention_splits(p)) * (p.head_dim + 2);
+  if (p.kernel == kAttentionMmaFused) n += int64_t(p.num_reqs) * p.num_kv_heads * mma_launch_shape(p).chunks;
+  return n;
+}
 
 struct WriteKvParams {
   const void* k = nullptr;  // [T, Hkv, D], strides (k_stride_t, k_stride_h, 1)

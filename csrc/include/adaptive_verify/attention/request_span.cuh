@@ -64,20 +64,30 @@ __device__ __forceinline__ ChunkWork chunk_work(const AttentionParams& p, const 
   return w;
 }
 
-// Splits the partials kernel wrote for the request owning `token`, at most num_splits: ceil(kv_len /
-// kSplitTokens) of them, 0 for a padding token or an invalid request (both merge kernels write zeros then).
-__device__ __forceinline__ int32_t token_splits(const AttentionParams& p, int64_t token, int32_t num_splits) {
-  // The owner: the last r with query_start_loc[r] <= token (non-decreasing for valid inputs), by bisection.
+// Splits of a valid request: ceil(kv_len / kSplitTokens), at most num_splits.
+__device__ __forceinline__ int32_t request_splits(const RequestSpan& span, int32_t num_splits) {
+  const int32_t splits = int32_t((int64_t(span.kv_len) + kSplitTokens - 1) / kSplitTokens);
+  return splits < num_splits ? splits : num_splits;
+}
+
+// The request owning `token`: the last r with query_start_loc[r] <= token (non-decreasing for valid
+// inputs), by bisection, if token lies in its rows and it is valid; else -1 (a padding token).
+__device__ __forceinline__ int32_t token_owner(const AttentionParams& p, int64_t token) {
   int32_t lo = 0, hi = p.num_reqs;
   while (lo < hi) {
     const int32_t mid = (lo + hi + 1) / 2;
     if (p.query_start_loc[mid] <= token) lo = mid; else hi = mid - 1;
   }
-  if (lo >= p.num_reqs) return 0;
+  if (lo >= p.num_reqs) return -1;
   const RequestSpan span = request_span(p, lo);
-  if (!span.valid || token < span.begin || token >= span.begin + span.q_len) return 0;
-  const int32_t splits = int32_t((int64_t(span.kv_len) + kSplitTokens - 1) / kSplitTokens);
-  return splits < num_splits ? splits : num_splits;
+  return span.valid && token >= span.begin && token < span.begin + span.q_len ? lo : -1;
+}
+
+// Splits the partials kernel wrote for the request owning `token`, at most num_splits: ceil(kv_len /
+// kSplitTokens) of them, 0 for a padding token or an invalid request (the merges write zeros then).
+__device__ __forceinline__ int32_t token_splits(const AttentionParams& p, int64_t token, int32_t num_splits) {
+  const int32_t owner = token_owner(p, token);
+  return owner < 0 ? 0 : request_splits(request_span(p, owner), num_splits);
 }
 
 }  // namespace attention
