@@ -11,6 +11,13 @@
 //      softmax in registers (exp2, quad shuffles), and O += P V with P rounded to the input dtype, as
 //      FlashAttention-2 does. It writes (max, sum, acc[D]) per (token, head, split);
 //   2. merge (merge.cuh): one warp per (token, head) merges the token's splits in order by log-sum-exp.
+// Or, kAttentionMmaFused, in one launch: each partials block counts itself in an arrival counter per
+// (request, KV head, row chunk) after writing; the last to arrive merges those rows with the merge kernel's
+// routine (merge_token_head, so the same bits), reading the other blocks' partials from L2; an extra grid
+// slice (z = R) writes the padding tokens. That saves the merge launch and its second pass over the
+// partials (T x Hq x splits x (D + 2) floats: about 7% of the K/V bytes at group 8 and q_len 4.5, which
+// the 85%-of-copy-bandwidth target cannot afford twice). The counters are zeroed by a memset node before
+// each launch, so an interrupted launch never leaves them wrong.
 // The row-wise and tiled kernels write the same workspace and use the same split boundaries (kSplitTokens).
 //
 // Batch invariance: a row's arithmetic depends only on its own request and the call's max_query_len and
