@@ -1,6 +1,7 @@
-// verify_attention on tensor cores: selected by AttentionParams::kernel = kAttentionMma (bf16/fp16).
+// verify_attention on tensor cores: selected by AttentionParams::kernel = kAttentionMma or
+// kAttentionMmaFused (bf16/fp16).
 //
-// Split-KV in two launches whose grids depend only on host upper bounds (R, Hkv, max_query_len and the
+// kAttentionMma: split-KV in two launches whose grids depend only on host upper bounds (R, Hkv, max_query_len and the
 // block table's width), so a captured graph replays any lengths:
 //   1. partials: block (split s, row chunk c, KV head h, request r). The request's q_len x group query
 //      rows of KV head h are packed into the MMA M dimension (row = i * group + g: query token i, q head
