@@ -336,6 +336,10 @@ struct alignas(16) uint4 {
 struct alignas(16) int4 {
   int32_t x, y, z, w;
 };
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct alignas(16) float4 {
   float x, y, z, w;
 };

@@ -65,12 +65,16 @@ struct MmaConfig {
   static constexpr int kTileElems = kTile * D;
   static constexpr int kKvBytes = kStages * 2 * kTileElems * 2;  // K then V of each stage
   static constexpr int kFlagBytes = kStages * kTile * 4;          // per position: 1 if its block id is valid
+  // The split's block ids, read from the block table once per block (block_size >= 16: <= 32 pages).
+  static constexpr int kPagesPerSplit = kSplitTokens / 16;
+  static constexpr int kPageBytes = kPagesPerSplit * 4;
   static_assert(kTile % 16 == 0, "P V takes the tile 16 positions (one MMA K) at a time");
   static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks within groups of 8");
-  static_assert(kKvBytes % 16 == 0 && kFlagBytes % 16 == 0, "smem parts stay 16-byte aligned");
-  // Dynamic shared memory of a block of `warps` warps: K/V stages, flags, then the block's query rows.
-  static constexpr int smem_bytes(int warps) { return kKvBytes + kFlagBytes + warps * kRowsPerWarp * D * 2; }
-  static_assert(kKvBytes + kFlagBytes + kMaxWarps * kRowsPerWarp * D * 2 <= 227 * 1024, "fits one SM's smem");
+  static_assert(kKvBytes % 16 == 0 && kFlagBytes % 16 == 0 && kPageBytes % 16 == 0, "smem parts stay 16-byte aligned");
+  // Dynamic shared memory of a block of `warps` warps: K/V stages, flags, block ids, the block's query rows.
+  static constexpr int kFixedBytes = kKvBytes + kFlagBytes + kPageBytes;
+  static constexpr int smem_bytes(int warps) { return kFixedBytes + warps * kRowsPerWarp * D * 2; }
+  static_assert(kFixedBytes + kMaxWarps * kRowsPerWarp * D * 2 <= 227 * 1024, "fits one SM's smem");
 };
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile: chunks are XORed
@@ -111,7 +115,8 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   AV_DYNAMIC_SMEM(smem);
   T* kv_s = reinterpret_cast<T*>(smem);                                      // [kStages][2][kTile][D]
   int32_t* flag_s = reinterpret_cast<int32_t*>(smem + Cfg::kKvBytes);         // [kStages][kTile]
-  T* q_s = reinterpret_cast<T*>(smem + Cfg::kKvBytes + Cfg::kFlagBytes);     // [warps * 16][D]
+  int32_t* page_s = reinterpret_cast<int32_t*>(smem + Cfg::kKvBytes + Cfg::kFlagBytes);  // [kPagesPerSplit]
+  T* q_s = reinterpret_cast<T*>(smem + Cfg::kFixedBytes);                    // [warps * 16][D]
 
   const int32_t s = blockIdx.x / num_chunks, chunk = blockIdx.x % num_chunks, h = blockIdx.y, r = blockIdx.z;
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
@@ -130,7 +135,15 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   const bool counts_bad = w.counts_bad;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
-  const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
+  // The split's block ids into smem once, so the pipeline's loads never wait on a table read; block_size
+  // is a power of two (can_implement), so pages and offsets are shifts and masks.
+  const int page_shift = __ffs(p.block_size) - 1;
+  const int32_t page0 = s0 >> page_shift;
+  if (num_tiles > 0) {
+    const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
+    for (int32_t i = tid; i <= (s_end >> page_shift) - page0; i += nthreads) page_s[i] = table[page0 + i];
+  }
+  __syncthreads();  // page_s written (every thread of an active block gets here)
 
   // Tile i's K and V rows into stage i % kStages: one 16-byte chunk per thread and round, zero-filled past
   // s_end and for bad block ids (flag 0: masked in the softmax). Caches whose base is not 16-byte aligned
@@ -145,9 +158,9 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
       const int32_t pos = t0 + j;
       int64_t off = -1;
       if (pos <= s_end) {
-        const int32_t block = table[pos / p.block_size];
+        const int32_t block = page_s[(pos >> page_shift) - page0];
         if (block >= 0 && block < p.num_blocks) {
-          off = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + c * 8;
+          off = ((int64_t(block) * p.block_size + (pos & (p.block_size - 1))) * p.num_kv_heads + h) * D + c * 8;
         } else if (counts_bad && c == 0) {  // cannot be checked on the host without a sync
           atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
         }
@@ -311,7 +324,8 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   }
   tc::cp_async_wait<0>();  // nothing may be in flight when the block exits (only empty groups remain)
 
-  // l over the quad's columns; then (m, l) from lane 0 of each quad, acc as float2 per fragment pair.
+  // l over the quad's columns; then (m, l) from lane 0 of each quad, acc as float2 per fragment pair
+  // (8-byte aligned: even float offsets in a workspace whose acc part starts at an even offset).
   // m back to natural-log units for the workspace: m ln 2. Rows with no visible position in this split
   // write (-inf, 0, zeros), which the merge skips.
 #pragma unroll
@@ -333,10 +347,8 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     }
     float* dst = ws_acc + cell * D + 2 * (lane & 3);
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      dst[8 * dt] = acc[dt][2 * half];
-      dst[8 * dt + 1] = acc[dt][2 * half + 1];
-    }
+    for (int dt = 0; dt < kDT; ++dt)
+      *reinterpret_cast<float2*>(dst + 8 * dt) = make_float2(acc[dt][2 * half], acc[dt][2 * half + 1]);
   }
   if (counters == nullptr) return;  // two launches: attention_merge_kernel merges
 
@@ -348,7 +360,11 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   __threadfence();
   __syncthreads();
   if (tid == 0) {
+    // Fences on both sides of the count in the counting thread too: release of the block's partials
+    // (made visible to it by the barrier) and acquire of the others', without leaning on cumulativity.
+    __threadfence();
     const int32_t arrived = atomicAdd(counters + (int64_t(r) * p.num_kv_heads + h) * num_chunks + chunk, 1);
+    __threadfence();
     merges = arrived == used - 1 ? 1 : 0;
   }
   __syncthreads();
