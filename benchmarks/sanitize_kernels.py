@@ -1,0 +1,98 @@
+"""Runs every CUDA kernel not yet validated on hardware once, on small inputs, for compute-sanitizer:
+
+    compute-sanitizer --tool racecheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
+
+Covers verify_attention's "tiled", "mma" and "mma_fused", the planner's "v2" and the sampler's "v2" (the
+split-vocabulary kernel with its cross-block early exit): the shared-memory races and out-of-bounds
+accesses the host emulator (tests/emu) cannot see on real hardware. Sizes are small because the sanitizer
+slows kernels down 10-100x; each case still spans several splits, chunks and blocks. Exits 1 if any result
+disagrees with the CPU kernel (attention: within the float32 tolerance; planner and sampler: exactly).
+"""
+import os
+import sys
+
+import torch
+
+import adaptive_verify as av
+
+
+def attention_cases():
+    g = torch.Generator().manual_seed(1)
+    R, Hkv, group, D, bs = 3, 2, 4, 128, 16
+    q_lens = [1, 5, 8]
+    seq = [700, 1300, 40]
+    qsl = torch.tensor([0, 1, 6, 14], dtype=torch.int32)
+    T = 16  # two padding tokens past query_start_loc[R]
+    blocks = [-(-s // bs) for s in seq]
+    num_blocks = sum(blocks) + 2
+    table = torch.zeros(R, max(blocks), dtype=torch.int32)
+    perm = torch.randperm(num_blocks, generator=g)
+    at = 0
+    for r, n in enumerate(blocks):
+        table[r, :n] = perm[at:at + n]
+        at += n
+    q = torch.randn(T, Hkv * group, D, generator=g).to(torch.bfloat16)
+    kc = torch.randn(num_blocks, bs, Hkv, D, generator=g).to(torch.bfloat16)
+    vc = torch.randn(num_blocks, bs, Hkv, D, generator=g).to(torch.bfloat16)
+    args = (q, kc, vc, table, torch.tensor(seq, dtype=torch.int32), qsl, max(q_lens))
+    want = av.verify_attention(*args).float()
+    dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    for kernel in ("tiled", "mma", "mma_fused"):
+        got = av.verify_attention(*dev, cuda_kernel=kernel).float().cpu()
+        err = (got - want).abs().max().item()
+        yield f"verify_attention {kernel}", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
+
+
+def planner_case():
+    g = torch.Generator().manual_seed(2)
+    R, K = 64, 8
+    survival = av.prefix_survival(torch.rand(R, K, generator=g) * 0.6 + 0.4,
+                                  torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32))
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    table = av.CostTable.from_points({1: 4.0, 64: 4.4, 256: 5.5, 1024: 9.0}, draft_ms={1: 0.5, 256: 1.0})
+    want = av.plan_verification(survival, drafts, table, mode="greedy")
+    os.environ["AV_PLANNER_KERNEL"] = "v2"
+    got = av.plan_verification(survival.cuda(), drafts.cuda(), table, mode="greedy")
+    os.environ.pop("AV_PLANNER_KERNEL")
+    same = torch.equal(want.verify_lens, got.verify_lens.cpu()) and int(want.budget) == int(got.budget)
+    yield "plan v2", same, f"budget {int(got.budget)} (CPU {int(want.budget)})"
+
+
+def sampler_cases():
+    g = torch.Generator().manual_seed(3)
+    R, K, V = 8, 3, 5003
+    qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
+    logits = (torch.randn(R * (K + 1), V, generator=g) * 2).to(torch.bfloat16)
+    top = logits.float().argmax(-1).view(R, K + 1)[:, :K].to(torch.int32)
+    drafts = torch.where(torch.rand(R, K, generator=g) < 0.6, top, torch.randint(0, V, (R, K), generator=g,
+                                                                                   dtype=torch.int32))
+    temperature = torch.tensor([0.0, 0.7] * (R // 2))
+    seeds = torch.arange(R, dtype=torch.int64)
+    want = av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, offset=5)
+    os.environ["AV_SAMPLER_KERNEL"] = "v2"
+    got = av.rejection_sample(logits.cuda(), qsl.cuda(), drafts.cuda(), temperature=temperature.cuda(),
+                              seeds=seeds.cuda(), offset=5)
+    row_temp, row_seeds = temperature.repeat_interleave(K + 1), seeds.repeat_interleave(K + 1)
+    toks = av.sample(logits.cuda(), row_temp.cuda(), row_seeds.cuda(), 5)
+    os.environ.pop("AV_SAMPLER_KERNEL")
+    want_toks = av.sample(logits, row_temp, row_seeds, 5)
+    yield "rejection_sample v2", torch.equal(want[0], got[0].cpu()) and torch.equal(want[1], got[1].cpu()), ""
+    yield "sample v2", torch.equal(want_toks, toks.cpu()), ""
+
+
+def main() -> int:
+    if not av.cuda_available():
+        print("needs an NVIDIA GPU and a CUDA build")
+        return 1
+    ok = True
+    for cases in (attention_cases, planner_case, sampler_cases):
+        for name, good, detail in cases():
+            torch.cuda.synchronize()
+            print(f"{'ok  ' if good else 'FAIL'} {name} {detail}")
+            ok = ok and good
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
