@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# GPU check: build for the local GPU, run the CUDA tests and the GPU benchmarks, write a markdown report.
+# GPU check: build for the local GPU, run the CUDA tests, the GPU benchmarks and compute-sanitizer on the
+# kernels not yet validated on hardware, write a markdown report.
 #
 #   benchmarks/gpu_check.sh REPORT.md
 #
 # Meant for a machine with an NVIDIA GPU and no registry access: it uses the torch, nvcc, cmake, ninja and
-# pybind11 already installed, plus any wheels carried in .whl/ (nvidia-cutlass for the CUDA headers).
+# pybind11 already installed, plus any wheels carried in .whl/ (none is needed: the kernels use raw PTX, not
+# CUTLASS/CuTe).
 # Budget: under 8 minutes on an H200. Every step runs even if an earlier one fails; the report says which.
 set -uo pipefail
 report=${1:?usage: benchmarks/gpu_check.sh REPORT.md}
