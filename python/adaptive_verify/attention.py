@@ -5,13 +5,13 @@ the attention reads every length from device memory: query token i of request r 
 0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
 ``write_kv`` with the planner's slot_mapping).
 
-Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and three
-CUDA kernels (split-KV in two launches), chosen with ``cuda_kernel`` / ``AV_ATTENTION_KERNEL``:
-"rowwise" (the default; SIMT; validated on an H200 on 2026-11-29, but slow), "tiled" (SIMT, K/V tiles in
-shared memory; not yet run on a GPU) and "mma" (tensor cores: each request's q_len x (Hq / Hkv) rows packed
-into the MMA M dimension so a block reads its split of a KV head's cache once for up to 128 rows, a
-cp.async pipeline, mma.sync m16n8k16; validated on the CPU by a fiber emulator that runs its CUDA source,
-tests/test_attention_emu.py, but not yet on a GPU). On CUDA, lengths and block ids that the host cannot
+Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and four
+split-KV CUDA kernels, chosen with ``cuda_kernel`` / ``AV_ATTENTION_KERNEL``: "rowwise" (the default;
+SIMT; validated on an H200 on 2026-11-29, but slow), "tiled" (SIMT, K/V tiles in shared memory), "mma"
+(tensor cores: each request's q_len x (Hq / Hkv) rows packed into the MMA M dimension so a block reads its
+split of a KV head's cache once for up to 128 rows, a cp.async pipeline, mma.sync m16n8k16) and
+"mma_fused" ("mma" with the split merge in the same launch). The last three have not run on a GPU; their
+CUDA source runs in the CPU suite under a fiber emulator (tests/test_attention_emu.py). On CUDA, lengths and block ids that the host cannot
 check without a sync make their request padding (or skip the bad block) and are counted in
 ``error_counts()``. ``write_kv`` has both kernels.
 

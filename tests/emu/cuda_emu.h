@@ -1,23 +1,26 @@
-// A host emulator for the CUDA kernels that use warp-level tensor-core primitives (kernel_mma.cuh), so the
-// CPU test suite runs their real source: every CUDA thread of a block is a fiber (ucontext) on one OS
-// thread; __syncthreads and warp collectives are barriers between fibers. Warps run one at a time, each as
-// far as it can before the next (see launch).
+// A host emulator for this project's CUDA kernels (attention kernel_mma.cuh / kernel_tiled.cuh / merge.cuh,
+// planner kernel.cuh / kernel_v2.cuh, sampling kernel.cuh / kernel_splitv.cuh), so the CPU test suite runs
+// their real source: every CUDA thread of a block is a fiber (ucontext) on one OS thread; __syncthreads
+// and warp collectives are barriers between fibers. Blocks run one at a time; within a block, warps run
+// one at a time, each as far as it can before the next (see launch).
 //
 // What it checks, beyond the results the tests compare:
 //   - ldmatrix / cp.async shared addresses lie inside the block's dynamic smem and are 16-byte aligned;
-//   - cp.async global sources lie inside a registered range (the caches) and are 16-byte aligned;
+//   - cp.async and 16-byte __ldg global reads lie inside a registered range (the tensors) and are
+//     16-byte aligned;
 //   - every warp collective is reached by all 32 lanes, every __syncthreads by every live thread (a
-//     divergent barrier or an early exit before a barrier is reported as a deadlock);
+//     divergent barrier or an early exit before a barrier is reported);
 //   - dynamic and static smem start as NaN bytes (0xff) in every block, so reading what was never
 //     written shows up;
-//   - warps run one after another, each until it reaches a __syncthreads, and their threads resume in
-//     thread order or in reverse (av_emu_set_reverse): a missing barrier shows up as stale shared data
-//     in one order or the other;
+//   - warps run one after another, each until it reaches a __syncthreads, and blocks, warps and threads
+//     resume in order or in reverse (av_emu_set_reverse): a missing barrier shows up as stale shared data
+//     in one order or the other, and blocks that cooperate see both arrival orders;
 //   - cp.async data lands only at cp_async_wait (mode kLateCopies): reading a stage before its wait sees
 //     the stage's previous contents; or at issue (kEarlyCopies): a stage refilled before every warp is
-//     done with it corrupts the result. The tests run both.
-// It does not model timing, the memory model beyond that, or the tensor cores' internal rounding: mma
-// sums in double and rounds once, so results agree with hardware to fp32 rounding, not bit for bit.
+//     done with it corrupts the result. The tests run both; copies never waited for fail the launch.
+// It does not model timing, the memory model between blocks (fences are no-ops: one block at a time),
+// or the tensor cores' internal rounding: mma sums in double and rounds once, so results agree with
+// hardware to fp32 rounding, not bit for bit. tests/test_emu_selftest.py shows each check firing.
 //
 // Include this before any adaptive_verify header; it defines AV_CUDA_EMULATION.
 #pragma once
@@ -26,11 +29,11 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>

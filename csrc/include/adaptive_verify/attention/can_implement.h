@@ -32,7 +32,7 @@ inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
     return "cuda_kernel: unknown CUDA implementation";
   if (on_cuda) {
     // Grid limits of the partials kernels: (splits x row chunks, Hkv, R); 16 rows per chunk is the
-    // smallest any kernel uses, so this bound covers all three.
+    // smallest any kernel uses, so this bound covers all of them.
     if (p.num_reqs > 65535) return "block_table: at most 65535 requests per call on CUDA";
     if (p.kernel == kAttentionMmaFused && p.num_reqs > 65534)  // one more grid slice for the padding
       return "block_table: at most 65534 requests per call with cuda_kernel=\"mma_fused\"";
