@@ -12,8 +12,8 @@
 namespace adaptive_verify {
 namespace attention {
 
-// One warp merges the first `used` splits of (token, q head qh), in order, and writes out (and lse): lane
-// `lane` owns columns lane + 32 * e. used == 0 (a padding token) writes zeros and lse -inf. The partials are
+// One warp (all 32 lanes: it shuffles) merges the first `used` splits of (token, q head qh), in order, and
+// writes out (and lse): lane `lane` owns columns lane + 32 * e. used == 0 (a padding token) writes zeros and lse -inf. The partials are
 // read through L2 (__ldcg): in the fused tensor-core kernel other blocks wrote them during this launch.
 template <typename T, int D>
 __device__ __forceinline__ void merge_token_head(const AttentionParams& p, int64_t token, int32_t qh, int32_t used,
@@ -23,12 +23,18 @@ __device__ __forceinline__ void merge_token_head(const AttentionParams& p, int64
   T* out = static_cast<T*>(p.out);
   float M = -INFINITY, L = 0.f;
   const int64_t cell0 = (token * p.num_q_heads + qh) * num_splits;
+  // The max over the splits, lanes striding them (a max does not depend on the order), then over the warp.
   // l != 0 (not l > 0): a NaN or inf score must reach the output as it does on the CPU, not drop a split.
-  for (int32_t s = 0; s < used; ++s)
+  for (int32_t s = lane; s < used; s += 32)
     if (__ldcg(ws_ml + 2 * (cell0 + s) + 1) != 0.f) M = fmaxf(M, __ldcg(ws_ml + 2 * (cell0 + s)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
   float v[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) v[e] = 0.f;
+  // The sums in split order (fixed, so every kernel and every batch gives the same bits); unrolled so that
+  // several splits' loads are in flight at once: at long contexts this loop is the merge's latency.
+#pragma unroll 4
   for (int32_t s = 0; s < used; ++s) {
     const float l = __ldcg(ws_ml + 2 * (cell0 + s) + 1);
     if (l != 0.f) {
