@@ -144,6 +144,17 @@ def test_fused_merge_gives_the_two_launch_bits(emu, case):
         assert torch.equal(bits(two[0]), bits(one[0])) and torch.equal(bits(two[1]), bits(one[1]))
 
 
+def test_fused_leaves_long_requests_to_the_merge_kernel(emu):
+    """A request of more than 8 splits (4096 tokens) is merged by the merge kernel, the others in the
+    partials launch: still the two-launch bits, for every request."""
+    p = random_problem(61, torch.bfloat16, 64, 64, 1, 2, R=4, max_query_len=4, max_seq=4700)
+    assert max(p.seq_lens_list) > 8 * 512 and min(n for n, q in zip(p.seq_lens_list, p.q_lens) if q) <= 8 * 512
+    two = emu_call(emu, "mma", p)
+    one = emu_call(emu, "mma_fused", p)
+    check_against_reference(p, one[0], one[1])
+    assert torch.equal(bits(two[0]), bits(one[0])) and torch.equal(bits(two[1]), bits(one[1]))
+
+
 @each_kernel
 def test_kernel_plain_loads_path(emu, kernel):
     """Caches whose base is not 16-byte aligned take element copies instead of cp.async: same bits."""

@@ -22,6 +22,7 @@ void run(const attn::AttentionParams& p, bool vec_loads) {
   float* ws_ml = ws.data();
   float* ws_acc = ws.data() + 2 * p.num_tokens * p.num_q_heads * S;
   const bool fused = p.kernel == attn::kAttentionMmaFused;
+  int32_t after_fused = 0;  // as launch_attention_mma: requests the fused launch left to the merge kernel
   if (p.kernel == attn::kAttentionMma || fused) {  // as launch_attention_mma (kernel_mma.cuh)
     using Cfg = attn::MmaConfig<T, D>;
     const attn::MmaLaunchShape shape = attn::mma_launch_shape(p);
@@ -36,7 +37,8 @@ void run(const attn::AttentionParams& p, bool vec_loads) {
       av_emu::launch(grid, av_emu::Dim3{unsigned(32 * shape.warps), 1, 1}, size_t(Cfg::smem_bytes(shape.warps)), [&] {
         attn::attention_partials_mma_kernel<T, D>(p, S, shape.chunks, vec_loads, ws_ml, ws_acc, counters);
       });
-      if (fused) return;
+      if (fused && S <= attn::kFusedMergeMaxSplits) return;
+      after_fused = fused ? attn::kFusedMergeMaxSplits : 0;
     }
   } else {  // as launch_attention_tiled (kernel_tiled.cuh)
     using Cfg = attn::TiledConfig<T, D>;
@@ -51,7 +53,7 @@ void run(const attn::AttentionParams& p, bool vec_loads) {
   if (items > 0) {
     const av_emu::Dim3 grid{unsigned((items + attn::kMergeWarps - 1) / attn::kMergeWarps), 1, 1};
     av_emu::launch(grid, av_emu::Dim3{unsigned(32 * attn::kMergeWarps), 1, 1}, 0,
-                   [&] { attn::attention_merge_kernel<T, D>(p, S, ws_ml, ws_acc); });
+                   [&] { attn::attention_merge_kernel<T, D>(p, S, ws_ml, ws_acc, after_fused); });
   }
 }
 

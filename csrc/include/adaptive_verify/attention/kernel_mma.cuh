@@ -15,10 +15,12 @@
 // Or, kAttentionMmaFused, in one launch: each partials block counts itself in an arrival counter per
 // (request, KV head, row chunk) after writing; the last to arrive merges those rows with the merge kernel's
 // routine (merge_token_head, so the same bits), reading the other blocks' partials from L2; an extra grid
-// slice (z = R) writes the padding tokens. That saves the merge launch and its second pass over the
-// partials (T x Hq x splits x (D + 2) floats: about 7% of the K/V bytes at group 8 and q_len 4.5, which
-// the 85%-of-copy-bandwidth target cannot afford twice). The counters are zeroed by a memset node before
-// each launch, so an interrupted launch never leaves them wrong.
+// slice (z = R) writes the padding tokens. Requests of more than kFusedMergeMaxSplits splits (params.h)
+// are left to the merge kernel, launched only when the block table allows such a request. That saves the
+// merge launch and its second pass over the partials (T x Hq x splits x (D + 2) floats: about 7% of the
+// K/V bytes at group 8 and q_len 4.5, which the 85%-of-copy-bandwidth target cannot afford twice). The
+// counters are zeroed by a memset node before each launch, so an interrupted launch never leaves them
+// wrong.
 // The row-wise and tiled kernels write the same workspace and use the same split boundaries (kSplitTokens).
 //
 // Batch invariance: a row's arithmetic depends only on its own request and the call's max_query_len and
@@ -357,6 +359,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   // device-wide before the block counts itself (the classic fence-then-count pattern).
   __shared__ int32_t merges;
   const int32_t used = request_splits(span, num_splits);
+  if (used > kFusedMergeMaxSplits) return;  // block-uniform: a long request is the merge kernel's
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -417,11 +420,14 @@ inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_sp
     const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs + (fused ? 1 : 0)));
     kernel<<<grid, 32 * shape.warps, smem, stream>>>(p, num_splits, shape.chunks, vec_loads, ws_ml, ws_acc,
                                                      counters);
-    if (fused) return cudaSuccess;
+    // Fused: the merge kernel only when a request may have more splits than the partials launch merges.
+    if (fused && num_splits <= kFusedMergeMaxSplits) return cudaSuccess;
   }
   const int64_t items = p.num_tokens * p.num_q_heads;
   const unsigned merge_blocks = unsigned((items + kMergeWarps - 1) / kMergeWarps);
-  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+  const int32_t after_fused = fused && p.num_reqs > 0 && shape.chunks > 0 ? kFusedMergeMaxSplits : 0;
+  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc,
+                                                                               after_fused);
   return cudaSuccess;
 }
 #endif  // !AV_CUDA_EMULATION

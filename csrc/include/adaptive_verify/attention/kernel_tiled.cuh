@@ -404,7 +404,7 @@ inline cudaError_t launch_attention_tiled(const AttentionParams& p, int32_t num_
   }
   const int64_t items = p.num_tokens * p.num_q_heads;
   const unsigned merge_blocks = unsigned((items + kMergeWarps - 1) / kMergeWarps);
-  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc, 0);
   return cudaSuccess;
 }
 

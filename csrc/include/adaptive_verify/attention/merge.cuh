@@ -13,8 +13,9 @@ namespace adaptive_verify {
 namespace attention {
 
 // One warp (all 32 lanes: it shuffles) merges the first `used` splits of (token, q head qh), in order, and
-// writes out (and lse): lane `lane` owns columns lane + 32 * e. used == 0 (a padding token) writes zeros and lse -inf. The partials are
-// read through L2 (__ldcg): in the fused tensor-core kernel other blocks wrote them during this launch.
+// writes out (and lse): lane `lane` owns columns lane + 32 * e. used == 0 (a padding token) writes zeros
+// and lse -inf. The partials are read through L2 (__ldcg): in the fused tensor-core kernel other blocks
+// wrote them during this launch.
 template <typename T, int D>
 __device__ __forceinline__ void merge_token_head(const AttentionParams& p, int64_t token, int32_t qh, int32_t used,
                                                  int32_t num_splits, const float* ws_ml, const float* ws_acc,
@@ -50,17 +51,20 @@ __device__ __forceinline__ void merge_token_head(const AttentionParams& p, int64
   if (lane == 0 && p.lse != nullptr) p.lse[token * p.num_q_heads + qh] = L > 0.f ? M + logf(L) : -INFINITY;
 }
 
-// One warp per (token, q head), merging the token's splits in order.
+// One warp per (token, q head), merging the token's splits in order. after_fused > 0: the fused
+// tensor-core kernel already wrote padding tokens and requests of at most after_fused splits; only longer
+// ones are left here.
 template <typename T, int D>
 __global__ void __launch_bounds__(128)
     attention_merge_kernel(const AttentionParams p, int32_t num_splits, const float* __restrict__ ws_ml,
-                           const float* __restrict__ ws_acc) {
+                           const float* __restrict__ ws_acc, int32_t after_fused) {
   const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (item >= p.num_tokens * p.num_q_heads) return;  // no barrier in this kernel
   const int64_t token = item / p.num_q_heads;
   const int32_t qh = int32_t(item % p.num_q_heads);
-  merge_token_head<T, D>(p, token, qh, token_splits(p, token, num_splits), num_splits, ws_ml, ws_acc,
-                         int(threadIdx.x & 31));
+  const int32_t used = token_splits(p, token, num_splits);
+  if (after_fused > 0 && used <= after_fused) return;  // warp-uniform
+  merge_token_head<T, D>(p, token, qh, used, num_splits, ws_ml, ws_acc, int(threadIdx.x & 31));
 }
 
 // Warps per merge block; launch ceil(T * Hq / kMergeWarps) blocks of 32 * kMergeWarps threads.

@@ -54,6 +54,11 @@ inline int32_t attention_splits(const AttentionParams& p) {
 // Tensor-core kernels (kernel_mma.cuh): 16 query rows per warp, at most kMmaMaxWarps warps per block; the
 // block count per (split, KV head, request) covers max_query_len * group rows.
 constexpr int kMmaMaxWarps = 8;
+// kAttentionMmaFused merges in its partials launch only requests of at most this many splits (4096 tokens):
+// the merging block takes its rows one warp at a time, so a long request's merge (up to 256 splits at 128k)
+// would be a serial tail; longer requests go to the merge kernel, which spreads every (token, head) over
+// the GPU and is launched only when the call's host bound allows such a request.
+constexpr int32_t kFusedMergeMaxSplits = 8;
 struct MmaLaunchShape {
   int32_t warps = 0, chunks = 0;
 };
