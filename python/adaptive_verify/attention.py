@@ -130,9 +130,12 @@ def verify_attention(
               in the CPU suite under an emulator. An inf in a V row that a query row cannot see but a later
               row of its request can (a later draft token's V) makes the row NaN (0 x inf), where the other
               kernels skip it.
-            - "mma_fused": "mma" in one launch: the last split block of each (request, KV head) merges,
-              reading the partials back from L2 instead of a second launch re-reading them (same bits as
-              "mma"; at most 65534 requests).
+            - "mma_fused": "mma" with the merge in the partials launch: the last split block of each
+              (request, KV head) merges, reading the partials back from L2 instead of a second launch
+              re-reading them. Requests of more than 4096 tokens (8 splits) are still merged by the merge
+              kernel, launched only when max_seq_len / the block table allows them, since one block
+              merging hundreds of splits would be a serial tail. Same bits as "mma"; at most 65534
+              requests.
     """
     kernel_id = _cuda_kernel(cuda_kernel)
     check_tensor("q", q, dtypes=tuple(_DTYPES), ndim=3)
