@@ -7,7 +7,9 @@
 # Meant for a machine with an NVIDIA GPU and no registry access: it uses the torch, nvcc, cmake, ninja and
 # pybind11 already installed, plus any wheels carried in .whl/ (none is needed: the kernels use raw PTX, not
 # CUTLASS/CuTe).
-# Budget: under 8 minutes on an H200. Every step runs even if an earlier one fails; the report says which.
+# Budget: AV_GPU_CHECK_BUDGET_S seconds in all (default 480: under 8 minutes on an H200). Every step runs
+# even if an earlier one fails, each within its own limit and within what is left of the budget, so the
+# report and the log archive are always written before a caller's timeout; the report says which failed.
 set -uo pipefail
 report=${1:?usage: benchmarks/gpu_check.sh REPORT.md}
 cd "$(dirname "$0")/.."
@@ -33,10 +35,17 @@ case "$cap" in
 esac
 
 stamp() { echo "$1 $(( $(date +%s) - start )) s" >>"$log/steps.txt"; }
+budget=${AV_GPU_CHECK_BUDGET_S:-480}
+# cap N: N seconds, or what is left of the budget less 15 s for the report, whichever is smaller (>= 1).
+cap() {
+  local left=$(( budget - ($(date +%s) - start) - 15 ))
+  [ "$left" -lt 1 ] && left=1
+  echo $(( $1 < left ? $1 : left ))
+}
 status() { if [ "$1" -eq 0 ]; then echo "ok"; else echo "FAILED (exit $1)"; fi; }
 
 # 1. build for the local GPU only (fast), with register/smem/spill report
-AV_CUDA_ARCHS=$arch AV_PTXAS_VERBOSE=1 MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -v -e . \
+AV_CUDA_ARCHS=$arch AV_PTXAS_VERBOSE=1 MAX_JOBS=16 timeout "$(cap 200)" python3 -m pip install --no-build-isolation --no-deps -v -e . \
   >"$log/build.txt" 2>&1
 build_rc=$?
 stamp build_rc
@@ -50,11 +59,11 @@ case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 # time for the sanitizer runs below). The tests of the opt-in kernels not yet run on a GPU
 # (verify_attention's "tiled", "mma" and "mma_fused", the planner's and the sampler's "v2") go in a process
 # of their own, after the others: a fault there would poison the CUDA context for every later test.
-timeout 240 python3 -m pytest tests -q -m cuda -k "not tiled and not v2 and not mma" -rf --tb=short --durations=15 -p no:cacheprovider \
+timeout "$(cap 240)" python3 -m pytest tests -q -m cuda -k "not tiled and not v2 and not mma" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
 stamp cuda_rc
-timeout 180 python3 -m pytest tests -q -m cuda -k "tiled or v2 or mma" -rf --tb=short --durations=15 -p no:cacheprovider \
+timeout "$(cap 180)" python3 -m pytest tests -q -m cuda -k "tiled or v2 or mma" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests_tiled.txt" 2>&1
 cuda_tiled_rc=$?
 stamp cuda_tiled_rc
@@ -62,23 +71,23 @@ stamp cuda_tiled_rc
 # 3. benchmarks (the attention benchmark times every verify_attention CUDA kernel: rowwise, the default, tiled,
 # mma and mma_fused; the CUDA tests above run each of them too; a second run covers the largest sizes, R = 256
 # and 16k contexts, with the kernels fast enough to time there)
-timeout 100 python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
+timeout "$(cap 100)" python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
   --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
 bench_rc=$?
 stamp bench_rc
-timeout 90 python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
+timeout "$(cap 90)" python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
   --json "$log/bench_confidence.json" >"$log/bench_confidence.txt" 2>&1
 bench_conf_rc=$?
 stamp bench_conf_rc
-timeout 100 python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
+timeout "$(cap 100)" python3 benchmarks/bench_sampling.py --device cuda --min-time 0.1 --markdown "$log/bench_sampling.md" \
   --json "$log/bench_sampling.json" >"$log/bench_sampling.txt" 2>&1
 bench_samp_rc=$?
 stamp bench_samp_rc
-timeout 100 python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 128 --contexts 512 2048 8192 \
+timeout "$(cap 100)" python3 benchmarks/bench_attention.py --device cuda --reqs 1 8 32 128 --contexts 512 2048 8192 \
   --markdown "$log/bench_attention.md" --json "$log/bench_attention.json" >"$log/bench_attention.txt" 2>&1
 bench_att_rc=$?
 stamp bench_att_rc
-timeout 90 python3 benchmarks/bench_attention.py --device cuda --kernels tiled mma mma_fused --reqs 32 256 --contexts 16384 \
+timeout "$(cap 90)" python3 benchmarks/bench_attention.py --device cuda --kernels tiled mma mma_fused --reqs 32 256 --contexts 16384 \
   --markdown "$log/bench_attention_large.md" --json "$log/bench_attention_large.json" >"$log/bench_attention_large.txt" 2>&1
 bench_att_large_rc=$?
 stamp bench_att_large_rc
@@ -87,10 +96,10 @@ stamp bench_att_large_rc
 # shared-memory races (racecheck) and out-of-bounds accesses (memcheck), which the host emulator cannot see.
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$sanitizer" ]; then
-  timeout 75 "$sanitizer" --tool racecheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py \
+  timeout "$(cap 75)" "$sanitizer" --tool racecheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py \
     >"$log/racecheck.txt" 2>&1
   racecheck_rc=$?
-  timeout 75 "$sanitizer" --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py \
+  timeout "$(cap 75)" "$sanitizer" --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py \
     >"$log/memcheck.txt" 2>&1
   memcheck_rc=$?
 else
