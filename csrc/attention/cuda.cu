@@ -1,4 +1,5 @@
-// Entry points of the attention area's CUDA kernels (kernels in kernel.cuh, kernel_rowwise.cuh, kernel_tiled.cuh).
+// Entry points of the attention area's CUDA kernels (kernel.cuh dispatches to kernel_rowwise.cuh,
+// kernel_tiled.cuh and kernel_mma.cuh).
 #include "adaptive_verify/attention/kernel.cuh"
 #include "adaptive_verify/cuda_api.h"
 

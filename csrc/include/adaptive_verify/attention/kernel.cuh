@@ -3,7 +3,7 @@
 // write_kv: one thread per 16-byte word of a K or V row (per element when rows are not 16-byte aligned).
 // Slots of -1 are skipped; slots outside the cache are skipped and counted (no host sync to check them).
 //
-// verify_attention: two SIMT split-KV implementations, chosen per call by AttentionParams::kernel:
+// verify_attention: four split-KV implementations, chosen per call by AttentionParams::kernel:
 //   kAttentionRowwise (default): kernel_rowwise.cuh, one warp per query row; validated on an H200
 //     (2026-11-29) but latency-bound (~1 us per KV position);
 //   kAttentionTiled: kernel_tiled.cuh, K/V tiles in shared memory read once per block of 16 query rows;
@@ -11,7 +11,7 @@
 //   kAttentionMma: kernel_mma.cuh, tensor cores (mma.sync) with the request's GQA rows packed into the MMA
 //     M dimension and a cp.async pipeline; run only under the host emulator (tests/emu) so far;
 //   kAttentionMmaFused: the same partials, merged by the last block of each (request, KV head, row chunk)
-//     in the same launch (no merge launch, the partials re-read from L2).
+//     in the same launch (the partials re-read from L2; requests over 8 splits still by the merge kernel).
 // All write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats
 // in params.h)
 // and use the same split boundaries (kSplitTokens) as the CPU kernel.

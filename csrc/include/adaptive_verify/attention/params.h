@@ -12,7 +12,7 @@ namespace attention {
 // not depend on the rest of the batch (batch invariance); the CPU kernel uses the same boundaries.
 constexpr int32_t kSplitTokens = 512;
 
-// CUDA implementation of verify_attention (AttentionParams::kernel); the CPU kernel ignores it. Both write
+// CUDA implementation of verify_attention (AttentionParams::kernel); the CPU kernel ignores it. All write
 // the same workspace and take the same arguments; other values make the CUDA launcher return
 // cudaErrorInvalidValue. Keep in sync with python/adaptive_verify/attention.py (_CUDA_KERNELS).
 constexpr int32_t kAttentionRowwise = 0;  // default: one warp per query row (validated on an H200)
