@@ -101,11 +101,12 @@ struct State {
   Block* block = nullptr;
   ucontext_t scheduler;
   CopyMode mode = kLateCopies;
-  bool reverse = false;  // resume fibers from the last thread to the first (a missing barrier then shows up
-                         // where a thread reads what a lower-numbered thread writes)
+  // Run blocks, warps and threads last to first (a missing barrier then shows up where a thread reads
+  // what a lower-numbered one writes; cooperating blocks see the other arrival order).
+  bool reverse = false;
   Ranges global_ranges;  // where cp.async and 16-byte __ldg may read
-  Dim3 grid_dim;          // of the running launch
-  std::string error;  // first failure seen inside a fiber
+  Dim3 grid_dim;         // of the running launch
+  std::string error;     // first failure seen inside a fiber
   // Per launch, summed over its blocks: __syncthreads completed, and warp collectives completed (a
   // rough count of a kernel's serial phases; reset by av_emu_counters).
   uint64_t block_barriers = 0, warp_collectives = 0;
