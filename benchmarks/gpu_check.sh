@@ -145,20 +145,15 @@ stamp sanitizer_rc
     echo
   done
   echo
-  if [ $cuda_rc -ne 0 ]; then
-    echo "## CUDA test failures"
+  for run in "cuda_tests:$cuda_rc:" "cuda_tests_tiled:$cuda_tiled_rc: (opt-in kernels)"; do
+    IFS=: read -r name rc what <<<"$run"
+    [ "$rc" -eq 0 ] && continue
+    echo "## CUDA test failures$what"
     echo
     echo '```'
-    grep -E "^(FAILED|ERROR)|Error|assert" "$log/cuda_tests.txt" | head -60
+    grep -E "^(FAILED|ERROR)|Error|assert" "$log/$name.txt" | head -60
     echo '```'
-  fi
-  if [ $cuda_tiled_rc -ne 0 ]; then
-    echo "## CUDA test failures (opt-in kernels)"
-    echo
-    echo '```'
-    grep -E "^(FAILED|ERROR)|Error|assert" "$log/cuda_tests_tiled.txt" | head -60
-    echo '```'
-  fi
+  done
   for t in racecheck memcheck; do
     echo "## compute-sanitizer $t (tail)"
     echo

@@ -124,15 +124,19 @@ def test_rejection_sample_cuda_huge_scaled_logits(kernel):
     _check_same(logits, qsl, drafts, temperature=temperature, seeds=seeds, offset=1)
 
 
+def sample_case(N, V, dtype):
+    """(logits, temperature, seeds) of sample(): every fifth row greedy (also run by test_sampling_emu.py)."""
+    logits = (torch.randn(N, V, generator=torch.Generator().manual_seed(V)) * 2).to(dtype)
+    temperature = torch.rand(N) + 0.05
+    temperature[::5] = 0
+    return logits, temperature, torch.arange(N, dtype=torch.int64) * 7919
+
+
 @cuda_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("V", [1, 5, 32000, 151937])
 def test_sample_cuda_matches_cpu(kernel, dtype, V):
-    N = 50 if V < 100000 else 3
-    logits = (torch.randn(N, V, generator=torch.Generator().manual_seed(V)) * 2).to(dtype)
-    temperature = torch.rand(N) + 0.05
-    temperature[::5] = 0
-    seeds = torch.arange(N, dtype=torch.int64) * 7919
+    logits, temperature, seeds = sample_case(50 if V < 100000 else 3, V, dtype)
     cpu = av.sample(logits, temperature, seeds, 3)
     gpu = av.sample(logits.cuda(), temperature.cuda(), seeds.cuda(), torch.tensor(3, device="cuda"))
     assert torch.equal(cpu, gpu.cpu())

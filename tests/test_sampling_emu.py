@@ -15,7 +15,7 @@ import torch
 
 import adaptive_verify as av
 import emu_build
-from test_sampling_cuda import _batch, realistic_case, ties_and_nans_case
+from test_sampling_cuda import _batch, realistic_case, sample_case, ties_and_nans_case
 
 sampling_module = importlib.import_module("adaptive_verify.sampling")
 u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
@@ -103,11 +103,7 @@ def test_rejection_sample_emulated_huge_scaled_logits(emulated):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("V", [1, 5, 32000])
 def test_sample_emulated_matches_cpu(emulated, dtype, V):
-    N = 12 if V < 10000 else 3
-    logits = (torch.randn(N, V, generator=torch.Generator().manual_seed(V)) * 2).to(dtype)
-    temperature = torch.rand(N) + 0.05
-    temperature[::5] = 0
-    seeds = torch.arange(N, dtype=torch.int64) * 7919
+    logits, temperature, seeds = sample_case(12 if V < 10000 else 3, V, dtype)
     cpu = av.sample(logits, temperature, seeds, 3)
     emu = emulated(lambda: av.sample(logits, temperature, seeds, 3))
     assert torch.equal(cpu, emu)

@@ -37,9 +37,8 @@ inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
     if (p.kernel == kAttentionMmaFused && p.num_reqs > 65534)  // one more grid slice for the padding
       return "block_table: at most 65534 requests per call with cuda_kernel=\"mma_fused\"";
     if (p.num_kv_heads > 65535) return "k_cache: at most 65535 KV heads on CUDA";
-    const int64_t splits = (int64_t(p.max_blocks) * p.block_size + kSplitTokens - 1) / kSplitTokens;
     const int64_t chunks = (int64_t(p.max_query_len) * group + 15) / 16;
-    if (splits * chunks > 0x7fffffff) return "block_table: too many KV splits for one grid";
+    if (attention_splits(p) * chunks > 0x7fffffff) return "block_table: too many KV splits for one grid";
   }
   return nullptr;
 }
