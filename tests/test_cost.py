@@ -12,15 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-try:
-    from adaptive_verify import cost
-except ImportError:
-    # cost.py imports nothing from the package, so it can be tested before the package is importable.
-    _path = pathlib.Path(__file__).resolve().parents[1] / "python" / "adaptive_verify" / "cost.py"
-    _spec = importlib.util.spec_from_file_location("adaptive_verify_cost", _path)
-    cost = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = cost
-    _spec.loader.exec_module(cost)
+from adaptive_verify import cost
 
 CostTable = cost.CostTable
 
@@ -110,11 +102,42 @@ def test_n_above_max_tokens_raises():
 
 
 def test_draft_dict_envelope_and_extrapolation():
-    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 5: 1.5, 9: 1.0})
+    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 5: 1.5, 9: 1.0}, draft_interpolation="linear")
     # envelope 0.5, 1.5, 1.5: flat below, linear between, extrapolation of a flat tail stays flat
     assert [t.draft_cost(r) for r in (0, 1, 3, 5, 7, 9, 13)] == [0.5, 0.5, 1.0, 1.5, 1.5, 1.5, 1.5]
-    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 5: 1.5})
+    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 5: 1.5}, draft_interpolation="linear")
     assert t.draft_cost(9) == 2.5
+
+
+def test_draft_staircase_is_the_default_as_for_padded_drafter_graphs():
+    """r requests cost the next measured count >= r (a drafter graph padded up), vLLM's pricing; linear
+    extrapolation from the last two points above the last."""
+    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 4: 1.0, 8: 2.0})
+    assert t.draft_interpolation == "staircase"
+    assert [t.draft_cost(r) for r in (0, 1, 2, 4, 5, 8, 12)] == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0, 3.0]
+    assert torch.equal(t.draft_array(12), torch.tensor([t.draft_cost(r) for r in range(13)], dtype=torch.float32))
+    # envelope first: a dip at 8 is lifted to the running max
+    t = CostTable.from_points({1: 1.0}, draft_ms={1: 0.5, 4: 1.0, 8: 0.7})
+    assert [t.draft_cost(r) for r in (5, 8, 9)] == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="^draft_interpolation"):
+        CostTable.from_points({1: 1.0}, draft_ms={1: 0.5}, draft_interpolation="cubic")
+
+
+def test_single_eager_point_extrapolates_across_the_cliff():
+    """Found against vLLM's builder: one measured point above the largest graph size used to extrapolate
+    flat, so every token past it looked free. The tail now runs through the last two measured points."""
+    t = CostTable.from_points({8: 1.0, 64: 3.0, 100: 12.0}, graph_sizes=[8, 16, 32, 64])
+    slope = (12.0 - 3.0) / (100 - 64)
+    assert t.verify_cost(100) == 12.0
+    assert t.verify_cost(200) == pytest.approx(12.0 + slope * 100)
+    assert t.verify_cost(101) > t.verify_cost(100)
+    # two eager points: their own slope, as before
+    t2 = CostTable.from_points({8: 1.0, 64: 3.0, 100: 12.0, 200: 14.0}, graph_sizes=[8, 16, 32, 64])
+    assert t2.verify_cost(300) == pytest.approx(16.0)
+    # flat only when the data is: a single point in all
+    assert CostTable.from_points({100: 5.0}, graph_sizes=[8]).verify_cost(10**6) == 5.0
+    flat = CostTable.from_points({8: 5.0, 100: 5.0}, graph_sizes=[8])
+    assert flat.verify_cost(10**6) == 5.0
 
 
 def test_draft_constant_and_step_cost():
@@ -122,7 +145,7 @@ def test_draft_constant_and_step_cost():
     assert t.draft_cost(0) == t.draft_cost(1000) == 0.25
     assert t.step_cost(4, 96) == 13.25
     t = CostTable.from_points({1: 1.0, 3: 2.0}, draft_ms={2: 0.5, 4: 1.5})
-    assert t.step_cost(3, 2) == 1.0 + 1.5
+    assert t.step_cost(3, 2) == 1.5 + 1.5  # staircase: 3 requests cost what 4 cost
     assert isinstance(t.step_cost(3, 2), float)
     assert CostTable.from_points({1: 1.0}).draft_cost(7) == 0.0  # default: no drafter cost
 
@@ -200,9 +223,9 @@ def test_json_round_trip(tmp_path):
     )
     path = tmp_path / "cost.json"
     t.to_json(path)
-    assert json.loads(path.read_text())["format_version"] == 1
+    assert json.loads(path.read_text())["format_version"] == 2
     u = CostTable.from_json(path)
-    assert u == t
+    assert u == t and u.draft_interpolation == "staircase"
     assert u.verify_ms == t.verify_ms and u.draft_ms == t.draft_ms
     assert u.graph_sizes == (1, 2, 4, 8, 64) and u.max_tokens == 4096
     assert dict(u.metadata) == meta
@@ -214,10 +237,30 @@ def test_json_round_trip(tmp_path):
     assert u == t and u.draft_ms == 0.125 and u.max_tokens is None and u.graph_sizes == ()
 
 
+def test_json_version_1_files_keep_their_linear_drafter(tmp_path):
+    """Files written before the drafter staircase (format_version 1) read back with the semantics they were
+    written under."""
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps({"format_version": 1, "verify_ms": [[1, 2.0], [64, 4.0]],
+                                "draft_ms": [[1, 1.0], [9, 2.0]], "graph_sizes": [], "max_tokens": None,
+                                "metadata": {}}))
+    t = CostTable.from_json(path)
+    assert t.draft_interpolation == "linear" and t.draft_cost(5) == 1.5
+
+
+def test_json_deep_nesting_is_a_value_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ValueError, match="deep.json"):
+        CostTable.from_json(path)
+
+
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda d: d.update(format_version=2), "format_version=2 is not supported"),
+        (lambda d: d.update(format_version=3), "format_version=3 is not supported"),
+        (lambda d: d.update(format_version=1), r"unknown keys \['draft_interpolation'\] in a format_version 1"),
+        (lambda d: d.update(draft_interpolation="cubic"), "draft_interpolation"),
         (lambda d: d.pop("format_version"), "format_version missing"),
         (lambda d: d.update(graph_size=[8]), r"unknown keys \['graph_size'\]"),
         (lambda d: d.update(verify_ms=[[8, 1.0], [8, 2.0]]), "verify_ms: duplicate count 8"),
@@ -487,3 +530,94 @@ def test_shifted_without_max_tokens_extrapolates():
     base = ct.verify_cost(70) - ct.verify_cost(0)
     for n in (1, 10, 26, 200):
         assert s.verify_cost(n) == pytest.approx(ct.verify_cost(n + 70) - base)
+
+
+def test_shifted_is_o1_exact_and_bounded():
+    """An engine calls shifted() every step with a new prompt size: each call is O(1) (no resampling), every
+    count is exact, and the cache is bounded (issue: ~17 ms per new size, cached forever)."""
+    from adaptive_verify.cost import table as table_mod
+
+    ct = CostTable.from_points({1: 10.0, 512: 14.0, 513: 30.0, 4096: 60.0},
+                               graph_sizes=[1, 2, 4] + list(range(8, 513, 8)), max_tokens=8192)
+    ct.verify_array(8192)  # the base's dense values, built once
+    t0 = time.perf_counter()
+    views = [ct.shifted(x) for x in range(1, 2001)]
+    per_call_us = (time.perf_counter() - t0) / 2000 * 1e6
+    assert per_call_us < 500, per_call_us  # generous: the old path took ~17 ms per new size
+    assert len(ct._shifted) <= table_mod.SHIFTED_CACHE_SIZE
+    for x in (1, 300, 511, 512, 3000, 8191):
+        s = ct.shifted(x)
+        base = ct.verify_cost(x) - ct.verify_cost(0)
+        for n in sorted({0, 1, 7, 100, max(511 - x, 0), 8192 - x}):
+            if n > 8192 - x:
+                continue
+            assert s.verify_cost(n) == ct.verify_cost(n + x) - base, (x, n)
+        arr = s.verify_array(8192 - x)
+        want = torch.tensor([ct.verify_cost(n + x) - base for n in range(8192 - x + 1)], dtype=torch.float64)
+        assert torch.equal(arr, want.to(torch.float32)), x
+    assert views[0].shifted(5) is ct.shifted(6)  # a view of a view is a view of the base
+    assert ct.shifted(100).graph_sizes[0] == 4 and ct.shifted(100).graph_sizes[-1] == 412
+
+
+def test_shifted_views_in_a_captured_graph_are_kept(monkeypatch):
+    """A view whose cost array was requested under CUDA-graph capture must outlive the LRU (the captured
+    planner call reads it at every replay)."""
+    from adaptive_verify.cost import table as table_mod
+
+    ct = CostTable.from_points({1: 1.0, 64: 2.0}, max_tokens=4096)
+    monkeypatch.setattr(table_mod, "_capturing", lambda dev: True)
+    pinned = ct.shifted(7)
+    arr = pinned.verify_array(100)
+    monkeypatch.setattr(table_mod, "_capturing", lambda dev: False)
+    for x in range(100, 100 + 2 * table_mod.SHIFTED_CACHE_SIZE):
+        ct.shifted(x).verify_array(10)
+    assert ct.shifted(7) is pinned and pinned.verify_array(100) is arr
+
+
+def test_shifted_of_a_tiny_first_point_is_valid():
+    """Found by fuzzing: {1: 1e-300, 2: 5, 10: 5} is a valid table, and so is its shifted view."""
+    ct = CostTable.from_points({1: 1e-300, 2: 5.0, 10: 5.0})
+    s = ct.shifted(1)
+    assert s.verify_cost(0) == 1e-300 and s.verify_cost(1) == 5.0 - 1e-300 + 1e-300
+
+
+def test_profile_points_cover_graph_sizes_and_an_eager_tail():
+    pts = CostTable.profile_points([1, 2, 4, 8, 16, 32], 256)
+    assert pts[:6] == [1, 2, 4, 8, 16, 32]
+    tail = pts[6:]
+    assert tail[0] == 33 and tail[-1] == 256 and len(tail) >= 2
+    assert all(b <= max(a + 1, math.ceil(a * 1.5)) for a, b in zip(tail, tail[1:]))
+    assert CostTable.profile_points([], 10) == [1, 2, 3, 5, 8, 10]
+    with pytest.raises(ValueError, match="^max_tokens or graph_sizes"):
+        CostTable.profile_points([], None)
+    with pytest.raises(ValueError, match="^growth"):
+        CostTable.profile_points([8], 64, growth=1.0)
+
+
+def test_load_or_profile_reuses_matching_files_and_reprofiles_others(tmp_path):
+    calls = []
+
+    def step(n):
+        calls.append(n)
+        time.sleep(0.0002 * (1 + n / 64))
+
+    path = tmp_path / "cost.json"
+    kw = dict(graph_sizes=[8, 16], max_tokens=64, reps=1, warmup=0, device="cpu")
+    t = CostTable.load_or_profile(path, step, expect={"model": "m1", "device": "cpu-test"}, **kw)
+    assert path.exists() and calls == CostTable.profile_points([8, 16], 64)
+    assert t.metadata["model"] == "m1" and t.metadata["device"] == "cpu-test"
+    calls.clear()
+    u = CostTable.load_or_profile(path, step, expect={"model": "m1", "device": "cpu-test"}, **kw)
+    assert calls == [] and u == t  # cache hit: nothing measured
+    CostTable.load_or_profile(path, step, expect={"model": "m2", "device": "cpu-test"}, **kw)
+    assert calls  # model changed: reprofiled
+    calls.clear()
+    CostTable.load_or_profile(path, step, expect={"model": "m2", "device": "cpu-test"},
+                              **(kw | dict(graph_sizes=[8, 16, 32])))
+    assert calls  # graph sizes changed: reprofiled
+    calls.clear()
+    path.write_text("{not json")
+    CostTable.load_or_profile(path, step, expect={"model": "m2"}, **kw)
+    assert calls and CostTable.from_json(path).metadata["model"] == "m2"
+    with pytest.raises(TypeError, match="^expect keys"):
+        CostTable.load_or_profile(path, step, expect={1: 2}, **kw)

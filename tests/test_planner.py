@@ -854,13 +854,24 @@ def test_zero_requests_write_every_output():
             assert_plans_equal(plan, want, f"R=0 {kwargs}, out= poisoned with {sentinel}: ")
 
 
-def test_global_mode_warns_once():
-    av_planner._warned_global = False
-    with pytest.warns(UserWarning, match="NOT lossless"):
-        av.plan_verification(S, D, linear_table(), mode="global")
+def test_global_mode_warns_once_per_declaration():
+    """Live global is lossless with one-hot verification (design section 4): declared "onehot" it is silent;
+    undeclared or "probs" it warns once each, saying which verification makes it lossless."""
+    av_planner._warned_global.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        av.plan_verification(S, D, linear_table(), mode="global")  # second call: silent
+        av.plan_verification(S, D, linear_table(), mode="global", verification="onehot")
+    with pytest.warns(UserWarning, match="lossless with one-hot verification"):
+        av.plan_verification(S, D, linear_table(), mode="global")
+    with pytest.warns(UserWarning, match="NOT lossless"):
+        av.plan_verification(S, D, linear_table(), mode="global", verification="probs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        av.plan_verification(S, D, linear_table(), mode="global")  # second call of each kind: silent
+        av.plan_verification(S, D, linear_table(), mode="global", verification="probs")
+        av.plan_verification(S, D, linear_table(), mode="greedy", verification="probs")
+    with pytest.raises(ValueError, match="^verification"):
+        av.plan_verification(S, D, linear_table(), mode="global", verification="sampled")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -46,6 +46,12 @@ p0 * (1 - q0) / 2 = 0.10125, about 35 standard errors at 40000 draws.
 
 The exact emitted distributions are also computed by enumerating every draft configuration (with the
 kernel's plans): exactly the target for greedy and lagged, exactly the numbers above for global.
+
+One-hot verification (design section 4, refined 2026-12-01; ``rejection_sample(draft_probs=None)``): accept
+draft x with probability p(x), else emit from p with x removed. Every emitted token is then a fresh sample
+of the target whatever was drafted, so every selection rule fixed before the target's draws is lossless,
+live global included: the same enumeration, with the same drafts (sampled from Q) and the same plans,
+gives exactly the target for all four modes.
 """
 
 import itertools
@@ -132,6 +138,31 @@ def _exact_pair(x, L):
     return out
 
 
+ONEHOT_RESID = np.empty((V, V, V))  # [prev, drafted x, y]: p(. | prev) with x removed, renormalised
+for _a in range(V):
+    for _x in range(V):
+        ONEHOT_RESID[_a, _x] = P[_a] * (np.arange(V) != _x)
+        ONEHOT_RESID[_a, _x] /= ONEHOT_RESID[_a, _x].sum()
+
+
+def _exact_pair_onehot(x, L):
+    """Exact law of (y1, y2) of request 0 under one-hot verification: accept draft x w.p. p(x), else emit from
+    p with x removed and stop; the bonus (or the step's continuation) from the target."""
+    a = ANCHOR0
+    if L == 0:
+        return TARGET_PAIR.copy()
+    out = np.zeros((V, V))
+    acc0 = P[a, x[0]]
+    out += (1 - acc0) * ONEHOT_RESID[a, x[0]][:, None] * P
+    if L == 1:
+        out[x[0]] += acc0 * P[x[0]]
+    else:
+        acc1 = P[x[0], x[1]]
+        out[x[0], x[1]] += acc0 * acc1
+        out[x[0]] += acc0 * (1 - acc1) * ONEHOT_RESID[x[0], x[1]]
+    return out
+
+
 @pytest.fixture(scope="module")
 def enumerated():
     return _configs()
@@ -168,11 +199,29 @@ def test_planner_matches_hand_analysis_and_reference(enumerated):
     )
 
 
-def _exact_mode_pair(enumerated, plan_fn):
+def _exact_mode_pair(enumerated, plan_fn, exact_pair=_exact_pair):
     total = np.zeros((V, V))
     for prob, _, x, s in enumerated:
-        total += prob * _exact_pair(x[0], int(plan_fn(s).verify_lens[0]))
+        total += prob * exact_pair(x[0], int(plan_fn(s).verify_lens[0]))
     return total
+
+
+def test_exact_distributions_onehot_every_mode_lossless(enumerated):
+    """With one-hot verification the same drafts and the same plans give exactly the target in every mode,
+    live global included (it is still the biased one under q-verification: test_exact_distributions)."""
+    modes = {
+        "greedy": lambda s: av.plan_verification(s, DRAFTS, COST, mode="greedy"),
+        "global": lambda s: av.plan_verification(s, DRAFTS, COST, mode="global", verification="onehot"),
+        "all": lambda s: av.plan_verification(s, DRAFTS, COST, mode="all"),
+    }
+    for b in (0, 1, 2, 3, 4):
+        modes[f"fixed{b}"] = lambda s, b=b: av.plan_verification(s, DRAFTS, COST, mode="fixed", budget=b)
+    for name, fn in modes.items():
+        law = _exact_mode_pair(enumerated, fn, _exact_pair_onehot)
+        np.testing.assert_allclose(law, TARGET_PAIR, atol=1e-12, err_msg=name)
+    # The enumeration is not vacuous: global's verify_len does depend on draft 0's value here.
+    lens = {(tuple(a), int(x[0, 0] == 0)): int(modes["global"](s).verify_lens[0]) for _, a, x, s in enumerated}
+    assert lens[((0, 2), 1)] == 2 and lens[((0, 2), 0)] == 0
 
 
 def test_exact_distributions(enumerated):

@@ -310,11 +310,14 @@ def test_kernel_matches_reference_default_arguments():
     logits, qsl, drafts, _, _, _, _ = _random_batch(g, 9, 4, 50, torch.float32, torch.int32, None)
     _assert_same(*_run_both(logits, qsl, drafts))  # all greedy
     temperature = torch.full((9,), 0.8)
-    # seeds None == zeros, offset 0 == tensor(0)
+    # seeds None: fresh seeds from torch's default generator (unseeded requests); offset 0 == tensor(0)
+    torch.manual_seed(77)
     a = av.rejection_sample(logits, qsl, drafts, temperature=temperature)
-    b = av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=torch.zeros(9, dtype=torch.int64),
-                            offset=torch.tensor(0))
+    torch.manual_seed(77)
+    fresh = torch.randint(-2**63, 2**63 - 1, (9,), dtype=torch.int64)
+    b = av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=fresh, offset=torch.tensor(0))
     _assert_same(a, b)
+    torch.manual_seed(77)
     _assert_same(a, ref.rejection_sample(logits, qsl, drafts, temperature=temperature))
 
 

@@ -154,3 +154,41 @@ def test_converges_to_the_target_not_to_the_drafter():
         assert abs(d - tv_pq) < 0.03, f"TV to the drafter {to_drafter}, TV(p, q) = {tv_pq:.3f}"
     # the drafts themselves converge to q, not to p (the test can tell the two apart)
     assert _tv(drafts[:, 0], q) < 0.01 and abs(_tv(drafts[:, 0], p) - tv_pq) < 0.03
+
+
+@pytest.mark.parametrize("probs", ["one-hot", "full"])
+def test_identical_unseeded_requests_draw_independent_streams(probs):
+    """64 identical requests with seeds=None (unseeded, as most engine traffic is) must not share one random
+    stream: they emit many distinct outputs, and the pooled first token still follows the target. Seeded
+    requests keep their batch invariance (test_sampling.py)."""
+    V, K, R, reps = 16, 3, 64, 256
+    g = torch.Generator().manual_seed(5)
+    P = torch.randn(K + 1, V, generator=g)
+    Q = torch.softmax(torch.randn(K, V, generator=g), -1)
+    x = torch.stack([torch.multinomial(Q[j], 1, generator=g) for j in range(K)], 1)[0]  # one draft block [K]
+    qsl = torch.arange(R + 1, dtype=torch.int32) * (K + 1)
+    logits = P.repeat(R, 1)  # [R * (K + 1), V]: every request sees the same rows
+    drafts = x.to(torch.int32).expand(R, K).contiguous()
+    draft_probs = Q.expand(R, K, V).contiguous() if probs == "full" else None
+    torch.manual_seed(1234)
+    firsts, distinct = [], set()
+    for _ in range(reps):
+        tokens, emitted = av.rejection_sample(logits, qsl, drafts, draft_probs=draft_probs,
+                                              temperature=torch.ones(R))
+        rows = {tuple(tokens[r, :int(emitted[r])].tolist()) for r in range(R)}
+        distinct.add(len(rows))
+        firsts.append(tokens[:, 0].long())
+    assert min(distinct) >= 4, distinct  # was 1: every request drew the same numbers
+    if probs == "one-hot":  # one-hot verification is lossless for any fixed draft; with draft_probs the
+        # drafts would have to be sampled from Q per request, which identical requests cannot be
+        assert _chi2_pvalue(torch.cat(firsts), _probs(P[0], 1.0)) > ALPHA
+    # sample() too: identical rows, unseeded, give many distinct tokens following the row's law
+    s = torch.cat([av.sample(P[:1].expand(R, V).contiguous(), torch.ones(R)).long() for _ in range(reps)])
+    assert len(set(s[:R].tolist())) >= 4
+    assert _chi2_pvalue(s, _probs(P[0], 1.0)) > ALPHA
+    # reproducible under torch.manual_seed, like any torch sampling
+    torch.manual_seed(99)
+    a = av.rejection_sample(logits, qsl, drafts, draft_probs=draft_probs, temperature=torch.ones(R))
+    torch.manual_seed(99)
+    b = av.rejection_sample(logits, qsl, drafts, draft_probs=draft_probs, temperature=torch.ones(R))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -21,12 +21,14 @@ def step_inputs(rng, R):
     return conf, drafts
 
 
-def lagged_reference(ct, prev_conf, prev_drafts, drafts, extra=0, capacity=256, min_verify=0):
-    """The budget plan_budget must return, recomputed the slow way."""
-    d_prev = torch.from_numpy(prev_drafts.astype(np.int32))
-    s = av.prefix_survival(prev_conf, d_prev)
+def lagged_reference(ct, stale_conf, drafts, extra=0, capacity=256, min_verify=0):
+    """The budget plan_budget must return, recomputed the slow way: the stale confidences of THIS step's
+    requests (one row per request, the prior for new ones), priced at this step's R, drafts, prompt tokens
+    and capacity."""
+    d = torch.from_numpy(drafts.astype(np.int32))
+    s = av.prefix_survival(stale_conf, d)
     tab = ct.shifted(extra) if extra else ct
-    b = int(av.choose_budget(s, d_prev, tab, mode="global", min_verify=min_verify, capacity=capacity - extra))
+    b = int(av.choose_budget(s, d, tab, mode="global", min_verify=min_verify, capacity=capacity - extra))
     b_min = int(np.minimum(drafts, min_verify).sum())
     b_max = max(b_min, min(int(drafts.sum()), capacity - len(drafts) - extra))
     return min(max(b, b_min), b_max)
@@ -44,28 +46,107 @@ def run_step(v, rng, R, extra=0):
     return conf, drafts, budget, padded, plan, acc
 
 
-def test_cold_start_verifies_everything_then_lagged_budgets_follow_the_previous_step():
+def test_cold_start_uses_the_prior_then_lagged_budgets_follow_each_requests_last_confidences():
     ct = table()
     v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
     rng = np.random.default_rng(0)
     conf, drafts, budget, padded, plan, _ = run_step(v, rng, 6)
-    assert budget == drafts.sum()  # cold start: B_max
-    assert int(plan.budget) == budget and torch.equal(plan.verify_lens[:6], torch.from_numpy(drafts.astype(np.int32)))
+    assert budget == lagged_reference(ct, torch.ones(6, K), drafts)  # no history: prior 1.0 everywhere
+    assert int(plan.budget) == budget
     assert padded == v.padded_tokens(6 + budget)
-    prev_conf, prev_drafts = conf, drafts
+    table_rows = torch.ones(16, K)  # what each persistent slot (= row here) last recorded
+    table_rows[:6] = conf
     budgets = []
-    for R in (6, 9, 3, 12, 12, 1):  # requests join and leave
+    for R in (6, 9, 3, 12, 12, 1):  # requests join and leave (rows are slots: no req_indices)
         c2, d2 = step_inputs(rng, R)
         b, p = v.plan_budget(R, d2)
-        assert b == lagged_reference(ct, prev_conf, prev_drafts, d2), R
+        assert b == lagged_reference(ct, table_rows[:R], d2), R
         assert p == v.padded_tokens(R + b)
         budgets.append(b)
         v.record_confidence(c2)
+        table_rows[:R] = c2
         plan = v.plan(c2, torch.from_numpy(d2.astype(np.int32)), budget=b)
         assert int(plan.budget) == b and int(plan.verify_lens[:R].sum()) == b
         v.observe(plan.verify_lens[:R], torch.zeros(R, dtype=torch.int32))
-        prev_conf, prev_drafts = c2, d2
     assert len(set(budgets)) > 1  # the budget really changes between steps
+
+
+def test_lagged_budget_is_priced_at_the_current_step_when_a_request_joins():
+    """The issue's example: 256 requests x 8 drafts, cost flat up to the 512-token graph and twice as much
+    eager above. Steady state B = 256 (R + B = 512); when one request joins, pricing at the previous step's
+    R gave B = 256 again (513 tokens: an eager step at 2x the cost); priced at this step's R it is 255."""
+    ct = av.CostTable.from_points({1: 10.0, 512: 10.0, 513: 20.0, 1024: 60.0}, draft_ms=1.0,
+                                  graph_sizes=[64, 128, 256, 512], max_tokens=4096)
+    v = AdaptiveVerifier(ct, max_reqs=300, max_drafts=8, block_size=16)
+    conf = torch.full((257, 8), 0.9)
+    drafts = np.full(257, 8)
+    for _ in range(3):
+        b, padded = v.plan_budget(256, drafts[:256])
+        v.record_confidence(conf[:256])
+    assert (b, padded) == (256, 512)
+    b, padded = v.plan_budget(257, drafts)  # request 257 joins with no history (prior 1.0)
+    assert (b, padded) == (255, 512)
+    v.record_confidence(conf)
+    b, padded = v.plan_budget(255, drafts[:255])  # two leave: room for more drafts in the same graph
+    assert (b, padded) == (257, 512)
+
+
+def test_request_identity_permuting_the_batch_permutes_the_plan_and_nothing_else():
+    """Engines reorder requests between steps: with req_indices the lagged budget and every plan are the same
+    up to the permutation; a slot re-used by a new request (add_request) gets the prior."""
+    ct = table()
+    a = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+    b = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+    rng = np.random.default_rng(11)
+    slots = np.array([3, 7, 0, 12, 5, 9, 14])
+    for step in range(6):
+        R = len(slots)
+        conf, drafts = step_inputs(rng, R)
+        perm = rng.permutation(R)
+        ba, pa = a.plan_budget(R, drafts, req_indices=slots)
+        bb, pb = b.plan_budget(R, drafts[perm], req_indices=slots[perm])
+        assert (ba, pa) == (bb, pb), step
+        a.record_confidence(conf)
+        b.record_confidence(conf[torch.from_numpy(perm)])
+        plan_a = a.plan(conf, torch.from_numpy(drafts.astype(np.int32)), budget=ba)
+        plan_b = b.plan(conf[torch.from_numpy(perm)], torch.from_numpy(drafts[perm].astype(np.int32)), budget=bb)
+        assert torch.equal(plan_a.verify_lens[:R][torch.from_numpy(perm)], plan_b.verify_lens[:R]), step
+        for v, plan in ((a, plan_a), (b, plan_b)):
+            v.observe(plan.verify_lens[:R], torch.zeros(R, dtype=torch.int32))
+        if step == 2:  # one request leaves, a new one takes slot 7, another joins in slot 1
+            for v in (a, b):
+                v.add_request([7, 1])
+            slots = np.array([3, 7, 0, 12, 5, 9, 1])
+            stale = a.stale_confidence(slots)
+            assert np.all(stale[[1, 6]] == 1.0) and not np.any(stale[[0, 2, 3, 4, 5]] == 1.0)
+    assert a.metrics()["budget_mean"] == b.metrics()["budget_mean"]
+
+
+def test_rows_without_req_indices_and_a_custom_prior():
+    v = AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16, prior=0.25)
+    np.testing.assert_array_equal(v.stale_confidence([0, 5]), np.full((2, K), 0.25, dtype=np.float32))
+    conf = torch.full((3, K), 0.5)
+    v.plan_budget(3, [K] * 3)
+    v.record_confidence(conf)
+    stale = v.stale_confidence([0, 1, 2, 3])
+    assert np.all(stale[:3] == 0.5) and np.all(stale[3] == 0.25)
+    v.add_request(1)
+    assert np.all(v.stale_confidence([1]) == 0.25)
+
+
+def test_host_state_stays_bounded():
+    """Per-step histories do not grow: plan buffers live in a bounded LRU, metrics keep running sums."""
+    from adaptive_verify import verifier as verifier_mod
+
+    ct = av.CostTable.from_points({1: 4.0, 4096: 40.0}, draft_ms=0.5, max_tokens=4096)  # eager only
+    v = AdaptiveVerifier(ct, max_reqs=64, max_drafts=K, block_size=16)
+    rng = np.random.default_rng(12)
+    for step in range(200):
+        R = int(rng.integers(1, 65))
+        run_step(v, rng, R, extra=int(rng.integers(0, 500)))
+    assert len(v._plans) <= verifier_mod.PLAN_CACHE_SIZE
+    assert not hasattr(v, "_budgets")
+    assert v.metrics()["steps"] == 200
 
 
 def test_lagged_budget_with_prompt_tokens_uses_the_shifted_table():
@@ -75,7 +156,7 @@ def test_lagged_budget_with_prompt_tokens_uses_the_shifted_table():
     conf, drafts, *_ = run_step(v, rng, 8)
     d2 = rng.integers(0, K + 1, 8)
     b, padded = v.plan_budget(8, d2, extra_tokens=100)
-    assert b == lagged_reference(ct, conf, drafts, d2, extra=100)
+    assert b == lagged_reference(ct, conf, d2, extra=100)
     assert padded == v.padded_tokens(8 + 100 + b)
 
 
@@ -85,10 +166,10 @@ def test_padded_tokens():
     assert AdaptiveVerifier(table(), max_reqs=4, max_drafts=K, block_size=16).graph_sizes == (8, 16, 32, 64)
 
 
-@pytest.mark.parametrize("mode", ["off", "all", "greedy"])
+@pytest.mark.parametrize("mode", ["off", "all", "greedy", "global"])
 def test_modes(mode):
     ct = table()
-    v = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=16, mode=mode)
+    v = AdaptiveVerifier(ct, max_reqs=8, max_drafts=K, block_size=16, mode=mode, verification="onehot")
     rng = np.random.default_rng(2)
     for _ in range(3):
         conf, drafts, budget, _, plan, _ = run_step(v, rng, 7)
@@ -98,7 +179,7 @@ def test_modes(mode):
         elif mode == "all":
             assert budget == drafts.sum() and torch.equal(plan.verify_lens[:7], d)
         else:
-            ref = av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="greedy")
+            ref = av.plan_verification(av.prefix_survival(conf, d), d, ct, mode=mode, verification="onehot")
             assert torch.equal(plan.verify_lens, ref.verify_lens) and budget == drafts.sum()
 
 
@@ -184,6 +265,12 @@ def test_errors():
         AdaptiveVerifier(ct, max_reqs=0, max_drafts=K, block_size=16)
     with pytest.raises(ValueError, match="graph_sizes"):
         AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16, graph_sizes=[8, 4])
+    with pytest.raises(ValueError, match="^max_drafts must be <= 32"):  # the planner's K limit, at construction
+        AdaptiveVerifier(ct, max_reqs=4, max_drafts=64, block_size=16)
+    with pytest.raises(ValueError, match="^prior"):
+        AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16, prior=1.5)
+    with pytest.raises(ValueError, match="^verification"):
+        AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16, verification="q")
     v = AdaptiveVerifier(ct, max_reqs=4, max_drafts=K, block_size=16)
     with pytest.raises(ValueError, match="num_reqs 5 exceeds max_reqs"):
         v.plan_budget(5, [1] * 5)
@@ -199,6 +286,16 @@ def test_errors():
         v.plan(torch.rand(2, K), torch.ones(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="conf"):
         v.record_confidence(torch.rand(2, K, dtype=torch.float64))
+    with pytest.raises(ValueError, match="^req_indices must lie"):
+        v.plan_budget(2, [1, 1], req_indices=[0, 4])
+    with pytest.raises(ValueError, match="^req_indices must be distinct"):
+        v.plan_budget(2, [1, 1], req_indices=[2, 2])
+    with pytest.raises(ValueError, match="^req_indices must have num_reqs = 2"):
+        v.plan_budget(2, [1, 1], req_indices=[2])
+    with pytest.raises(TypeError, match="^req_indices must hold integers"):
+        v.plan_budget(2, [1, 1], req_indices=[0.0, 1.0])
+    with pytest.raises(ValueError, match="^req_indices must lie"):
+        v.add_request(9)
 
 
 @pytest.mark.cuda

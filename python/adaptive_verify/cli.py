@@ -4,6 +4,7 @@
     adaptive-verify bench confidence [options]  confidence-head microbenchmark
     adaptive-verify bench sampling [options]    rejection-sampling microbenchmark
     adaptive-verify bench attention [options]   verification attention (CPU kernel for now) vs padded SDPA
+    adaptive-verify bench verifier [options]    AdaptiveVerifier host cost per step, lagged-budget regret
     adaptive-verify calibrate DUMP [options]    fit STS temperatures to a dump of (logits, accepted lengths)
     adaptive-verify sweep [options]             simulate policies x concurrency on a profile (the main job)
     adaptive-verify profiles                    list the simulator's bundled profiles
@@ -23,6 +24,7 @@ BENCHMARKS = {
     "confidence": "adaptive_verify.bench.confidence",
     "planner": "adaptive_verify.bench.planner",
     "sampling": "adaptive_verify.bench.sampling",
+    "verifier": "adaptive_verify.bench.verifier",
 }
 
 CALIBRATE_HELP = """\

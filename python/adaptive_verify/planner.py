@@ -50,7 +50,7 @@ MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}
 _PLAN_STRUCT = struct.Struct("<17qd25q")
 MAX_DRAFTS = 32
 MAX_REQS = (1 << 26) - 2
-_INT32_MAX = (1 << 31) - 1
+INT32_MAX = _INT32_MAX = (1 << 31) - 1
 
 # CUDA planner kernel, chosen by the environment variable AV_PLANNER_KERNEL (read at every call, so a test
 # or an engine can switch): "v1" (default) the bitonic-sort kernel, "v2" the histogram kernel
@@ -516,19 +516,30 @@ def _run_plan(a: PlanArgs, out: Optional[VerifyPlan], budget_out: torch.Tensor, 
     )
 
 
-_warned_global = False
+VERIFICATIONS = (None, "onehot", "probs")
+_warned_global: set = set()
 
 
-def _warn_global_live():
-    global _warned_global
-    if not _warned_global:
-        _warned_global = True
-        warnings.warn(
-            "plan_verification(mode='global') picks the budget from the live step's survivals: whether draft j "
-            "is verified can then depend on draft j itself, so sampling is NOT lossless. Use it for analysis, "
-            "or use mode='greedy', or choose_budget() on an earlier step + mode='fixed' (lagged).",
-            stacklevel=3,
-        )
+def _warn_global_live(verification):
+    """Live global looks at a[r, j + 1] when deciding draft j. With one-hot verification (draft_probs=None,
+    or greedy) every emitted token is a fresh target sample whatever was drafted, so that is lossless; with
+    verification against draft probabilities it is not (design section 4, the paper's Appendix A). Warn once
+    per kind: when the caller declared "probs", and when the caller declared nothing (a silent bias is worse
+    than one warning; declaring verification="onehot" silences it)."""
+    if verification == "onehot" or verification in _warned_global:
+        return
+    _warned_global.add(verification)
+    if verification == "probs":
+        msg = ("plan_verification(mode='global', verification='probs') picks the budget from the live step's "
+               "survivals while drafts are verified against draft probabilities: whether draft j is verified then "
+               "depends on draft j itself, so sampling is NOT lossless. Use mode='greedy', or choose_budget() on an "
+               "earlier step + mode='fixed' (lagged), or verify one-hot (draft_probs=None).")
+    else:
+        msg = ("plan_verification(mode='global') picks the budget from the live step's survivals: lossless with "
+               "one-hot verification (rejection_sample(draft_probs=None), greedy, trees), NOT lossless when drafts "
+               "are verified against draft probabilities. Pass verification='onehot' or 'probs' to say which "
+               "(this warning is for undeclared callers).")
+    warnings.warn(msg, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -586,6 +597,7 @@ def plan_verification(
     num_reqs_padded: Optional[int] = None,
     num_tokens_padded: Optional[int] = None,
     out: Optional[VerifyPlan] = None,
+    verification: Optional[str] = None,
 ) -> VerifyPlan:
     """Chooses the budget, allocates it to the highest-survival drafts, and writes varlen metadata.
 
@@ -598,7 +610,9 @@ def plan_verification(
             candidates (never verified) and is counted in ``error_counts()``.
         drafts: [R] int32 drafted tokens per request, in [0, K] (CPU: ValueError; CUDA: clamped, counted).
         cost_table: step costs; required for "greedy" and "global".
-        mode: "greedy" (default, lossless), "global" (NOT lossless live; warns once), "fixed", "all".
+        mode: "greedy" (default, lossless), "global" (argmax of Theta on these survivals: lossless with one-hot
+            verification, NOT with verification against draft probabilities; see ``verification``),
+            "fixed", "all".
         budget: "fixed" only: a Python int or a 0-d int32 (or int64) device tensor, clamped to
             [B_min, B_max].
         min_verify: forced drafts per request (ranked first). max_verify: cap per request (default K).
@@ -615,6 +629,10 @@ def plan_verification(
             R + min(R * max_verify, capacity - R - extra_tokens): room for every candidate that fits);
             the budget never exceeds T_pad - R.
         out: preallocated :class:`VerifyPlan` whose buffers are fully rewritten.
+        verification: how the caller verifies the drafts, which decides whether live "global" is lossless
+            (design section 4): "onehot" (``rejection_sample(draft_probs=None)``, greedy, trees: every mode is
+            lossless, no warning), "probs" (against draft probabilities: live "global" is not lossless and
+            warns once), or None (undeclared: "global" warns once, saying both). Other modes ignore it.
     """
     a = _resolve_memoized(
         survival, drafts, cost_table, mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify,
@@ -622,8 +640,10 @@ def plan_verification(
         block_table=block_table, block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
         token_offset=token_offset, num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
     )
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
     if mode == "global":
-        _warn_global_live()
+        _warn_global_live(verification)
     if out is None:
         out = VerifyPlan.allocate(
             a.num_reqs_padded, a.num_tokens_padded, a.device, positions=a.context_lens is not None,

@@ -377,6 +377,16 @@ def _judge_with_probs(z, q, x, seed, offset, j):
     return False, _argmax(_fdiv(w, E))
 
 
+def _seeds_or_fresh(seeds, temperature, n, device):
+    """Unseeded requests (seeds None) draw independent streams: one int64 seed each from torch's default
+    generator of the tensors' device, drawn only when some request samples (temperature given)."""
+    if seeds is not None:
+        return seeds.cpu().long()
+    if temperature is None:
+        return torch.zeros(n, dtype=torch.int64)
+    return torch.randint(-2**63, 2**63 - 1, (n,), dtype=torch.int64, device=device).cpu()
+
+
 def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_probs=None, temperature=None,
                      seeds=None, offset=0):
     """Reference of adaptive_verify.rejection_sample (same arguments, ``out`` excepted).
@@ -394,7 +404,7 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
     drafts = draft_tokens.cpu().long()
     probs = None if draft_probs is None else draft_probs.detach().cpu().to(torch.float32)
     temps = torch.zeros(R) if temperature is None else temperature.cpu().to(torch.float32)
-    seeds = torch.zeros(R, dtype=torch.int64) if seeds is None else seeds.cpu().long()
+    seeds = _seeds_or_fresh(seeds, temperature, R, target_logits.device)
     offset = int(offset)
     out = torch.full((R, K + 1), -1, dtype=torch.int32)
     emitted = torch.zeros(R, dtype=torch.int32)
@@ -430,7 +440,7 @@ def sample(logits, temperature=None, seeds=None, offset=0):
     N = logits.shape[0]
     x = logits.detach().cpu().to(torch.float32)
     temps = torch.zeros(N) if temperature is None else temperature.cpu().to(torch.float32)
-    seeds = torch.zeros(N, dtype=torch.int64) if seeds is None else seeds.cpu().long()
+    seeds = _seeds_or_fresh(seeds, temperature, N, logits.device)
     out = torch.empty(N, dtype=torch.int32)
     for n in range(N):
         T = temps[n]

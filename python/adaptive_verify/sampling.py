@@ -75,6 +75,18 @@ def _offset(offset, device):
     return offset, None
 
 
+def _seeds(seeds, temperature, n, device):
+    """seeds [n] int64, or for unseeded requests (seeds None) fresh ones from torch's default generator of
+    ``device``, as engines seed unseeded requests, so that two identical unseeded requests draw independent
+    streams (one small randint op, drawn only when some request samples: temperature given). Graph-safe: a
+    captured call draws new seeds at every replay through torch's graph-aware generator."""
+    if seeds is not None:
+        return _per_request("seeds", seeds, n, device, torch.int64)
+    if temperature is None or n == 0:
+        return None  # every request greedy: no random numbers are used
+    return torch.randint(-2**63, 2**63 - 1, (n,), dtype=torch.int64, device=device)
+
+
 def _per_request(name, t, n, device, dtype):
     if t is None:
         return None
@@ -109,7 +121,11 @@ def rejection_sample(
         draft_probs: [R, K, V] float32, the distribution each draft was sampled from, or None for one-hot
             drafts.
         temperature: [R] float32; 0 = greedy; None = every request greedy.
-        seeds: [R] int64, one per request (give each request its own, e.g. from its id); None = zeros.
+        seeds: [R] int64, one per request: seeded requests are reproducible and batch-invariant. None: the
+            requests are unseeded and each draws an independent stream (seeds from torch's default
+            generator, so ``torch.manual_seed`` makes a run reproducible). A batch mixing seeded and
+            unseeded requests passes seeds for all, drawing the unseeded ones' afresh each step (e.g.
+            ``torch.randint``), as engines do.
         offset: int or 0-d int64 tensor, advanced by the engine every step.
         out: (output_tokens [R, K + 1] int32, num_emitted [R] int32) to write into.
     Returns:
@@ -129,7 +145,7 @@ def rejection_sample(
         check_tensor("draft_probs", draft_probs, dtypes=(torch.float32,), device=device, shape=(R, K, V))
     temperature = _per_request("temperature", temperature, R, device, torch.float32)
     _check_temperature_values(temperature)
-    seeds = _per_request("seeds", seeds, R, device, torch.int64)
+    seeds = _seeds(seeds, temperature, R, device)
     host_offset, offset_t = _offset(offset, device)
     if out is None:
         out = (torch.empty(R, K + 1, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device))
@@ -181,7 +197,8 @@ def sample(
 ) -> torch.Tensor:
     """One token per row of logits [N, V] (rows without drafts, e.g. prefill completions): argmax where
     temperature is 0 (or None), else an exponential race on the same generator as rejection_sample
-    (its own stream, so the two never share random numbers). Returns tokens [N] int32."""
+    (its own stream, so the two never share random numbers). ``seeds`` as in :func:`rejection_sample`
+    (None: unseeded, an independent stream per row). Returns tokens [N] int32."""
     check_tensor("logits", logits, dtypes=tuple(DTYPE_CODES), ndim=2)
     device = check_device("logits", logits)
     N, V = logits.shape
@@ -189,7 +206,7 @@ def sample(
         raise ValueError(f"logits must have a vocabulary of at least 1, got shape {tuple(logits.shape)}")
     temperature = _per_request("temperature", temperature, N, device, torch.float32)
     _check_temperature_values(temperature)
-    seeds = _per_request("seeds", seeds, N, device, torch.int64)
+    seeds = _seeds(seeds, temperature, N, device)
     host_offset, offset_t = _offset(offset, device)
     if out is None:
         out = torch.empty(N, dtype=torch.int32, device=device)

@@ -2,7 +2,8 @@
 
 One decode step of an engine, in order::
 
-    budget, padded = verifier.plan_budget(num_reqs, drafts_host, extra_tokens)   # host, no sync
+    verifier.add_request(idx)                            # when a request takes persistent slot idx
+    budget, padded = verifier.plan_budget(num_reqs, drafts_host, extra_tokens, req_indices=idx_host)  # host
     ... draft, compute conf [R, K] on the device ...
     verifier.record_confidence(conf)                     # async copy for the NEXT step's budget
     plan = verifier.plan(conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget)
@@ -10,27 +11,35 @@ One decode step of an engine, in order::
     verifier.observe(plan.verify_lens, num_accepted)
     verifier.metrics()                                   # whenever wanted (one small sync)
 
-Why the budget comes from the previous step (mode "lagged", the default): the budget decides the padded
+Why the budget comes from an earlier step (mode "lagged", the default): the budget decides the padded
 token count and so which CUDA graph the engine replays; the host must know it before the step's drafts
-exist, and a budget that does not look at the current drafts keeps verification lossless (design.md,
-section 4). The previous step's confidences reach the host through pinned, double-buffered memory: the copy
-started in step t is complete long before step t + 1 asks for its budget, so nothing waits.
+exist, and a budget that does not look at the current drafts keeps verification lossless (docs/design.md,
+"When is which mode lossless"). The confidences reach the host through pinned, double-buffered memory: the
+copy started in step t is complete long before step t + 1 asks for its budget, so nothing waits.
 
-Decisions:
-- The lagged budget is the global argmax of Theta on the previous step's survivals, priced with
-  ``cost_table.shifted(extra_tokens)`` of the *current* step (only the survivals must come from the past;
-  the cost curve is known now; ``CostTable.shifted`` explains why prompt tokens shift the curve instead of
-  entering Theta), then clamped to this step's [B_min, B_max].
-- Cold start (no snapshot yet), or a previous step with more requests than this step's capacity allows:
-  verify everything that fits (B = B_max), the fixed-k behaviour.
-- "greedy" decides the budget on the device from the live survivals; the host only knows B <= B_max, so
-  ``plan_budget`` returns B_max and the padded size for it.
+Decisions (docs/design.md, "What engines rely on every step"):
+- Request identity: engines reorder, add and drop requests between steps, so the confidences kept for the
+  lagged budget live in a persistent table of ``max_reqs`` slots indexed by the engine's request index
+  (``req_indices``, vLLM's ``idx_mapping``), not by the previous step's row. Without ``req_indices`` the row
+  number is the index (only right for engines that never reorder).
+- A request with no history (a new slot: :meth:`add_request`) enters with ``prior`` as the confidence of each
+  of its drafts (default 1.0, so survival 1.0, as vLLM does) until its first confidences are recorded.
+- The lagged budget is priced entirely at the CURRENT step: its requests, their drafts, its prompt tokens
+  (``cost_table.shifted(extra_tokens)``), capacity and graph sizes; only each request's survivals come from
+  its last recorded step. So a request that joins can never push the step past its CUDA graph.
+- "greedy" and "global" decide the budget on the device from the live survivals; the host only knows
+  B <= B_max, so ``plan_budget`` returns B_max and the padded size for it. "global" (argmax of Theta on the
+  live survivals) is lossless with one-hot verification (``rejection_sample(draft_probs=None)``, greedy,
+  trees) and is the best live mode there; declare how drafts are verified with ``verification``.
 - Padded tokens: the smallest graph size >= R + extra_tokens + B; above the largest, exactly that count
   (an eager step). Graph sizes default to the cost table's.
+- Bounded host state: persistent plan buffers are kept per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE``
+  entries (entries created during CUDA-graph capture are never evicted); metrics keep running sums.
 """
 from __future__ import annotations
 
 import bisect
+import collections
 from collections import Counter
 from typing import Optional, Sequence, Union
 
@@ -38,20 +47,39 @@ import numpy as np
 import torch
 
 from . import planner
+from ._checks import check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
-from .planner import VerifyPlan
+from .planner import MAX_DRAFTS, VerifyPlan
 from .stats import AcceptanceStats
 
-__all__ = ["AdaptiveVerifier", "MODES"]
+__all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
 
-MODES = ("lagged", "greedy", "all", "off")
+MODES = ("lagged", "greedy", "global", "all", "off")
+#: Persistent plan buffers kept for eager (R, padded) keys; captured ones are kept for the verifier's lifetime.
+PLAN_CACHE_SIZE = 64
+#: Most persistent request slots (the confidence table is max_reqs x max_drafts floats, twice on the host).
+MAX_REQ_SLOTS = 1 << 20
 
 
-def _check_int(name: str, value, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
+def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
+    """[n] int64 numpy array from a list, numpy array or CPU tensor (a CUDA tensor would need a sync)."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise ValueError(f"{name} must be on the host (a list, numpy array or CPU tensor), got {values.device}")
+        if values.is_floating_point() or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got {values.dtype}")
+        values = values.numpy()
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from e
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False).reshape(-1)
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
+    return arr
 
 
 class AdaptiveVerifier:
@@ -59,61 +87,83 @@ class AdaptiveVerifier:
 
     Args:
         cost_table: the step cost model (its max_tokens, if any, is the token capacity per step).
-        max_reqs: most requests in one step. max_drafts: K, drafts per request at most.
+        max_reqs: most requests in one step, and the size of the persistent request-slot table
+            (``req_indices`` lie in [0, max_reqs)). max_drafts: K, drafts per request at most (1..32).
         block_size: the paged KV cache's block size (slot_mapping).
-        mode: "lagged" (default, lossless), "greedy" (lossless, live budget on the device), "all"
-            (verify every draft: fixed k), "off" (verify none: no speculation).
+        mode: "lagged" (default, lossless: budget from each request's last confidences, priced at this
+            step), "greedy" (lossless, live budget on the device), "global" (live argmax on the device:
+            lossless with one-hot verification only), "all" (verify every draft: fixed k), "off" (verify
+            none: no speculation).
         graph_sizes: the engine's CUDA-graph token sizes (default: the cost table's).
         min_verify: drafts every request verifies at least.
         device: where plans, statistics and temperatures live.
         online_calibration: keep an :class:`OnlineSTS`; pass ``verifier.temperatures`` to
             :func:`adaptive_verify.confidence` so confidences are calibrated as the drafter drifts.
+        prior: confidence of each draft of a request with no recorded history (default 1.0: survival 1.0,
+            vLLM's choice), in [0, 1].
+        verification: how drafts are verified, "onehot" or "probs" (see
+            :func:`adaptive_verify.plan_verification`); "global" warns unless it is "onehot".
     """
 
     def __init__(self, cost_table: CostTable, *, max_reqs: int, max_drafts: int, block_size: int,
                  mode: str = "lagged", graph_sizes: Sequence[int] = (), min_verify: int = 0,
                  device: Union[str, torch.device] = "cpu", online_calibration: bool = False,
-                 refresh_every: int = 100):
+                 refresh_every: int = 100, prior: float = 1.0, verification: Optional[str] = None):
         if not isinstance(cost_table, CostTable):
             raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if verification not in planner.VERIFICATIONS:
+            raise ValueError(f"verification must be one of {planner.VERIFICATIONS}, got {verification!r}")
         self.cost_table = cost_table
-        self.max_reqs = _check_int("max_reqs", max_reqs, minimum=1)
-        self.max_drafts = _check_int("max_drafts", max_drafts, minimum=1)
-        self.block_size = _check_int("block_size", block_size, minimum=1)
-        self.min_verify = _check_int("min_verify", min_verify, minimum=0)
+        self.max_reqs = check_int("max_reqs", max_reqs, lo=1, hi=MAX_REQ_SLOTS)
+        # The planner's limit, checked here so a bad value fails at construction rather than at plan().
+        self.max_drafts = check_int("max_drafts", max_drafts, lo=1, hi=MAX_DRAFTS)
+        self.block_size = check_int("block_size", block_size, lo=1, hi=planner.INT32_MAX)
+        self.min_verify = check_int("min_verify", min_verify, lo=0, hi=self.max_drafts)
+        self.prior = check_real("prior", prior, lo=0.0, hi=1.0)
         self.mode = mode
+        self.verification = verification
         sizes = tuple(graph_sizes) if graph_sizes else tuple(cost_table.graph_sizes)
         for i, g in enumerate(sizes):
-            _check_int(f"graph_sizes[{i}]", g, minimum=1)
+            check_int(f"graph_sizes[{i}]", g, lo=1, hi=planner.INT32_MAX)
             if i and g <= sizes[i - 1]:
                 raise ValueError(f"graph_sizes must be strictly increasing, got {list(sizes)}")
         self.graph_sizes = sizes
         self.device = torch.device(device)
         self.capacity = cost_table.max_tokens if cost_table.max_tokens is not None else \
             self.max_reqs * (1 + self.max_drafts)
-        # Double-buffered pinned snapshot of the confidences: [2, max_reqs, K] with its row count and the
-        # drafts the host planned with in that step; an event per slot (CUDA) says when the copy landed.
+        K = self.max_drafts
+        # Confidences per persistent request slot: [max_reqs, K] on the device (written by record_confidence
+        # in stream order), copied whole into one of two pinned host snapshots each step. _gen[i] counts the
+        # requests that took slot i; a snapshot remembers the generations it saw, so a slot re-used after the
+        # copy was enqueued reads as new (prior) rather than as its previous request's confidences.
         pin = self.device.type == "cuda"
-        self._snap = torch.zeros(2, self.max_reqs, self.max_drafts, dtype=torch.float32, pin_memory=pin)
-        self._snap_rows = [0, 0]
-        self._snap_drafts: list[Optional[np.ndarray]] = [None, None]
+        self._conf_dev = torch.full((self.max_reqs, K), self.prior, dtype=torch.float32, device=self.device)
+        self._snap = torch.full((2, self.max_reqs, K), self.prior, dtype=torch.float32, pin_memory=pin)
+        self._snap_np = self._snap.numpy()
+        self._gen = np.zeros(self.max_reqs, dtype=np.int64)
+        self._snap_gen = [self._gen.copy(), self._gen.copy()]
         self._snap_events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
-        self._slot = 0  # the slot the next record_confidence writes
-        self._have_snapshot = False
-        self._pending_drafts: Optional[np.ndarray] = None  # drafts_host of the step being planned
-        self._plans: dict[tuple, VerifyPlan] = {}  # (R, padded tokens, metadata wanted) -> persistent outputs
-        self._survival: dict[tuple, torch.Tensor] = {}  # conf's shape -> survival buffer
+        self._idx_pinned = torch.zeros(2, self.max_reqs, dtype=torch.int64, pin_memory=pin)
+        self._slot = 0  # the snapshot slot the next record_confidence writes
+        self._recorded = False
+        self._pending_idx: Optional[np.ndarray] = None  # req_indices of the step being planned
+        self._arange = np.arange(self.max_reqs, dtype=np.int64)
+        self._plans: collections.OrderedDict[tuple, VerifyPlan] = collections.OrderedDict()
+        self._plans_pinned: dict[tuple, VerifyPlan] = {}
+        self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
+        self._survival_views: dict[tuple, torch.Tensor] = {}
         self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
-        self.stats = AcceptanceStats(self.max_drafts, device=self.device)
-        self.sts = OnlineSTS(self.max_drafts, refresh_every=refresh_every, device=self.device) \
-            if online_calibration else None
+        self.stats = AcceptanceStats(K, device=self.device)
+        self.sts = OnlineSTS(K, refresh_every=refresh_every, device=self.device) if online_calibration else None
         # Device accumulators (graph-safe in-place adds): verified drafts, accepted drafts, expected accepted.
         self._acc = torch.zeros(3, dtype=torch.float64, device=self.device)
         self._steps = 0
-        self._budgets: list[int] = []
+        self._budget_count = 0
+        self._budget_sum = 0
+        self._budget_last = 0
         self._graph_use: Counter = Counter()
 
     # ------------------------------------------------------------------------------------------------
@@ -149,74 +199,158 @@ class AdaptiveVerifier:
         i = bisect.bisect_left(self.graph_sizes, n)
         return self.graph_sizes[i] if i < len(self.graph_sizes) else n
 
-    def plan_budget(self, num_reqs: int, drafts_host, extra_tokens: int = 0) -> tuple[int, int]:
+    def _indices(self, req_indices, R: int) -> np.ndarray:
+        if req_indices is None:
+            return self._arange[:R]
+        idx = _host_ints("req_indices", req_indices, R)
+        if R and (idx.min() < 0 or idx.max() >= self.max_reqs):
+            raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
+        if R > 1 and np.unique(idx).shape[0] != R:
+            raise ValueError("req_indices must be distinct (one persistent slot per request)")
+        return idx
+
+    def add_request(self, req_indices) -> None:
+        """Slots ``req_indices`` (an int or ints in [0, max_reqs)) now hold new requests: they enter the
+        lagged budget with the prior until their first confidences are recorded. Call when the engine assigns
+        a slot (vLLM: ``add_request``); an in-flight snapshot of the slot's previous request is ignored."""
+        idx = _host_ints("req_indices", [req_indices] if isinstance(req_indices, int) else req_indices, None)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.max_reqs):
+            raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.tolist()}")
+        self._gen[idx] += 1
+        self._conf_dev[torch.from_numpy(idx).to(self.device)] = self.prior
+
+    def plan_budget(self, num_reqs: int, drafts_host, extra_tokens: int = 0, *,
+                    req_indices=None) -> tuple[int, int]:
         """(budget, padded_tokens) of this step, on the host with no device synchronisation.
 
         num_reqs: R. drafts_host: [R] ints (a list, numpy array or CPU tensor), drafts per request this
-        step. extra_tokens: prompt tokens sharing the step (chunked prefill).
+        step (count only the valid drafts: a draft the engine invalidated, id -1, is not a candidate).
+        extra_tokens: prompt tokens sharing the step (chunked prefill). req_indices: [R] host ints, each
+        request's persistent slot in [0, max_reqs), distinct (default: the row number).
         """
-        R = _check_int("num_reqs", num_reqs, minimum=0)
+        R = check_int("num_reqs", num_reqs, lo=0)
         if R > self.max_reqs:
             raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
-        extra_tokens = _check_int("extra_tokens", extra_tokens, minimum=0)
-        drafts = np.asarray(drafts_host.cpu() if isinstance(drafts_host, torch.Tensor) else drafts_host,
-                            dtype=np.int64).reshape(-1)
-        if drafts.shape[0] != R:
-            raise ValueError(f"drafts_host must have num_reqs = {R} entries, got {drafts.shape[0]}")
+        extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
+        drafts = _host_ints("drafts_host", drafts_host, R)
         if R and (drafts.min() < 0 or drafts.max() > self.max_drafts):
             raise ValueError(f"drafts_host values must be in [0, max_drafts = {self.max_drafts}]")
         if R + extra_tokens > self.capacity:
             raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {self.capacity}")
-        self._pending_drafts = drafts
+        idx = self._indices(req_indices, R)
+        self._pending_idx = idx
         b_min, b_max = self._bounds(drafts, extra_tokens)
         if self.mode == "off":
             budget = b_min
-        elif self.mode in ("all", "greedy") or not self._have_snapshot or R == 0:
+        elif self.mode != "lagged" or R == 0:
             budget = b_max
         else:
-            budget = self._lagged_budget(extra_tokens, b_min, b_max)
+            budget = self._lagged_budget(idx, drafts, extra_tokens, b_min, b_max)
         padded = self.padded_tokens(R + extra_tokens + budget)
-        self._budgets.append(budget)
+        self._budget_count += 1
+        self._budget_sum += budget
+        self._budget_last = budget
         self._graph_use[padded] += 1
         return budget, padded
 
-    def _lagged_budget(self, extra_tokens: int, b_min: int, b_max: int) -> int:
+    def stale_confidence(self, req_indices) -> np.ndarray:
+        """[R, max_drafts] float32: the confidences the lagged budget ranks for requests in slots
+        ``req_indices`` (host ints): each one's last recorded confidences, or the prior for a slot with no
+        history. Waits for the last snapshot's copy (long done in a running engine)."""
+        idx = _host_ints("req_indices", req_indices, None)
+        return self._stale(self._indices(idx, idx.shape[0]))
+
+    def _stale(self, idx: np.ndarray) -> np.ndarray:
+        if not self._recorded:
+            return np.full((idx.shape[0], self.max_drafts), self.prior, dtype=np.float32)
         prev = 1 - self._slot  # the slot the last record_confidence wrote
-        rows, drafts = self._snap_rows[prev], self._snap_drafts[prev]
-        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
-        cap = self.capacity - extra_tokens
-        if drafts is None or rows == 0 or rows > cap:
-            return b_max
         if self._snap_events[prev] is not None:
-            self._snap_events[prev].synchronize()  # long done in a running engine: the copy was a step ago
-        conf = self._snap[prev, :rows]
+            self._snap_events[prev].synchronize()
+        stale = self._snap_np[prev][idx]  # [R, K] (fancy indexing copies)
+        new = self._snap_gen[prev][idx] != self._gen[idx]
+        if new.any():
+            stale[new] = self.prior
+        return stale
+
+    def _lagged_budget(self, idx: np.ndarray, drafts: np.ndarray, extra_tokens: int, b_min: int, b_max: int) -> int:
+        stale = torch.from_numpy(self._stale(idx))
         d = torch.from_numpy(np.minimum(drafts, self.max_drafts).astype(np.int32))
-        survival = planner.prefix_survival(conf, d)
-        b = int(planner.choose_budget(survival, d, table, mode="global", min_verify=self.min_verify, capacity=cap))
+        survival = planner.prefix_survival(stale, d)
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
+        b = int(planner.choose_budget(survival, d, table, mode="global", min_verify=self.min_verify,
+                                      capacity=self.capacity - extra_tokens))
         return min(max(b, b_min), b_max)
 
-    def record_confidence(self, conf: torch.Tensor) -> None:
+    def record_confidence(self, conf: torch.Tensor, req_indices=None) -> None:
         """Starts the copy of this step's conf [R, K'] (float32, K' <= K) to pinned host memory for the
-        next step's budget (asynchronous on CUDA). Call after plan_budget, once per step."""
-        if not isinstance(conf, torch.Tensor) or conf.dim() != 2 or conf.dtype != torch.float32:
-            raise ValueError("conf must be a float32 tensor [R, K]")
-        R, K = conf.shape
-        if R > self.max_reqs or K > self.max_drafts:
+        next steps' budgets (asynchronous on CUDA). req_indices: [R] persistent slots (host ints, or an
+        int32/int64 tensor on the verifier's device); default: plan_budget's of this step when it had R
+        requests, else the row numbers. Call after plan_budget, once per step."""
+        if not isinstance(conf, torch.Tensor):
+            raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
+        if conf.dim() != 2 or conf.dtype != torch.float32:
+            raise ValueError(f"conf must be a float32 tensor [R, K], got {conf.dtype} {tuple(conf.shape)}")
+        if conf.device != self.device:
+            raise ValueError(f"conf must be on the verifier's device {self.device}, got {conf.device}")
+        R, Kc = conf.shape
+        if R > self.max_reqs or Kc > self.max_drafts:
             raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
                              f"[{self.max_reqs}, {self.max_drafts}]")
         slot = self._slot
-        dst = self._snap[slot, :R, :K]
-        dst.copy_(conf, non_blocking=conf.is_cuda)
-        if K < self.max_drafts:
-            self._snap[slot, :R, K:] = 0.0
+        if isinstance(req_indices, torch.Tensor) and req_indices.device == self.device and req_indices.dim() == 1 \
+                and self.device.type == "cuda":
+            if req_indices.shape[0] != R or req_indices.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"req_indices must be an int32/int64 tensor of shape [{R}]")
+            idx_dev = req_indices.long()
+            host_idx = None  # on the device only: generations are the engine's business via add_request
+        else:
+            if req_indices is None:
+                host_idx = self._pending_idx if self._pending_idx is not None and \
+                    len(self._pending_idx) == R else self._arange[:R]
+            else:
+                host_idx = self._indices(req_indices, R)
+            if self._snap_events[slot] is not None:
+                self._snap_events[slot].synchronize()  # this staging slot's copy of two steps ago is done
+            staged = self._idx_pinned[slot, :R]
+            staged.numpy()[:] = host_idx
+            idx_dev = staged.to(self.device, non_blocking=True) if self.device.type == "cuda" else staged
+        if R:
+            self._conf_dev[idx_dev, :Kc] = conf
+            if Kc < self.max_drafts:
+                self._conf_dev[idx_dev, Kc:] = 0.0
         if self._snap_events[slot] is not None:
-            self._snap_events[slot].record(torch.cuda.current_stream(conf.device))
-        self._snap_rows[slot] = R
-        self._snap_drafts[slot] = self._pending_drafts if self._pending_drafts is not None and \
-            len(self._pending_drafts) == R else np.full(R, K, dtype=np.int64)
+            # The pinned slot may still be read by nobody: its previous copy was waited for by plan_budget.
+            self._snap[slot].copy_(self._conf_dev, non_blocking=True)
+            self._snap_events[slot].record(torch.cuda.current_stream(self.device))
+        else:
+            self._snap[slot].copy_(self._conf_dev)
+        self._snap_gen[slot] = self._gen.copy()
         self._slot = 1 - slot
-        self._have_snapshot = True
+        self._recorded = True
         self._last_conf = conf
+
+    def _plan_buffers(self, key: tuple, wants: tuple) -> VerifyPlan:
+        out = self._plans_pinned.get(key)
+        if out is None:
+            out = self._plans.get(key)
+            if out is not None:
+                self._plans.move_to_end(key)
+        if out is None:
+            out = VerifyPlan.allocate(key[0], key[1], self.device, positions=wants[0], slot_mapping=wants[1],
+                                      input_ids=wants[2])
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                self._plans_pinned[key] = out  # a captured graph writes these addresses at every replay
+            else:
+                self._plans[key] = out
+                while len(self._plans) > PLAN_CACHE_SIZE:
+                    self._plans.popitem(last=False)
+        return out
+
+    def _survival_buffer(self, R: int, Kc: int) -> torch.Tensor:
+        view = self._survival_views.get((R, Kc))
+        if view is None:
+            view = self._survival_views[(R, Kc)] = self._survival_flat[:R * Kc].view(R, Kc)
+        return view
 
     def plan(self, conf: torch.Tensor, drafts: torch.Tensor, context_lens: Optional[torch.Tensor] = None,
              block_table: Optional[torch.Tensor] = None, anchor_tokens: Optional[torch.Tensor] = None,
@@ -225,9 +359,9 @@ class AdaptiveVerifier:
         """This step's allocation and varlen metadata, in persistent buffers (one per (R, padded size)).
 
         conf [R, K] float32 on the device, drafts [R] int32; metadata inputs as in
-        :func:`adaptive_verify.plan_verification`. budget: from plan_budget (ignored by "greedy"), an int
-        or a 0-d int32 device tensor (for CUDA graphs: the captured call reads it at every replay; then
-        padded_tokens is required).
+        :func:`adaptive_verify.plan_verification` (a draft token of -1 ends its request's candidates).
+        budget: from plan_budget (ignored by "greedy" and "global"), an int or a 0-d int32 device tensor
+        (for CUDA graphs: the captured call reads it at every replay; then padded_tokens is required).
         padded_tokens: the step's padded decode-token count (default from the budget: R + budget
         rounded to a graph size, with extra_tokens counted).
         CUDA graphs: capture this call once per (R, padded size) and replay it with new inputs copied into
@@ -235,7 +369,12 @@ class AdaptiveVerifier:
         extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
         after a replay tell the verifier which plan ran (``verifier.last_plan = plan``) before observe().
         """
+        if not isinstance(conf, torch.Tensor) or conf.dim() != 2:
+            raise TypeError("conf must be a float32 tensor [R, K]")
         R = conf.shape[0]
+        if R > self.max_reqs or conf.shape[1] > self.max_drafts:
+            raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
+                             f"[{self.max_reqs}, {self.max_drafts}]")
         if budget is None:
             raise ValueError("budget is required: pass the budget plan_budget returned")
         if isinstance(budget, torch.Tensor):  # a 0-d device tensor: CUDA-graph replays read it afresh
@@ -244,36 +383,36 @@ class AdaptiveVerifier:
             if padded_tokens is None:
                 raise ValueError("padded_tokens is required with a tensor budget")
         else:
-            budget = _check_int("budget", budget, minimum=0)
+            budget = check_int("budget", budget, lo=0, hi=planner.INT32_MAX)
+        extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
         if padded_tokens is None:
             padded_tokens = self.padded_tokens(R + extra_tokens + budget) - extra_tokens
+        padded_tokens = check_int("padded_tokens", padded_tokens, lo=R, hi=planner.INT32_MAX)
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
-        key = (R, int(padded_tokens)) + wants
-        out = self._plans.get(key)
-        if out is None:
-            out = VerifyPlan.allocate(R, int(padded_tokens), self.device, positions=wants[0], slot_mapping=wants[1],
-                                      input_ids=wants[2])
-            self._plans[key] = out
-        skey = tuple(conf.shape)
-        if skey not in self._survival:
-            self._survival[skey] = torch.empty(skey, dtype=torch.float32, device=self.device)
-        survival = planner.prefix_survival(conf, drafts, out=self._survival[skey])
+        key = (R, padded_tokens) + wants
+        out = self._plan_buffers(key, wants)
+        survival = planner.prefix_survival(conf, drafts, out=self._survival_buffer(R, conf.shape[1]))
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
-                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=key[1], out=out,
+                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
                   capacity=self.capacity - extra_tokens)
-        if self.mode == "greedy":
-            plan = planner.plan_verification(survival, drafts, table, mode="greedy", **kw)
+        if self.mode in ("greedy", "global"):
+            plan = planner.plan_verification(survival, drafts, table, mode=self.mode,
+                                             verification=self.verification, **kw)
         else:
             plan = planner.plan_verification(survival, drafts, table, mode="fixed", budget=budget, **kw)
         self._last_plan = plan
         return plan
 
     def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> None:
-        """Counts this step's outcomes on the device (no sync): verify_lens [R] and num_accepted [R] int32."""
+        """Counts this step's outcomes on the device (no sync): verify_lens [R] and num_accepted [R] int32,
+        in the rows of this step's conf (statistics are per draft position, so rows need no identity)."""
         if self._last_conf is None or self._last_plan is None:
             raise RuntimeError("observe() needs a record_confidence() and a plan() first")
+        for name, t in (("verify_lens", verify_lens), ("num_accepted", num_accepted)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be an int32 tensor [R], got {type(t).__name__}")
         R = self._last_conf.shape[0]
         v, a = verify_lens[:R], num_accepted[:R]
         self.stats.update(self._last_conf, v.to(torch.int32), a.to(torch.int32))
@@ -288,16 +427,16 @@ class AdaptiveVerifier:
         """Figures since construction (one small device-to-host copy plus the stats' report):
         steps, budget_last, budget_mean, verified_per_step, accepted_per_step, predicted_accepted_per_step
         (the planner's P(B), what it expected), acceptance_rate (accepted / verified drafts), ece and auc
-        of the confidences (AcceptanceStats), graph_use {padded size: steps}. In "greedy" mode the budget
-        figures are plan_budget's upper bound B_max (the device chooses the budget); verified_per_step is
-        what it chose."""
+        of the confidences (AcceptanceStats), graph_use {padded size: steps}. In "greedy" and "global"
+        modes the budget figures are plan_budget's upper bound B_max (the device chooses the budget);
+        verified_per_step is what it chose."""
         acc = self._acc.cpu().tolist()
         steps = max(self._steps, 1)
         rep = self.stats.report()
         return {
             "steps": self._steps,
-            "budget_last": self._budgets[-1] if self._budgets else 0,
-            "budget_mean": float(np.mean(self._budgets)) if self._budgets else 0.0,
+            "budget_last": self._budget_last,
+            "budget_mean": self._budget_sum / self._budget_count if self._budget_count else 0.0,
             "verified_per_step": acc[0] / steps,
             "accepted_per_step": acc[1] / steps,
             "predicted_accepted_per_step": acc[2] / steps,

@@ -7,7 +7,8 @@ system, each either prefilling or decoding):
    :class:`~adaptive_verify.sim.model.Acceptance`, and the policy picks how many drafts it verifies:
    ``none`` 0, ``k<j>`` min(j, drafts), ``greedy``/``global`` the library's planner
    (:func:`adaptive_verify.plan_verification`, its C++ CPU kernel), ``lagged`` the planner's global
-   budget from the previous step's survivals (:func:`adaptive_verify.choose_budget`) then ``mode="fixed"``.
+   budget (:func:`adaptive_verify.choose_budget`) on each request's confidences of its previous step (1.0
+   for a new request), priced at this step's requests and capacity, then ``mode="fixed"``.
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
    scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
    longer fits waits this step), then prompt chunks of prefilling requests with what is left, first
@@ -108,6 +109,8 @@ class _Requests:
         self.target = np.zeros(c, dtype=np.int64)
         self.difficulty = np.zeros(c, dtype=np.float64)
         self.admitted = np.zeros(c, dtype=np.int64)  # admission sequence number (prefill order)
+        # lagged policy: each slot's confidences of its last decode step (prior 1.0 for a new request)
+        self.stale_conf = np.ones((c, profile.drafter.num_drafts), dtype=np.float32)
         self.next_id = 0
         for slot in range(c):
             self._admit(slot, staggered=True)
@@ -125,6 +128,7 @@ class _Requests:
             self.generated[slot] = 0
             self.prefill_left[slot] = prompt
         self.admitted[slot] = self.next_id
+        self.stale_conf[slot] = 1.0
         self.next_id += 1
 
     def replace_finished(self) -> None:
@@ -195,7 +199,6 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     metrics, measured = _Metrics(), None
     plan_table = ct
     head_stats = AcceptanceStats(K)  # the library's own counters: AUC and ECE of the confidences
-    prev = None  # lagged: (survival, drafts) of the previous step
     for step in range(warmup + steps):
         if step == warmup:
             measured = metrics = _Metrics()
@@ -238,18 +241,16 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
             drafts_t = torch.from_numpy(drafts)
             survival = planner.prefix_survival(conf_t, drafts_t)
             if policy.name == "lagged":
-                # No previous step, or more previous decodes than this step has room for (a prompt
-                # chunk took the capacity): plan this step with greedy, which is lossless too.
-                if prev is None or prev[1].numel() > plan_kw["capacity"]:
-                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode="greedy", **plan_kw)
-                else:
-                    # The budget the previous step's drafts justify, priced at this step's operating
-                    # point (the cost curve is known now; only the survivals must come from the past
-                    # for losslessness); mode="fixed" clamps it to this step's [B_min, B_max].
-                    budget = planner.choose_budget(prev[0], prev[1], plan_table, mode="global", **plan_kw)
-                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode="fixed",
-                                                     budget=int(budget), **plan_kw)
-                prev = (survival, drafts_t)
+                # The budget from each request's confidences of its previous step (the prior 1.0, as
+                # vLLM's, for a request with none yet), priced entirely at this step: its requests, drafts,
+                # prompt tokens and capacity. Only the survivals come from the past (lossless); mode="fixed"
+                # then lets this step's live survivals decide who gets the B slots.
+                stale = torch.from_numpy(reqs.stale_conf[dec])
+                budget = planner.choose_budget(planner.prefix_survival(stale, drafts_t), drafts_t, plan_table,
+                                               mode="global", **plan_kw)
+                plan = planner.plan_verification(survival, drafts_t, plan_table, mode="fixed",
+                                                 budget=int(budget), **plan_kw)
+                reqs.stale_conf[dec] = conf
             else:
                 with warnings.catch_warnings():  # global is simulated on purpose, as the upper bound
                     warnings.filterwarnings("ignore", message=r"plan_verification\(mode='global'\)")

@@ -1,0 +1,59 @@
+"""Scalar argument checks shared by every module (torch-free): each message starts with the argument's name
+and says what was given, so ``pytest.raises(..., match=r"^name\\b")`` and a user's traceback agree.
+
+Integers that reach a kernel are also bounded by the type they are narrowed to (``INT32_MAX``, ``INT64_MAX``);
+sizes that drive host work or allocations have documented upper bounds at their call sites.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any, Optional
+
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+
+
+def is_int(x: Any) -> bool:
+    """An integral number that is not a bool (numpy integers count)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x: Any) -> bool:
+    """A real number that is not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_int(name: str, value: Any, *, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+    """``value`` as a Python int in [lo, hi]; TypeError for a non-integer (bools included), ValueError out of
+    range."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = operator.index(value)
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+    return value
+
+
+def check_real(name: str, value: Any, *, lo: Optional[float] = None, hi: Optional[float] = None,
+               lo_open: bool = False) -> float:
+    """``value`` as a finite float in [lo, hi] (or (lo, hi] with lo_open)."""
+    if not is_real(value):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value

@@ -1,0 +1,174 @@
+"""AdaptiveVerifier per-step host cost and lagged-budget regret: `adaptive-verify bench verifier`.
+
+Host time: one decode step of the orchestration an engine calls (``plan_budget`` + ``record_confidence`` +
+``plan`` + ``observe``) on CPU tensors, timed phase by phase with ``time.perf_counter_ns`` over many steps
+(median), in three regimes: no prompt tokens, a constant prompt chunk, and a prompt chunk whose size changes
+every step (what chunked prefill does; each new size asks ``CostTable.shifted`` for a new curve). Targets:
+varying within 1.5x of constant, both under 100 us at R=256, K=8.
+
+Regret: requests join and leave (churn of +-2 per step around R=256, K=8) on a cost that is flat up to a
+512-token CUDA graph and doubles eager above it (the issue's example). Each step's lagged budget is compared
+with the budget the step's own live survivals would pick (the oracle): regret = 1 - Theta_live(B) /
+Theta_live(B*). "previous R" re-creates the old pricing (the previous step's survivals at the previous
+step's request count, then clamped), "current R" is AdaptiveVerifier's (each request's last confidences,
+priced at this step).
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from .. import planner
+from ..cost import CostTable
+from ..verifier import AdaptiveVerifier
+from .report import cli_main, markdown_table
+
+
+def graph_cliff_table() -> CostTable:
+    """Flat to the 512-token graph, twice the cost eager above (illustrative, the issue's example)."""
+    return CostTable.from_points({1: 10.0, 512: 10.0, 513: 20.0, 1024: 24.0, 4096: 48.0}, draft_ms=1.0,
+                                 graph_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512], max_tokens=4096)
+
+
+def _conf(rng, R, K):
+    return torch.from_numpy(rng.uniform(0.55, 0.98, (R, K)).astype(np.float32))
+
+
+def host_step_us(R: int, K: int, prefill: str, steps: int, seed: int = 0) -> dict:
+    """Median host microseconds per phase of one verifier step (CPU tensors)."""
+    ct = graph_cliff_table()
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=16)
+    rng = np.random.default_rng(seed)
+    drafts_host = np.full(R, K, dtype=np.int64)
+    drafts = torch.full((R,), K, dtype=torch.int32)
+    ctx = torch.from_numpy(rng.integers(100, 2000, R).astype(np.int32))
+    bt = torch.arange(R * 256, dtype=torch.int32).reshape(R, 256)
+    anchors = torch.zeros(R, dtype=torch.int32)
+    dt = torch.zeros(R, K, dtype=torch.int32)
+    idx = np.arange(R)
+    confs = [_conf(rng, R, K) for _ in range(8)]
+    accepted = torch.zeros(R, dtype=torch.int32)
+    phases = {"plan_budget": [], "record_confidence": [], "plan": [], "observe": []}
+    cap = ct.max_tokens - R - R * K
+    for step in range(steps):
+        extra = 0 if prefill == "none" else 300 if prefill == "constant" else int(rng.integers(1, cap))
+        conf = confs[step % len(confs)]
+        t0 = time.perf_counter_ns()
+        budget, padded = v.plan_budget(R, drafts_host, extra, req_indices=idx)
+        t1 = time.perf_counter_ns()
+        v.record_confidence(conf)
+        t2 = time.perf_counter_ns()
+        plan = v.plan(conf, drafts, ctx, bt, anchors, dt, budget, extra_tokens=extra)
+        t3 = time.perf_counter_ns()
+        v.observe(plan.verify_lens, accepted)
+        t4 = time.perf_counter_ns()
+        if step >= 20:  # warm: buffers allocated, caches filled
+            for name, a, b in (("plan_budget", t0, t1), ("record_confidence", t1, t2), ("plan", t2, t3),
+                               ("observe", t3, t4)):
+                phases[name].append((b - a) / 1e3)
+    row = {name: statistics.median(ts) for name, ts in phases.items()}
+    totals = [sum(ts) for ts in zip(*phases.values())]
+    row["total"] = statistics.median(totals)
+    row["p90_total"] = float(np.percentile(totals, 90))
+    row.update(R=R, K=K, prefill=prefill)
+    return row
+
+
+def _theta(survival, drafts, ct, budget, R):
+    plan = planner.plan_verification(survival, drafts, ct, mode="fixed", budget=budget)
+    b = int(plan.budget)
+    return float(plan.expected_tokens) / ct.step_cost(R, R + b), b
+
+
+def churn_regret(steps: int, seed: int = 0, R0: int = 256, K: int = 8) -> dict:
+    """Regret of both lagged pricings against the live oracle under +-2 requests of churn per step."""
+    ct = graph_cliff_table()
+    rng = np.random.default_rng(seed)
+    v = AdaptiveVerifier(ct, max_reqs=2 * R0, max_drafts=K, block_size=16)
+    level = rng.uniform(0.6, 0.97, 2 * R0)  # each slot's typical confidence (a request's difficulty)
+    live_slots = list(range(R0))
+    free = list(range(R0, 2 * R0))
+    prev = None  # (survival, drafts) of the previous step, for the old pricing
+    regrets = {"previous R": [], "current R": []}
+    eager = {"previous R": 0, "current R": 0}
+    for step in range(steps):
+        if step:
+            for _ in range(int(rng.integers(0, 3))):  # leave
+                if len(live_slots) > 8:
+                    free.append(live_slots.pop(int(rng.integers(len(live_slots)))))
+            for _ in range(int(rng.integers(0, 3))):  # join
+                if free:
+                    slot = free.pop(0)
+                    level[slot] = rng.uniform(0.6, 0.97)
+                    v.add_request(slot)
+                    live_slots.append(slot)
+        idx = np.array(live_slots)
+        R = len(idx)
+        conf = torch.from_numpy(np.clip(level[idx, None] + rng.normal(0, 0.05, (R, K)), 0.01, 0.999).astype(np.float32))
+        drafts = torch.full((R,), K, dtype=torch.int32)
+        survival = planner.prefix_survival(conf, drafts)
+        b_new, _ = v.plan_budget(R, np.full(R, K), req_indices=idx)
+        v.record_confidence(conf, idx)
+        b_opt = int(planner.choose_budget(survival, drafts, ct, mode="global"))
+        best, _ = _theta(survival, drafts, ct, b_opt, R)
+        choices = {"current R": b_new}
+        if prev is not None:
+            choices["previous R"] = int(planner.choose_budget(prev[0], prev[1], ct, mode="global"))
+        for name, b in choices.items():
+            th, used = _theta(survival, drafts, ct, b, R)
+            if step >= 10:
+                regrets[name].append(1.0 - th / best)
+                eager[name] += R + used > ct.graph_sizes[-1]
+        prev = (survival, drafts)
+    n = len(regrets["current R"])
+    return {name: {"mean_regret": float(np.mean(r)), "p90_regret": float(np.percentile(r, 90)),
+                   "eager_steps": eager[name] / n} for name, r in regrets.items()}
+
+
+def run(args) -> dict:
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = [host_step_us(R, args.K, prefill, args.steps) for R in args.R for prefill in ("none", "constant",
+                                                                                               "varying")]
+        regret = churn_regret(args.regret_steps)
+    return {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "host": rows, "regret": regret}
+
+
+def report(res: dict) -> str:
+    cols = [("R", "R"), ("K", "K"), ("prefill", "prompt chunk"), ("plan_budget", "plan_budget us"),
+            ("record_confidence", "record_confidence us"), ("plan", "plan us"), ("observe", "observe us"),
+            ("total", "step us (median)"), ("p90_total", "step us (p90)")]
+    lines = [f"# AdaptiveVerifier host cost per step ({res['date']}, {res['machine']}, torch {res['torch']}, "
+             "CPU tensors, one torch thread)", "", markdown_table(res["host"], cols), ""]
+    for R in sorted({r["R"] for r in res["host"]}):
+        by = {r["prefill"]: r["total"] for r in res["host"] if r["R"] == R}
+        lines.append(f"R={R}: varying / constant prompt chunk = {by['varying'] / by['constant']:.2f}x "
+                     f"(target <= 1.5x); constant {by['constant']:.0f} us, varying {by['varying']:.0f} us "
+                     "(target < 100 us each)")
+    lines += ["", "# Lagged budget under churn (+-2 requests per step, R ~ 256, K = 8, graph cliff at 512 tokens)",
+              ""]
+    rows = [{"pricing": name, "mean_regret": f"{100 * v['mean_regret']:.1f}%", "p90_regret":
+             f"{100 * v['p90_regret']:.1f}%", "eager_steps": f"{100 * v['eager_steps']:.0f}%"}
+            for name, v in res["regret"].items()]
+    lines.append(markdown_table(rows, [("pricing", "lagged budget priced at"), ("mean_regret", "mean regret"),
+                                       ("p90_regret", "p90 regret"), ("eager_steps", "steps past the graph")]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    def add(ap):
+        ap.add_argument("--R", type=int, nargs="+", default=[256], help="requests per step (default 256)")
+        ap.add_argument("--K", type=int, default=8, help="drafts per request (default 8)")
+        ap.add_argument("--steps", type=int, default=400, help="timed steps per regime (default 400)")
+        ap.add_argument("--regret-steps", type=int, default=300, help="steps of the churn run (default 300)")
+
+    return cli_main(argv, prog="adaptive-verify bench verifier", description=__doc__.split("\n\n")[0],
+                    add_arguments=add, run=run, report=report)
