@@ -42,7 +42,7 @@ __all__ = [
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's padding in the rejection sampler's output, and ours
 PAD_SLOT_ID = -1  # vLLM's slot of a padding token, and ours (the planner writes -1)
-MAX_DRAFTS = 32  # our K limit (also vLLM's MAX_SPEC_LEN in the versions we read)
+MAX_DRAFTS = 32  # our K limit (vLLM 0.33.0's MAX_SPEC_LEN is 128, older versions' 32)
 
 SPEC_DECODE_FIELDS = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "cu_num_sampled_tokens",
                       "target_logits_indices", "bonus_logits_indices", "logits_indices")
@@ -258,18 +258,27 @@ def sampled_token_ids(output_tokens: torch.Tensor, num_emitted: torch.Tensor, nu
 
 def build(cls, fields: dict):
     """``cls(**fields)`` with only the keys ``cls`` takes (a dataclass or any class with named init
-    parameters): vLLM's SpecDecodeMetadata gained ``cu_num_sampled_tokens`` in later versions, and
-    CommonAttentionMetadata's field set varies between versions."""
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-    else:
-        try:
-            params = inspect.signature(cls).parameters
-        except (TypeError, ValueError):
-            raise ValueError(f"cls must be a dataclass or a class with an inspectable __init__, got {cls!r}") from None
-        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            return cls(**fields)
-        names = set(params)
+    parameters): field sets differ between vLLM versions (``SpecDecodeMetadata.cu_num_sampled_tokens`` appeared
+    in later versions; ``CommonAttentionMetadata`` gains and loses fields). A field ``cls`` requires that
+    ``fields`` lacks is a ValueError naming it (vLLM 0.33's ``CommonAttentionMetadata`` requires
+    ``query_start_loc_cpu``: pass ``host_copies=True`` to :func:`attention_metadata`, or add the runner's own
+    host copy)."""
     if not isinstance(fields, dict):
         raise ValueError(f"fields must be a dict, got {type(fields).__name__}")
+    if dataclasses.is_dataclass(cls) and isinstance(cls, type):
+        params = [(f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                  for f in dataclasses.fields(cls) if f.init]
+    else:
+        try:
+            sig = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            raise ValueError(f"cls must be a dataclass or a class with an inspectable __init__, got {cls!r}") from None
+        if any(p.kind == p.VAR_KEYWORD for p in sig.values()):
+            return cls(**fields)
+        params = [(n, p.default is p.empty) for n, p in sig.items()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    lacking = [n for n, required in params if required and n not in fields]
+    if lacking:
+        raise ValueError(f"fields lacks {', '.join(lacking)}, required by {getattr(cls, '__name__', cls)}")
+    names = {n for n, _ in params}
     return cls(**{k: v for k, v in fields.items() if k in names})
