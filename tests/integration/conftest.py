@@ -5,7 +5,7 @@ install_peers.sh. With ``AV_REQUIRE_PEERS=1`` (set by .ci/run) a missing or diff
 collection error instead, and any test here that skips for whatever reason is reported as failed: CI cannot
 pass with the peer tests silently skipped.
 
-The peers are imported lazily (fixtures below), never at collection, and the environment variables their
+The peers are imported lazily (peers.import_peer, inside module fixtures), never at collection, and the environment variables their
 imports set (vLLM sets TORCHINDUCTOR_COMPILE_THREADS, SGLang CUDA_CACHE_PATH, ...) are restored afterwards,
 so the rest of the suite runs in the environment it would have without them.
 """

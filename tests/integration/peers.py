@@ -74,3 +74,16 @@ def vllm_on_cpu(mp: pytest.MonkeyPatch) -> None:
     Tell those helpers the truth (``PIN_MEMORY = False``) for the duration of ``mp``; nothing else changes."""
     mp.setattr(importlib.import_module("vllm.utils.torch_utils"), "PIN_MEMORY", False)
     mp.setattr(importlib.import_module("vllm.v1.utils"), "PIN_MEMORY", False)
+
+
+class SGLangScheduleConfig:
+    """The fields and the one method of SGLang's ``DSparkScheduleConfig`` that its verify-length schedule reads.
+    Its module (``sglang.srt.speculative.dspark_components.dspark_planner``) does not import on a CPU torch:
+    it pulls torchvision in through ``sglang.srt.configs``. Defaults as SGLang's."""
+
+    def __init__(self, gamma: int, min_verify_len: int = 1, max_verify_len: int = 0, survival_eps: float = 1e-6):
+        self.gamma, self.min_verify_len = gamma, min_verify_len
+        self.max_verify_len, self.survival_eps = max_verify_len, survival_eps
+
+    def resolved_max_verify_len(self) -> int:
+        return self.max_verify_len or (self.gamma + 1)
