@@ -1,9 +1,10 @@
 """vLLM v1 adapter: our plan and sampler outputs in vLLM's structures, and vLLM's drafts in ours.
 
 Where each call goes in vLLM's loop, and which vLLM metadata each output replaces: docs/integrations/vllm.md.
-Nothing here imports vLLM. Functions return dicts keyed by vLLM's field names (``SpecDecodeMetadata``,
-``CommonAttentionMetadata``), so ``cls(**d)`` builds the real object where vLLM is installed;
-:func:`build` drops the keys a given class does not take (field sets differ between vLLM versions).
+Nothing here imports vLLM (tests/integration checks it against vLLM 0.33.0). Functions return dicts keyed by
+vLLM's field names (``SpecDecodeMetadata``, ``CommonAttentionMetadata``), so ``cls(**d)`` builds the real object
+where vLLM is installed; :func:`build` drops the keys a given class does not take (field sets differ between vLLM
+versions). :func:`patch_manager` drives vLLM's own ``AdaptiveVerificationManager`` with this library's planner.
 
 Scope: the decode requests of one step, the rows of one :class:`~adaptive_verify.VerifyPlan`, every
 scheduled token's logits computed (each verified token yields one logit row, as in our layout). A step that
