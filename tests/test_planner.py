@@ -466,6 +466,23 @@ def test_hand_linear_cost_greedy_and_global():
         assert int(av.choose_budget(HAND_SURVIVAL, drafts, table, mode=mode)) == 2
 
 
+def test_hand_request_ms_is_part_of_thetas_fixed_term():
+    """Theta's fixed term is cost_table.fixed_cost(R) = draft_cost(R) + request_ms * R: per-request step work
+    moves the budget exactly as the same milliseconds of drafter cost do."""
+    drafts = i32([3, 3])
+    # no fixed term: Theta(B) = (2 + P(B)) / (2 + B): 1, .917, ... -> B = 0
+    assert int(av.choose_budget(HAND_SURVIVAL, drafts, linear_table(draft_ms=0.0), mode="global")) == 0
+    # request_ms = 1 at R = 2 is 2 ms: Theta(B) = (2 + P(B)) / (4 + B), as with draft_ms = 2 above -> B = 2
+    per_request = linear_table(draft_ms=0.0, request_ms=1.0)
+    assert per_request.fixed_cost(2) == 2.0 and per_request.step_cost(2, 3) == 5.0
+    for mode in ("greedy", "global"):
+        plan = av.plan_verification(HAND_SURVIVAL, drafts, per_request, mode=mode)
+        assert plan.verify_lens.tolist() == [1, 1] and int(plan.budget) == 2, mode
+    # both terms add: fixed 2 + 2 = 4 ms, Theta(B) = (2 + P) / (6 + B): .333, .393, .422, .431, .438, .420 -> B = 4
+    both = linear_table(draft_ms=2.0, request_ms=1.0)
+    assert int(av.choose_budget(HAND_SURVIVAL, drafts, both, mode="global")) == 4
+
+
 def test_hand_extra_tokens_and_extra_emitting():
     table = linear_table(draft_ms=2.0)
     drafts = i32([3, 3])

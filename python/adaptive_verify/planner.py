@@ -232,7 +232,7 @@ class PlanArgs:
     extra_emitting: int
     budget_cap: int  # most drafts that fit: min(R * max_verify, T_pad - R, capacity - R - extra_tokens)
     verify_cost: Optional[torch.Tensor]  # [R + extra_tokens + budget_cap + 1] float32 (greedy/global)
-    draft_cost: float  # draft_ms(R)
+    draft_cost: float  # cost_table.fixed_cost(R): draft_ms(R) + request_ms * R (the kernels' name)
     context_lens: Optional[torch.Tensor]
     block_table: Optional[torch.Tensor]
     block_size: int
@@ -416,7 +416,7 @@ def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need
     hit = _COST_MEMO.get(key)
     if hit is not None and hit[0] is cost_table:
         return hit[1], hit[2]
-    draft = float(cost_table.draft_cost(R))
+    draft = float(cost_table.fixed_cost(R))  # Theta's fixed term: drafter + per-request work
     verify = cost_table.verify_array(max_n, device) if need_verify else None
     return _remember(_COST_MEMO, key, (cost_table, draft, verify))[1:]
 
