@@ -40,7 +40,7 @@ back: not fitted, simulated on the fitted profile and reported next to their mea
 What is fitted: the verification forward's cost curve over tokens per step and the drafter's cost (unless
 --draft-ms gives it), and with --request-term a per-request cost of every step. What you give: --drafts,
 --prompt-len, --output-len, and if you know them the acceptance per position (--acceptance), the token
-capacity per step (--capacity, vLLM's max_num_batched_tokens; else the best of 1024..16384 is chosen) and
+capacity per step (--capacity, vLLM's max_num_batched_tokens; else one of 1024..16384 is chosen by fit) and
 the drafter's cost. The curve between the token counts your points run at is interpolated smoothly
 (--smoothness): measure k<N> at several concurrencies to pin it where the planner will operate.
 

@@ -8,8 +8,8 @@ predict what adaptive verification would do on that deployment.
 What is fitted: the verification forward's cost at fixed token counts (``VERIFY_KNOTS_PER_OCTAVE`` knots
 from 1 token to the capacity, linear in between), the drafter's cost at 1 request and at the largest
 measured concurrency (linear in between), and optionally ``request_ms`` (a per-request term of every step).
-The acceptance model, workload and capacity are given (the capacity is otherwise chosen from
-``CAPACITY_CANDIDATES`` by the lowest fit error).
+The acceptance model, workload and capacity are given (the capacity is otherwise the smallest of
+``CAPACITY_CANDIDATES`` whose fit error is within ``CAPACITY_TIE`` of the lowest).
 
 Why it takes seconds, not the 23 minutes a search over simulations took: for no speculation and fixed k,
 nothing the simulator decides depends on the step's cost, only on the capacity. Each measured point is
@@ -43,8 +43,10 @@ from .overhead import DEFAULT_OVERHEAD, Overhead, overhead_preset
 
 __all__ = ["FitResult", "fit_profile", "CAPACITY_CANDIDATES", "VERIFY_KNOTS_PER_OCTAVE", "DEFAULT_PENALTY"]
 
-#: Token capacities tried when the user does not know it (vLLM's max_num_batched_tokens is usually one).
+#: Token capacities tried when the user does not know it (vLLM's max_num_batched_tokens is usually one),
+#: and how close (relative) to the lowest error a smaller capacity may be and still be chosen.
 CAPACITY_CANDIDATES = (1024, 2048, 4096, 8192, 16384)
+CAPACITY_TIE = 0.02
 #: Verify-cost knots: 1 token, then 2 per doubling from 16 tokens to the capacity (the capacity included).
 VERIFY_KNOTS_PER_OCTAVE = 2
 #: Weight of the squared bends of the verify curve against the squared log errors of the points. A bend
@@ -328,8 +330,8 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
         if progress:
             progress(done, total, label)
 
-    best = None
     losses: dict[int, float] = {}
+    fits: dict[int, tuple] = {}
     for cap in caps:
         vk = verify_knots(cap)
         # The traces need only the capacity from the table: any cost will do for simulating them.
@@ -338,9 +340,12 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
         runs = _trace_runs(base, fit_points, vk, dk, steps, seed_list, tick)
         theta, err = _solve(runs, fit_points, vk, dk, request_term, fixed_draft, penalty)
         losses[cap] = float(err.sum())
-        if best is None or losses[cap] < best[0] - 1e-12:
-            best = (losses[cap], cap, vk, runs, theta)
-    _, cap, vk, runs, theta = best
+        fits[cap] = (vk, runs, theta)
+    # The smallest capacity whose error is within CAPACITY_TIE of the lowest: closer than that, the points
+    # cannot tell capacities apart (larger ones only add steps nobody measured).
+    lowest = min(losses.values())
+    cap = min(c for c, v in losses.items() if v <= lowest * (1 + CAPACITY_TIE) + 1e-12)
+    vk, runs, theta = fits[cap]
     nv, nd = len(vk), len(dk)
     # Rounded as written, and the reported errors computed from the rounded numbers (what sweep will show).
     verify = [round(float(v), 4) for v in theta[:nv]]
@@ -373,7 +378,8 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
     if request_term:
         fitted.append("request_ms (per request per step)")
     if capacity is None:
-        fitted.append(f"token capacity {cap} (lowest error of {', '.join(map(str, caps))})")
+        fitted.append(f"token capacity {cap} (the smallest within {CAPACITY_TIE:.0%} of the lowest error of "
+                      f"{', '.join(map(str, caps))})")
     given = list(assumed) + [
         f"prompt length {prompt_len[0]}..{prompt_len[1]}, output length {output_len[0]}..{output_len[1]}, "
         f"prefill chunk {prefill_chunk}", f"{num_drafts}-token {drafter_kind} drafter"]
