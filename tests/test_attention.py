@@ -225,6 +225,8 @@ def test_matches_reference_full_grid(dtype, D, block_size, group):
 
 BIG = [
     (torch.bfloat16, 128, 16, 1, 8, 16),
+    (torch.bfloat16, 128, 16, 2, 4, 33),  # K = 32 drafts + the anchor: the planner's longest chain
+    (torch.float16, 64, 32, 1, 2, 64),  # the longest query (trees of 63 nodes)
     (torch.float16, 256, 256, 1, 16, 16),
     (torch.bfloat16, 64, 128, 4, 1, 8),
     (torch.float16, 128, 32, 2, 4, 4),
@@ -464,7 +466,7 @@ def names(pattern):
     ("query_start_loc", _i32(-1, 3, 5), ValueError, "query_start_loc"),
     # max_query_len
     ("max_query_len", 0, ValueError, "max_query_len"),
-    ("max_query_len", 17, ValueError, "max_query_len"),
+    ("max_query_len", 65, ValueError, "max_query_len"),
     ("max_query_len", -3, ValueError, "max_query_len"),
     ("max_query_len", 2.5, TypeError, "max_query_len"),
     ("max_query_len", 2, ValueError, "query_start_loc|max_query_len"),  # request 0 has q_len 3
@@ -644,7 +646,7 @@ def test_max_seq_len_bounds_the_blocks_read():
 CAN_IMPLEMENT = [
     (dict(dtype=0), "q: dtype"), (dict(D=96), "q: head dim"), (dict(Hkv=3), "q / k_cache"),
     (dict(Hq=24, Hkv=8), "q / k_cache: Hq / Hkv"), (dict(block_size=48), "k_cache: block_size"),
-    (dict(max_query_len=17), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
+    (dict(max_query_len=65), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
     (dict(kernel=4), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
     (dict(on_cuda=True, R=65536), "block_table: at most 65535"),
     (dict(on_cuda=True, R=65535, kernel=3), "block_table: at most 65534"),  # mma_fused: one more grid slice

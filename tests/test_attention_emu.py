@@ -78,6 +78,8 @@ CASES = [
     (torch.float16, 256, 16, 2, 1),
     (torch.bfloat16, 128, 128, 1, 16),
     (torch.float16, 64, 16, 4, 3),
+    (torch.bfloat16, 64, 16, 2, 33),  # the planner's longest chain: 66 rows in 5 warps
+    (torch.float16, 128, 32, 4, 64),  # the longest query: 256 rows, two 8-warp row chunks
 ]
 
 

@@ -24,8 +24,8 @@ import adaptive_verify as av
 from adaptive_verify import errors as av_errors
 from adaptive_verify import planner as av_planner
 from adaptive_verify import reference as ref
-from adaptive_verify.library import pack_plan_args
 from adaptive_verify.planner import VerifyPlan, resolve_plan_args
+from adaptive_verify.planner.ops import _present, _warned_global, pack_plan_args
 
 FIXED_ONE = 2**32
 SENTINEL = 12345
@@ -763,7 +763,6 @@ META = dict(context_lens=i32([4, 9]), block_table=i32([[0, 1], [2, 3]]), block_s
     (ValueError, "block_table", dict(META, context_lens=i32([4, 14]))),  # 14 + 3 tokens need a 3rd block
     (ValueError, "block_table", dict(META, context_lens=i32([-1, 0]))),  # negative position
     (ValueError, "anchor_tokens", dict(anchor_tokens=i32([1, 2]))),
-    (ValueError, "anchor_tokens", dict(draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))),
     (ValueError, "draft_tokens", dict(anchor_tokens=i32([1, 2]), draft_tokens=i32([[1, 2], [4, 5]]))),
     (ValueError, "anchor_tokens", dict(anchor_tokens=i32([1]), draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))),
 ])
@@ -874,7 +873,7 @@ def test_zero_requests_write_every_output():
 def test_global_mode_warns_once_per_declaration():
     """Live global is lossless with one-hot verification (design section 4): declared "onehot" it is silent;
     undeclared or "probs" it warns once each, saying which verification makes it lossless."""
-    av_planner._warned_global.clear()
+    _warned_global.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         av.plan_verification(S, D, linear_table(), mode="global", verification="onehot")
@@ -960,7 +959,7 @@ def test_opcheck_plan_into(mode, with_meta):
     args, out, (survival, drafts, table, kwargs) = _opcheck_plan_args(mode, with_meta)
     torch.library.opcheck(torch.ops.adaptive_verify.plan_into.default, args)
     torch.ops.adaptive_verify.plan_into(*args)
-    assert_plans_equal(av_planner._present(out, resolve_plan_args(survival, drafts, table, **kwargs)),
+    assert_plans_equal(_present(out, resolve_plan_args(survival, drafts, table, **kwargs)),
                        ref.plan_verification(survival, drafts, table, **kwargs))
 
 
@@ -1081,3 +1080,44 @@ def test_empty_batch_from_numpy_is_accepted():
     drafts = torch.from_numpy(np.zeros(0, dtype=np.int32))
     s = av.prefix_survival(conf, drafts)
     assert s.shape == (0, 4)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Drafts the engine invalidated (token id -1, e.g. by a grammar) are not candidates
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_invalidated_drafts_end_their_requests_candidates(mode):
+    """A negative draft token ends its request's candidates (vLLM marks grammar-invalidated drafts -1): it and
+    every later draft of the request are never verified, in every mode, with or without input_ids, and
+    choose_budget prices only the valid drafts."""
+    rng = np.random.default_rng(5)
+    R, K = 6, 5
+    survival = gen_survival(rng, R, K, "prefix", 0.0)
+    survival[:] = survival.clamp(min=0.5)  # every draft is worth verifying
+    drafts = i32([5, 5, 3, 5, 0, 5])
+    tokens = torch.arange(R * K, dtype=torch.int32).view(R, K) + 100
+    tokens[0, 2] = -1  # request 0: drafts 0, 1 valid
+    tokens[1, 0] = -1  # request 1: nothing to verify
+    tokens[3, 4] = -7  # any negative id
+    tokens[5, 3] = -1
+    want_caps = [2, 0, 3, 4, 0, 3]
+    table = linear_table(draft_ms=50.0)
+    kw = dict(mode=mode, draft_tokens=tokens)
+    if mode == "fixed":
+        kw["budget"] = 100
+    for extra in ({}, dict(anchor_tokens=i32(range(R)), context_lens=i32([3] * R))):
+        plan = av.plan_verification(survival, drafts, table, **kw, **extra, verification="onehot")
+        assert plan.verify_lens.tolist() == want_caps, (mode, plan.verify_lens.tolist())
+        assert_plans_equal(plan, ref.plan_verification(survival, drafts, table, **kw, **extra))
+        if "anchor_tokens" in extra:  # the verified drafts' tokens are the valid ones
+            assert bool((plan.input_ids >= 0).all())
+    if mode != "fixed":
+        b = av.choose_budget(survival, drafts, table, mode=mode, draft_tokens=tokens)
+        assert int(b) == int(ref.choose_budget(survival, drafts, table, mode=mode, draft_tokens=tokens))
+        if mode == "all":
+            assert int(b) == sum(want_caps)
+    # Without draft_tokens the planner cannot know: every drafted position is a candidate.
+    plain = av.plan_verification(survival, drafts, table, mode="all")
+    assert plain.verify_lens.tolist() == drafts.tolist()

@@ -1,7 +1,5 @@
-"""Argument checks shared by the ops: every message names the argument and the value."""
+"""Tensor checks shared by the ops (scalars: _checks.py): every message names the argument and the value."""
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -9,6 +7,8 @@ from ._ext import build_info, cuda_available
 
 # Element types the kernels read, with the codes of csrc/include/adaptive_verify/dtype.h.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# K, drafts per request: the planner's candidate key holds 5 position bits (planner/math.h kPosBits).
+MAX_DRAFTS = 32
 
 
 def check_device(name: str, t: torch.Tensor) -> torch.device:
@@ -43,11 +43,11 @@ def check_tensor(name, t, *, dtypes=None, device=None, ndim=None, shape=None, in
     return t
 
 
-def run_op(custom_op: str, launch, *args) -> None:
+def run_op(custom_op, launch, *args) -> None:
     """Eager calls go straight to the kernel launcher (no dispatcher cost on the hot path); while
-    torch.compile traces, the same arguments go through the registered torch.library custom op."""
+    torch.compile traces, the same arguments go through the op's registered torch.library custom op."""
     if torch.compiler.is_compiling():
-        getattr(torch.ops.adaptive_verify, custom_op)(*args)
+        custom_op(*args)
     else:
         launch(*args)
 
@@ -94,16 +94,3 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
             _checked_positive.clear()
         _checked_positive[key] = temperature
     return temperature.to(device=device, dtype=torch.float32).contiguous()
-
-
-def env_kernel(var: str, kernels: dict, default: str) -> int:
-    """The id of the CUDA implementation named by environment variable ``var`` (``default`` when unset).
-    Read at every call, so a test or an engine can switch; an unknown name raises ValueError naming
-    ``var`` (CPU calls check it too, and otherwise ignore it)."""
-    name = os.environ.get(var)
-    if name is None:
-        return kernels[default]
-    if name not in kernels:
-        raise ValueError(f"{var}={name!r}: expected one of {sorted(kernels)} (or unset: {default!r})")
-    return kernels[name]
-

@@ -10,12 +10,10 @@
 //    pass, and only the rows a request needs (up to its first rejection) are read at all.
 #pragma once
 
-#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
-#include <cuda_runtime.h>
-#endif
 
 #include <cstdint>
 
+#include "adaptive_verify/launch.h"
 #include "adaptive_verify/sampling/algorithm.h"
 
 namespace adaptive_verify {
@@ -164,22 +162,21 @@ __global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const S
 }
 
 
-#if !defined(AV_CUDA_EMULATION)
 inline cudaError_t launch_rejection(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   return launch_for_dtype(p.dtype, [&](auto tag) {
-    rejection_kernel<decltype(tag)><<<p.num_reqs, SamplerConfig::kThreads, 0, stream>>>(p);
+    return launch_kernel(rejection_kernel<decltype(tag)>, dim3(unsigned(p.num_reqs)), dim3(SamplerConfig::kThreads),
+                         0, stream, p);
   });
 }
 
 inline cudaError_t launch_sample(const SampleParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   return launch_for_dtype(p.dtype, [&](auto tag) {
-    sample_kernel<decltype(tag)><<<p.num_rows, SamplerConfig::kThreads, 0, stream>>>(p);
+    return launch_kernel(sample_kernel<decltype(tag)>, dim3(unsigned(p.num_rows)), dim3(SamplerConfig::kThreads), 0,
+                         stream, p);
   });
 }
-
-#endif  // !AV_CUDA_EMULATION
 
 }  // namespace sampling
 }  // namespace adaptive_verify
