@@ -1,4 +1,4 @@
-"""`adaptive-verify sweep` and `adaptive-verify profiles`."""
+"""`adaptive-verify sweep`, `adaptive-verify fit` and `adaptive-verify profiles`."""
 from __future__ import annotations
 
 import argparse
@@ -108,7 +108,8 @@ def add_parsers(sub) -> None:
                    help="tensor-parallel size (recorded in the profile; the measurements already include it)")
     f.add_argument("--acceptance", metavar="FILE.json", help="measured acceptance per position (see above)")
     f.add_argument("--capacity", type=int, default=None, metavar="TOKENS",
-                   help="token capacity per step (default: the best of 1024, 2048, ..., 16384)")
+                   help="token capacity per step (default: the smallest of 1024, 2048, ..., 16384 that fits "
+                        "within 2%% of the best)")
     f.add_argument("--draft-ms", default=None, metavar="MS|R:MS,...",
                    help="the drafter's measured cost per step, constant or at request counts (default: fitted)")
     f.add_argument("--request-term", action="store_true", help="also fit a per-request cost of every step")
