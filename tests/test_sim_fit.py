@@ -135,9 +135,17 @@ def test_fit_is_deterministic_for_a_seed(measured_truth):
 
 
 def test_fit_keeps_a_measured_drafter_cost(measured_truth):
-    res = fit_profile(measured_truth[4:8], capacity=2048, draft_ms={1: 0.5, 64: 1.5}, **dict(SMALL, steps=60))
-    assert res.profile["cost"]["table"]["draft_ms"] == [[1, 0.5], [64, 1.5]]
+    """A measured drafter curve is written as given and priced as the profile will price it, also past its
+    last request count (linear extrapolation: 4 requests measured, 8 simulated)."""
+    res = fit_profile(measured_truth[4:8], capacity=2048, draft_ms={1: 0.5, 4: 1.0}, **dict(SMALL, steps=60))
+    assert res.profile["cost"]["table"]["draft_ms"] == [[1, 0.5], [4, 1.0]]
     assert any("measured, not fitted" in a for a in res.profile["notes"]["assumed"])
+    prof = Profile.from_dict(res.profile)
+    assert prof.cost_table.draft_cost(8) == pytest.approx(1.0 + 4 * 0.5 / 3)
+    for r in res.rows:
+        p = MeasuredPoint(r["policy"], r["concurrency"], 1.0)
+        want = np.mean([_simulate(prof, p, 4, 60, s)[r["metric"]] for s in (0, 1)])
+        assert r["fitted"] == pytest.approx(want, rel=1e-9), r
     with pytest.raises(ValueError, match="^draft_ms"):
         fit_profile(measured_truth[4:8], capacity=2048, draft_ms={8: 1.0, 1: 0.5}, **SMALL)
 

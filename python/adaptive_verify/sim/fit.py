@@ -21,7 +21,7 @@ exactly the numbers the fit reports (tests hold it to that).
 
 Objective: the sum over measured metrics (tokens/s, and TPOT where given) of the squared log error of the
 mean over seeds, plus a small penalty on bends of the cost curve (each knot's change of slope, in units of
-the curve's mean cost), which decides the knots the data does not (points are few; knots are many).
+the typical measured step), which decides the knots the data does not (points are few; knots are many).
 """
 from __future__ import annotations
 
@@ -95,8 +95,11 @@ class _Runs:
     point: np.ndarray  # [runs] index of the measured point
 
 
-def _trace_runs(base: Profile, points: Sequence[MeasuredPoint], vk: list[int], dk: list[int], steps: int,
-                seeds: Sequence[int], tick: Callable[[str], None]) -> _Runs:
+def _trace_runs(base: Profile, points: Sequence[MeasuredPoint], vk: list[int],
+                draft_features: Callable[[np.ndarray], np.ndarray], steps: int, seeds: Sequence[int],
+                tick: Callable[[str], None]) -> _Runs:
+    """draft_features(R) -> [steps, draft params]: each step's drafter cost as weights of the draft parameters
+    (before the step's draft factor)."""
     rows_t, rows_w, tokens, decode, step_tokens, which = [], [], [], [], [], []
     K = base.drafter.num_drafts
     for p_idx, p in enumerate(points):
@@ -105,7 +108,7 @@ def _trace_runs(base: Profile, points: Sequence[MeasuredPoint], vk: list[int], d
             _simulate(base, p, K, steps, s, trace)
             tr = np.asarray(trace, dtype=np.float64)  # [steps, 5]: R, n, draft factor, output, decode tokens
             R, n, f = tr[:, 0], tr[:, 1], tr[:, 2]
-            per_step = np.concatenate([_hat(vk, n), f[:, None] * _hat(dk, R), R[:, None]], axis=1)
+            per_step = np.concatenate([_hat(vk, n), f[:, None] * draft_features(R), R[:, None]], axis=1)
             rows_t.append(per_step.sum(axis=0))
             rows_w.append((per_step * R[:, None]).sum(axis=0))
             tokens.append(tr[:, 3].sum())
@@ -160,12 +163,11 @@ def _predictor(runs: _Runs, num_points: int) -> Callable[[torch.Tensor], tuple[t
     return predict
 
 
-def _solve(runs: _Runs, points: Sequence[MeasuredPoint], vk: list[int], dk: list[int], request_term: bool,
-           fixed_draft: Optional[Sequence[float]], penalty: float, use: Optional[Sequence[bool]] = None):
-    """(theta as numpy, squared log error of each point) minimising the squared log errors of the points in
-    ``use`` (all by default) + ``penalty`` x the squared bends."""
-    model = _Model(len(vk), len(dk), request_term, fixed_draft)
-    use_t = torch.ones(len(points), dtype=torch.float64) if use is None else torch.tensor(use, dtype=torch.float64)
+def _solve(runs: _Runs, points: Sequence[MeasuredPoint], vk: list[int], nd: int, request_term: bool,
+           fixed_draft: Optional[Sequence[float]], penalty: float):
+    """(theta as numpy, squared log error of each point) minimising the points' squared log errors +
+    ``penalty`` x the squared bends. nd: drafter parameters (fixed to fixed_draft when it is given)."""
+    model = _Model(len(vk), nd, request_term, fixed_draft)
     y_tput = torch.tensor([p.tokens_per_s for p in points], dtype=torch.float64)
     has_tpot = torch.tensor([p.tpot_ms is not None for p in points])
     y_tpot = torch.tensor([p.tpot_ms or 1.0 for p in points], dtype=torch.float64)
@@ -187,7 +189,7 @@ def _solve(runs: _Runs, points: Sequence[MeasuredPoint], vk: list[int], dk: list
 
     def loss(phi):
         theta = model.theta(phi)
-        total = (use_t * point_errors(theta)).sum()
+        total = point_errors(theta).sum()
         if span is not None:
             v = theta[:len(vk)]
             slope = (v[1:] - v[:-1]) / dx
@@ -200,7 +202,7 @@ def _solve(runs: _Runs, points: Sequence[MeasuredPoint], vk: list[int], dk: list
     # twentieth of it.
     inc = [step_ms] + [step_ms * 0.5 / len(vk)] * (len(vk) - 1)
     if fixed_draft is None:
-        inc += [step_ms * 0.05] + [step_ms * 0.05 / len(dk)] * (len(dk) - 1)
+        inc += [step_ms * 0.05] + [step_ms * 0.05 / nd] * (nd - 1)
     phi0 = [math.log(v) for v in inc] + ([math.log(step_ms * 1e-3)] if request_term else [])
     phi = torch.tensor(phi0, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([phi], lr=1.0, max_iter=500, tolerance_grad=1e-10, tolerance_change=1e-14,
@@ -317,10 +319,18 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
     if draft_ms is not None:
         if not isinstance(draft_ms, dict):
             raise TypeError(f"draft_ms must be a dict {{requests: ms}} or None, got {type(draft_ms).__name__}")
-        CostTable.from_points({1: 1.0}, draft_ms)  # the table's own checks, messages starting "draft_ms"
-        dk, fixed_draft = list(draft_ms), [float(v) for v in draft_ms.values()]
+        # The table's own checks (messages start "draft_ms"), and its curve prices each step exactly as the
+        # written profile will (linear between the points, extrapolated past the last).
+        measured = CostTable.from_points({1: 1.0}, draft_ms, draft_interpolation="linear")
+        dk, fixed_draft = list(draft_ms), [1.0]  # one parameter: the measured curve, weight 1
+
+        def draft_features(R: np.ndarray) -> np.ndarray:
+            return np.array([[measured.draft_cost(int(r))] for r in R]).reshape(-1, 1)
     else:
         dk, fixed_draft = ([1] if cmax == 1 else [1, cmax]), None
+
+        def draft_features(R: np.ndarray) -> np.ndarray:
+            return _hat(dk, R)
     seed_list = list(range(seed, seed + seeds))
     total, done = (len(caps) * len(fit_points) + len(held)) * seeds, 0
 
@@ -337,8 +347,8 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
         # The traces need only the capacity from the table: any cost will do for simulating them.
         base = Profile(name=name, description="", acceptance=acceptance, drafter=drafter, workload=workload,
                        cost_table=_table(vk, [1.0] * len(vk), dk, [0.0] * len(dk), 0.0, cap, {}))
-        runs = _trace_runs(base, fit_points, vk, dk, steps, seed_list, tick)
-        theta, err = _solve(runs, fit_points, vk, dk, request_term, fixed_draft, penalty)
+        runs = _trace_runs(base, fit_points, vk, draft_features, steps, seed_list, tick)
+        theta, err = _solve(runs, fit_points, vk, len(fixed_draft or dk), request_term, fixed_draft, penalty)
         losses[cap] = float(err.sum())
         fits[cap] = (vk, runs, theta)
     # The smallest capacity whose error is within CAPACITY_TIE of the lowest: closer than that, the points
@@ -346,12 +356,16 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
     lowest = min(losses.values())
     cap = min(c for c, v in losses.items() if v <= lowest * (1 + CAPACITY_TIE) + 1e-12)
     vk, runs, theta = fits[cap]
-    nv, nd = len(vk), len(dk)
+    nv = len(vk)
     # Rounded as written, and the reported errors computed from the rounded numbers (what sweep will show).
     verify = [round(float(v), 4) for v in theta[:nv]]
-    draft = [round(float(v), 4) for v in theta[nv:nv + nd]]
+    if fixed_draft is None:
+        draft = [round(float(v), 4) for v in theta[nv:nv + len(dk)]]
+        draft_theta = draft
+    else:
+        draft, draft_theta = [float(v) for v in draft_ms.values()], fixed_draft
     req = round(float(theta[-1]), 6) if request_term else 0.0
-    tput, tpot = _predictor(runs, len(fit_points))(torch.tensor(verify + draft + [req], dtype=torch.float64))
+    tput, tpot = _predictor(runs, len(fit_points))(torch.tensor(verify + draft_theta + [req], dtype=torch.float64))
     step_tokens = [float(np.mean(runs.step_tokens[runs.point == i])) for i in range(len(fit_points))]
     rows = _rows(fit_points, tput.numpy(), tpot.numpy(), step_tokens, held_back=False)
 
@@ -384,7 +398,8 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
         f"prompt length {prompt_len[0]}..{prompt_len[1]}, output length {output_len[0]}..{output_len[1]}, "
         f"prefill chunk {prefill_chunk}", f"{num_drafts}-token {drafter_kind} drafter"]
     if draft_ms is not None:
-        given.append(f"drafter cost {dict(zip(dk, fixed_draft))} ms at those request counts (measured, not fitted)")
+        given.append(f"drafter cost {draft_ms} ms at those request counts (measured, not fitted; linear in "
+                     "between and past the last)")
     if capacity is not None:
         given.append(f"token capacity {cap} per step")
     if tensor_parallel:
