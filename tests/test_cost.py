@@ -1,10 +1,7 @@
 """Tests for adaptive_verify.cost: hand-computed costs on small tables, errors, dense arrays, JSON, profiler."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 import time
 
 import pytest
@@ -206,7 +203,7 @@ def test_verify_array_clamped_to_max_tokens():
     assert a[256].item() == 28.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_dense_arrays_on_cuda_and_cuda_event_profile():
     t = CostTable.from_points({3: 0.1, 7: 0.3, 20: 0.7}, draft_ms={1: 0.01, 9: 0.23}, graph_sizes=[3, 7])
     a = t.verify_array(100, device="cuda")

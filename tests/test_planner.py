@@ -1,4 +1,4 @@
-"""Tests for the verification planner (adaptive_verify.planner, design.md section 4).
+"""Tests for the verification planner (adaptive_verify.planner, docs/design.md, "Planner").
 
 Three layers:
 
@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 import adaptive_verify as av
 from adaptive_verify import errors as av_errors
-from adaptive_verify import planner as av_planner
 from adaptive_verify import reference as ref
 from adaptive_verify.planner import VerifyPlan, resolve_plan_args
 from adaptive_verify.planner.ops import _present, _warned_global, pack_plan_args
@@ -829,7 +828,7 @@ def test_choose_budget_and_prefix_survival_errors():
         av.prefix_survival(S, D, out=torch.zeros(2, 3, dtype=torch.float64))
 
 
-@pytest.mark.skipif(not av.cuda_available(), reason="needs a CUDA device and a CUDA build")
+@pytest.mark.cuda
 def test_device_mismatch():
     survival = S.cuda()
     with pytest.raises(ValueError, match="drafts"):
@@ -871,7 +870,7 @@ def test_zero_requests_write_every_output():
 
 
 def test_global_mode_warns_once_per_declaration():
-    """Live global is lossless with one-hot verification (design section 4): declared "onehot" it is silent;
+    """Live global is lossless with one-hot verification (docs/design.md, "Planner"): declared "onehot" it is silent;
     undeclared or "probs" it warns once each, saying which verification makes it lossless."""
     _warned_global.clear()
     with warnings.catch_warnings():

@@ -28,9 +28,7 @@ void register_attention(py::module_& m) {
   using A = attention::AttentionParams;
   using W = attention::WriteKvParams;
   m.def("verify_attention", &verify_attention);
-  m.def("write_kv", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<W>(params, on_cuda, stream, attention::write_kv_cpu, AV_CUDA_FN(attention::write_kv_cuda));
-  });
+  def_op<W>(m, "write_kv", attention::write_kv_cpu, AV_CUDA_FN(attention::write_kv_cuda));
   // Floats of CUDA workspace a call needs, from the sizes already in its parameter struct.
   m.def("attention_workspace_floats",
         [](uintptr_t params) { return attention::attention_workspace_floats(params_at<A>(params)); });

@@ -45,6 +45,14 @@ int run_on(uintptr_t address, bool on_cuda, uintptr_t stream, Cpu cpu, Cuda cuda
 #endif
 }
 
+// Registers _C.<name>(params_address, on_cuda, stream) for parameter struct P.
+template <typename P, typename Cpu, typename Cuda>
+void def_op(py::module_& m, const char* name, Cpu cpu, Cuda cuda) {
+  m.def(name, [cpu, cuda](uintptr_t params, bool on_cuda, uintptr_t stream) {
+    return run_on<P>(params, on_cuda, stream, cpu, cuda);
+  });
+}
+
 // ([(name, offset, size, kind), ...], sizeof(S)): what python/adaptive_verify/_binding.py turns into a
 // ctypes.Structure (and checks against these offsets, so a field missing here fails at import).
 template <typename S>

@@ -12,19 +12,10 @@ void register_confidence(py::module_& m) {
   using L = confidence::LogitParams;
   using M = confidence::MarginParams;
   using S = confidence::StatsParams;
-  m.def("confidence", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<C>(params, on_cuda, stream, confidence::confidence_cpu, AV_CUDA_FN(confidence::confidence_cuda));
-  });
-  m.def("confidence_from_logits", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<L>(params, on_cuda, stream, confidence::confidence_from_logits_cpu,
-                     AV_CUDA_FN(confidence::confidence_from_logits_cuda));
-  });
-  m.def("draft_margin", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<M>(params, on_cuda, stream, confidence::draft_margin_cpu, AV_CUDA_FN(confidence::draft_margin_cuda));
-  });
-  m.def("stats_update", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<S>(params, on_cuda, stream, confidence::stats_update_cpu, AV_CUDA_FN(confidence::stats_update_cuda));
-  });
+  def_op<C>(m, "confidence", confidence::confidence_cpu, AV_CUDA_FN(confidence::confidence_cuda));
+  def_op<L>(m, "confidence_from_logits", confidence::confidence_from_logits_cpu, AV_CUDA_FN(confidence::confidence_from_logits_cuda));
+  def_op<M>(m, "draft_margin", confidence::draft_margin_cpu, AV_CUDA_FN(confidence::draft_margin_cuda));
+  def_op<S>(m, "stats_update", confidence::stats_update_cpu, AV_CUDA_FN(confidence::stats_update_cuda));
   m.attr("CONFIDENCE_PARAMS") = struct_layout<C>({
       AV_FIELD(C, hidden), AV_FIELD(C, hidden_stride_r), AV_FIELD(C, hidden_stride_k), AV_FIELD(C, markov),
       AV_FIELD(C, markov_stride_r), AV_FIELD(C, markov_stride_k), AV_FIELD(C, dtype), AV_FIELD(C, weight),

@@ -10,12 +10,8 @@ namespace bindings {
 void register_planner(py::module_& m) {
   using P = planner::Params;
   using S = planner::SurvivalParams;
-  m.def("prefix_survival", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<S>(params, on_cuda, stream, planner::prefix_survival_cpu, AV_CUDA_FN(planner::prefix_survival_cuda));
-  });
-  m.def("plan", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<P>(params, on_cuda, stream, planner::plan_cpu, AV_CUDA_FN(planner::plan_cuda));
-  });
+  def_op<S>(m, "prefix_survival", planner::prefix_survival_cpu, AV_CUDA_FN(planner::prefix_survival_cuda));
+  def_op<P>(m, "plan", planner::plan_cpu, AV_CUDA_FN(planner::plan_cuda));
   // Bytes of global workspace the CUDA plan needs (0: it fits shared memory), from host-known sizes.
   m.def("plan_workspace_bytes", [](int64_t R, int64_t K, bool has_forced) {
     return planner::plan_workspace_bytes(R, K, has_forced);

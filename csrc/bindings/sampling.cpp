@@ -9,12 +9,8 @@ namespace bindings {
 void register_sampling(py::module_& m) {
   using J = sampling::RejectionParams;
   using S = sampling::SampleParams;
-  m.def("rejection_sample", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<J>(params, on_cuda, stream, sampling::rejection_sample_cpu, AV_CUDA_FN(sampling::rejection_sample_cuda));
-  });
-  m.def("sample", [](uintptr_t params, bool on_cuda, uintptr_t stream) {
-    return run_on<S>(params, on_cuda, stream, sampling::sample_cpu, AV_CUDA_FN(sampling::sample_cuda));
-  });
+  def_op<J>(m, "rejection_sample", sampling::rejection_sample_cpu, AV_CUDA_FN(sampling::rejection_sample_cuda));
+  def_op<S>(m, "sample", sampling::sample_cpu, AV_CUDA_FN(sampling::sample_cuda));
   // Bytes of workspace the split-vocabulary sampler needs: rejection_sample (slots = R * (K + 1), num_reqs = R,
   // zero-filled) or sample (slots = N, num_reqs = 0).
   m.def("sampler_splitv_workspace_bytes", [](int32_t dtype, int64_t V, int64_t slots, int64_t num_reqs) {

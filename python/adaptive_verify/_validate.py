@@ -84,7 +84,8 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
     if temperature.device != device:
         if temperature.device.type != "cpu":
             raise ValueError(f"{name} must be on {device}, got {temperature.device}")
-    needs_check = temperature.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()
+    needs_check = (temperature.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()) and \
+        not torch.compiler.is_compiling()
     key = (temperature.data_ptr(), temperature._version, temperature.device)
     if needs_check and _checked_positive.get(key) is not temperature:
         bad = ~(torch.isfinite(temperature) & (temperature > 0))
@@ -94,3 +95,24 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
             _checked_positive.clear()
         _checked_positive[key] = temperature
     return temperature.to(device=device, dtype=torch.float32).contiguous()
+
+
+def kernel_choice(cuda_kernel, setting: str, default, kernels: dict) -> int:
+    """The id of a CUDA kernel chosen by a call's ``cuda_kernel`` argument, else by the module setting named
+    ``setting`` (whose value is ``default``); an unknown name raises ValueError naming whichever was used."""
+    name = default if cuda_kernel is None else cuda_kernel
+    kernel = kernels.get(name) if isinstance(name, str) else None
+    if kernel is None:
+        what = setting if cuda_kernel is None else "cuda_kernel"
+        raise ValueError(f"{what} must be one of {sorted(kernels)}, got {name!r}")
+    return kernel
+
+
+def logits_shape(name: str, logits) -> tuple:
+    """(device, rows, V) of a [rows, V] bf16/fp16/fp32 logits tensor with a contiguous last dim and V >= 1."""
+    check_tensor(name, logits, dtypes=tuple(DTYPE_CODES), ndim=2)
+    device = check_device(name, logits)
+    rows, V = logits.shape
+    if V < 1:
+        raise ValueError(f"{name} must have a vocabulary of at least 1, got shape {tuple(logits.shape)}")
+    return device, rows, V

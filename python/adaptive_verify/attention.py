@@ -1,4 +1,4 @@
-"""Varlen verification attention over a paged KV cache, and KV writes (design section 6).
+"""Varlen verification attention over a paged KV cache, and KV writes (docs/design.md, "Verification attention").
 
 Each request verifies a different number of tokens (q_len = 1 + verify_lens, chosen on the device), so
 the attention reads every length from device memory: query token i of request r attends to KV positions
@@ -39,7 +39,7 @@ from . import errors
 from ._binding import AttentionParams, WriteKvParams, call
 from ._checks import check_real
 from ._ext import _C, check_status
-from ._validate import check_device, check_tensor, ptr, run_op, stream_of
+from ._validate import check_device, check_tensor, kernel_choice, ptr, run_op, stream_of
 
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -72,12 +72,7 @@ def _raise_for(status: int, op: str, device: torch.device) -> None:
 
 def _cuda_kernel(cuda_kernel: Optional[str]) -> int:
     """The CUDA implementation's id: ``cuda_kernel``, else the module setting CUDA_KERNEL."""
-    name = CUDA_KERNEL if cuda_kernel is None else cuda_kernel
-    kernel = CUDA_KERNELS.get(name) if isinstance(name, str) else None
-    if kernel is None:
-        what = "adaptive_verify.attention.CUDA_KERNEL" if cuda_kernel is None else "cuda_kernel"
-        raise ValueError(f"{what} must be one of {sorted(CUDA_KERNELS)}, got {name!r}")
-    return kernel
+    return kernel_choice(cuda_kernel, "adaptive_verify.attention.CUDA_KERNEL", CUDA_KERNEL, CUDA_KERNELS)
 
 
 def _cache(name, t, q_dtype, device):

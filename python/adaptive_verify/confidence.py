@@ -1,5 +1,5 @@
 """Confidence scores: the drafter's estimate, per drafted position, that the draft survives given that
-every earlier draft survived (design section 5).
+every earlier draft survived (docs/design.md, "Confidence and calibration").
 
 - ``confidence``: the fused linear head, sigmoid((h . w_h + m . w_m + b) / T_j), from the drafter's hidden
   states (and optional Markov-head features), straight into survival when asked;

@@ -522,7 +522,7 @@ def sample(logits, temperature=None, seeds=None, offset=0):
 
 
 # ----------------------------------------------------------------------------------------------------
-# verification attention and KV writes (design section 6)
+# verification attention and KV writes (docs/design.md, "Verification attention")
 # ----------------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Lossless varlen rejection sampling (design section 7).
+"""Lossless varlen rejection sampling (docs/design.md, "Sampling").
 
 After the target's verification forward, request r has 1 + L[r] logit rows starting at query_start_loc[r]:
 row j judges draft j, row L[r] gives the bonus token. ``rejection_sample`` accepts the longest prefix of
@@ -41,7 +41,7 @@ from torch import Tensor
 from . import errors
 from ._binding import RejectionParams, SampleParams, call
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_device, check_tensor, ptr, run_op, stream_of
+from ._validate import DTYPE_CODES, check_tensor, kernel_choice, logits_shape, ptr, run_op, stream_of
 
 # CUDA sampler kernels (sampling/params.h SamplerKernel): "v1" (the default, validated on an H200) one block
 # per request walking whole rows (kernel.cuh); "splitv" (the candidate, not yet run on a GPU) rows split into
@@ -53,12 +53,7 @@ CUDA_KERNEL = "v1"
 
 
 def _kernel_id(cuda_kernel) -> int:
-    name = CUDA_KERNEL if cuda_kernel is None else cuda_kernel
-    kernel = SAMPLER_KERNELS.get(name) if isinstance(name, str) else None
-    if kernel is None:
-        what = "adaptive_verify.sampling.CUDA_KERNEL" if cuda_kernel is None else "cuda_kernel"
-        raise ValueError(f"{what} must be one of {sorted(SAMPLER_KERNELS)}, got {name!r}")
-    return kernel
+    return kernel_choice(cuda_kernel, "adaptive_verify.sampling.CUDA_KERNEL", CUDA_KERNEL, SAMPLER_KERNELS)
 
 
 def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_reqs: int):
@@ -104,7 +99,9 @@ def _per_request(name, t, n, device, dtype):
 
 
 def _check_temperature_values(temperature):
-    if temperature is not None and temperature.device.type == "cpu":
+    # Host value checks need the values: CPU tensors only, and not while torch.compile traces (then, as on
+    # CUDA, the kernel treats a negative or NaN temperature as greedy).
+    if temperature is not None and temperature.device.type == "cpu" and not torch.compiler.is_compiling():
         if bool((temperature < 0).any()) or bool(torch.isnan(temperature).any()):
             raise ValueError(f"temperature must be >= 0 (0 = greedy) and not NaN, got {temperature.tolist()}")
 
@@ -144,11 +141,7 @@ def rejection_sample(
         num_emitted [R] int32.
     """
     kernel = _kernel_id(cuda_kernel)
-    check_tensor("target_logits", target_logits, dtypes=tuple(DTYPE_CODES), ndim=2)
-    device = check_device("target_logits", target_logits)
-    T, V = target_logits.shape
-    if V < 1:
-        raise ValueError(f"target_logits must have a vocabulary of at least 1, got shape {tuple(target_logits.shape)}")
+    device, T, V = logits_shape("target_logits", target_logits)
     check_tensor("draft_tokens", draft_tokens, dtypes=(torch.int32, torch.int64), device=device, ndim=2)
     R, K = draft_tokens.shape
     check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
@@ -168,7 +161,7 @@ def rejection_sample(
                      inner_contiguous=False)
         check_tensor("out[1] (num_emitted)", out[1], dtypes=(torch.int32,), device=device, shape=(R,),
                      inner_contiguous=False)
-    if device.type == "cpu" and R > 0:
+    if device.type == "cpu" and R > 0 and not torch.compiler.is_compiling():  # (traced: the kernel's safe handling)
         qsl = query_start_loc
         if int(qsl[0]) < 0 or int(qsl[-1]) > T or bool((qsl[1:] < qsl[:-1]).any()):
             raise ValueError(f"query_start_loc must be non-decreasing within [0, T = {T}], got {qsl.tolist()}")
@@ -232,11 +225,7 @@ def sample(
     (its own stream, so the two never share random numbers). ``seeds`` as in :func:`rejection_sample`
     (None: unseeded, an independent stream per row). Returns tokens [N] int32."""
     kernel = _kernel_id(cuda_kernel)
-    check_tensor("logits", logits, dtypes=tuple(DTYPE_CODES), ndim=2)
-    device = check_device("logits", logits)
-    N, V = logits.shape
-    if V < 1:
-        raise ValueError(f"logits must have a vocabulary of at least 1, got shape {tuple(logits.shape)}")
+    device, N, V = logits_shape("logits", logits)
     temperature = _per_request("temperature", temperature, N, device, torch.float32)
     _check_temperature_values(temperature)
     seeds = _seeds(seeds, temperature, N, device)

@@ -261,7 +261,7 @@ class CostTable:
                 tail in 1.5x steps up to the capacity), which needs graph_sizes or max_tokens.
             draft_fn: ``draft_fn(r)`` runs one drafter step at r requests. Without it the drafter cost
                 is 0 and metadata["drafter"] says so (then step costs are verify costs only, which
-                biases the planner towards verifying less; see design section 3).
+                biases the planner towards verifying less; see docs/design.md, "Step cost").
             request_counts: the r to measure; required with draft_fn, an error without it. For a drafter
                 that replays CUDA graphs, measure its graph sizes (the staircase prices every r in between).
             graph_sizes, max_tokens, draft_interpolation: as in :meth:`from_points`.

@@ -42,5 +42,5 @@ from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
 from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX
 
-__all__ = ["MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MODES", "PlanArgs", "VERIFICATIONS", "VerifyPlan", "choose_budget",
+__all__ = ["INT32_MAX", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MODES", "PlanArgs", "VERIFICATIONS", "VerifyPlan", "choose_budget",
            "plan_verification", "prefix_survival", "resolve_plan_args"]

@@ -93,6 +93,8 @@ def _tsig(t):
 
 
 def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
+    if torch.compiler.is_compiling():  # traced once: nothing to remember (and no id() in a graph)
+        return float(cost_table.draft_cost(R)), cost_table.verify_array(max_n, device) if need_verify else None
     key = (id(cost_table), R, max_n, device, need_verify)
     hit = _COST_MEMO.get(key)
     if hit is not None and hit[0] is cost_table:
@@ -106,6 +108,8 @@ def _resolve(survival, drafts, cost_table, kwargs: dict) -> PlanArgs:
     """resolve_plan_args, skipped when a decode loop repeats an earlier call's arguments (same tensors with the
     same storage, shapes and strides, same scalars). Only results that hold the caller's own tensors are
     remembered (an int64 input converted to int32 would be a stale copy)."""
+    if torch.compiler.is_compiling():  # traced once: validate, remember nothing
+        return resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kwargs)
     key = (_tsig(survival), _tsig(drafts), id(cost_table),
            *(_tsig(v) if isinstance(v, torch.Tensor) else (type(v), v) for v in kwargs.values()))
     try:
@@ -130,6 +134,8 @@ _OUT_FIELDS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_
 
 
 def _check_out_memo(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
+    if torch.compiler.is_compiling():
+        return check_out(out, a)
     fields = tuple(getattr(out, f) for f in _OUT_FIELDS) if isinstance(out, VerifyPlan) else ()
     key = (id(out), *map(_tsig, fields), a.num_reqs_padded, a.num_tokens_padded, a.device,
            a.context_lens is not None, a.block_table is not None, a.anchor_tokens is not None)

@@ -32,8 +32,8 @@ struct BlockScratch {
   int64_t bcast_v;
 };
 
-// (score, id) argmax over the block under `better`; every thread gets the winner's id (-1 if none).
-__device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
+// (score, id) argmax over the warp under `better` (id < 0: none), every lane gets the warp's winner.
+__device__ __forceinline__ void warp_best(float& s, int64_t& v) {
   for (int off = 16; off > 0; off >>= 1) {
     const float os = __shfl_xor_sync(0xffffffffu, s, off);
     const int64_t ov = __shfl_xor_sync(0xffffffffu, v, off);
@@ -42,6 +42,11 @@ __device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
       v = ov;
     }
   }
+}
+
+// (score, id) argmax over the block under `better`; every thread gets the winner's id (-1 if none).
+__device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
+  warp_best(s, v);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sh.s[warp] = s;

@@ -401,15 +401,8 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
   }
 
   // Block reduction under the same order as v1's block_best, plus the NaN count; thread 0 stores.
-  for (int off = 16; off > 0; off >>= 1) {
-    const float os = __shfl_xor_sync(0xffffffffu, key, off);
-    const int64_t ov = __shfl_xor_sync(0xffffffffu, id, off);
-    nan += __shfl_xor_sync(0xffffffffu, nan, off);
-    if (ov >= 0 && (id < 0 || better(os, ov, key, id))) {
-      key = os;
-      id = ov;
-    }
-  }
+  warp_best(key, id);
+  for (int off = 16; off > 0; off >>= 1) nan += __shfl_xor_sync(0xffffffffu, nan, off);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sh.s[warp] = key;
