@@ -56,21 +56,23 @@ cuda_ok=$(python3 -c "import adaptive_verify as av; i = av.build_info(); print('
 case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests only (CI runs the CPU suite, the emulator tests included; leaving it out keeps
-# time for the sanitizer runs below). The tests of the opt-in kernels not yet run on a GPU
-# (verify_attention's "tiled", "mma" and "mma_fused", the planner's and the sampler's "v2") go in a process
-# of their own, after the others: a fault there would poison the CUDA context for every later test.
-timeout "$(cap 240)" python3 -m pytest tests -q -m cuda -k "not tiled and not v2 and not mma" -rf --tb=short --durations=15 -p no:cacheprovider \
+# time for the sanitizer runs below). The tests of the kernels not yet run on a GPU (verify_attention's
+# candidate "mma" / "mma_fused", the sampler's candidate "splitv", and the planner's one-algorithm kernel of
+# 2026-12-01) go in a process of their own, after the others: a fault there would poison the CUDA context for
+# every later test.
+candidates="mma or splitv or planner"
+timeout "$(cap 240)" python3 -m pytest tests -q -m cuda -k "not ($candidates)" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
 stamp cuda_rc
-timeout "$(cap 180)" python3 -m pytest tests -q -m cuda -k "tiled or v2 or mma" -rf --tb=short --durations=15 -p no:cacheprovider \
-  >"$log/cuda_tests_tiled.txt" 2>&1
-cuda_tiled_rc=$?
-stamp cuda_tiled_rc
+timeout "$(cap 180)" python3 -m pytest tests -q -m cuda -k "$candidates" -rf --tb=short --durations=15 -p no:cacheprovider \
+  >"$log/cuda_tests_candidates.txt" 2>&1
+cuda_cand_rc=$?
+stamp cuda_cand_rc
 
-# 3. benchmarks (the attention benchmark times every verify_attention CUDA kernel: rowwise, the default, tiled,
-# mma and mma_fused; the CUDA tests above run each of them too; a second run covers the largest sizes, R = 256
-# and 16k contexts, with the kernels fast enough to time there)
+# 3. benchmarks (the attention benchmark times every verify_attention CUDA kernel: rowwise, the default, and
+# the candidate mma / mma_fused; the CUDA tests above run each of them too; a second run covers the largest
+# sizes, R = 256 and 16k contexts, with the kernels fast enough to time there)
 timeout "$(cap 100)" python3 benchmarks/bench_planner.py --device cuda --min-time 0.1 --markdown "$log/bench_planner.md" \
   --json "$log/bench_planner.json" >"$log/bench_planner.txt" 2>&1
 bench_rc=$?
@@ -87,7 +89,7 @@ timeout "$(cap 100)" python3 benchmarks/bench_attention.py --device cuda --reqs 
   --markdown "$log/bench_attention.md" --json "$log/bench_attention.json" >"$log/bench_attention.txt" 2>&1
 bench_att_rc=$?
 stamp bench_att_rc
-timeout "$(cap 90)" python3 benchmarks/bench_attention.py --device cuda --kernels tiled mma mma_fused --reqs 32 256 --contexts 16384 \
+timeout "$(cap 90)" python3 benchmarks/bench_attention.py --device cuda --kernels mma mma_fused --reqs 32 256 --contexts 16384 \
   --markdown "$log/bench_attention_large.md" --json "$log/bench_attention_large.json" >"$log/bench_attention_large.txt" 2>&1
 bench_att_large_rc=$?
 stamp bench_att_large_rc
@@ -124,13 +126,13 @@ stamp sanitizer_rc
   echo "|---|---|"
   echo "| build | $(status $build_rc) |"
   echo "| CUDA kernels usable | $cuda_ok |"
-  echo "| CUDA tests (validated kernels: all but tiled and mma attention, planner v2, sampler v2) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
-  echo "| CUDA tests (opt-in kernels: tiled and mma attention, planner v2, sampler v2) | $(status $cuda_tiled_rc): $(tail -1 "$log/cuda_tests_tiled.txt") |"
+  echo "| CUDA tests (validated kernels: rowwise attention, sampler v1, confidence, write_kv) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
+  echo "| CUDA tests (candidates: mma attention, sampler splitv, the one-algorithm planner) | $(status $cuda_cand_rc): $(tail -1 "$log/cuda_tests_candidates.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
   echo "| sampling benchmark | $(status $bench_samp_rc) |"
-  echo "| attention benchmark (rowwise, tiled, mma, mma_fused) | $(status $bench_att_rc) |"
-  echo "| attention benchmark, R = 256 and 16k contexts (tiled, mma, mma_fused) | $(status $bench_att_large_rc) |"
+  echo "| attention benchmark (rowwise, mma, mma_fused) | $(status $bench_att_rc) |"
+  echo "| attention benchmark, R = 256 and 16k contexts (mma, mma_fused) | $(status $bench_att_large_rc) |"
   echo "| compute-sanitizer racecheck (opt-in kernels) | $(status $racecheck_rc): $(tail -1 "$log/racecheck.txt") |"
   echo "| compute-sanitizer memcheck (opt-in kernels) | $(status $memcheck_rc): $(tail -1 "$log/memcheck.txt") |"
   echo
@@ -145,7 +147,7 @@ stamp sanitizer_rc
     echo
   done
   echo
-  for run in "cuda_tests:$cuda_rc:" "cuda_tests_tiled:$cuda_tiled_rc: (opt-in kernels)"; do
+  for run in "cuda_tests:$cuda_rc:" "cuda_tests_candidates:$cuda_cand_rc: (candidate kernels)"; do
     IFS=: read -r name rc what <<<"$run"
     [ "$rc" -eq 0 ] && continue
     echo "## CUDA test failures$what"
@@ -175,4 +177,4 @@ stamp sanitizer_rc
 # The device tool brings back only a few files: one archive holds every log.
 tar czf "$(dirname "$report")/logs.tgz" -C "$(dirname "$report")" logs && rm -rf "$log"
 echo "report written to $report"
-[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cuda_tiled_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ] && [ $bench_att_large_rc -eq 0 ]
+[ $build_rc -eq 0 ] && [ $cuda_usable_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $cuda_cand_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_conf_rc -eq 0 ] && [ $bench_samp_rc -eq 0 ] && [ $bench_att_rc -eq 0 ] && [ $bench_att_large_rc -eq 0 ]

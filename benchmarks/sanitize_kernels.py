@@ -3,13 +3,12 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
 
-Covers verify_attention's "tiled", "mma" and "mma_fused", the planner's "v2" and the sampler's "v2" (the
-split-vocabulary kernel with its cross-block early exit): the shared-memory races and out-of-bounds
-accesses the host emulator (tests/emu) cannot see on real hardware. Sizes are small because the sanitizer
+Covers verify_attention's candidate "mma" and "mma_fused", the planner's one-algorithm kernel (2026-12-01) and
+the sampler's candidate "splitv" (the split-vocabulary kernel with its cross-block early exit): the
+shared-memory races and out-of-bounds accesses the host emulator (tests/emu) cannot see on real hardware. Sizes are small because the sanitizer
 slows kernels down 10-100x; each case still spans several splits, chunks and blocks. Exits 1 if any result
 disagrees with the CPU kernel (attention: within the float32 tolerance; planner and sampler: exactly).
 """
-import os
 import sys
 
 import torch
@@ -38,7 +37,7 @@ def attention_cases():
     args = (q, kc, vc, table, torch.tensor(seq, dtype=torch.int32), qsl, max(q_lens))
     want = av.verify_attention(*args).float()
     dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
-    for kernel in ("tiled", "mma", "mma_fused"):
+    for kernel in ("mma", "mma_fused"):
         got = av.verify_attention(*dev, cuda_kernel=kernel).float().cpu()
         err = (got - want).abs().max().item()
         yield f"verify_attention {kernel}", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
@@ -52,11 +51,9 @@ def planner_case():
     drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
     table = av.CostTable.from_points({1: 4.0, 64: 4.4, 256: 5.5, 1024: 9.0}, draft_ms={1: 0.5, 256: 1.0})
     want = av.plan_verification(survival, drafts, table, mode="greedy")
-    os.environ["AV_PLANNER_KERNEL"] = "v2"
     got = av.plan_verification(survival.cuda(), drafts.cuda(), table, mode="greedy")
-    os.environ.pop("AV_PLANNER_KERNEL")
     same = torch.equal(want.verify_lens, got.verify_lens.cpu()) and int(want.budget) == int(got.budget)
-    yield "plan v2", same, f"budget {int(got.budget)} (CPU {int(want.budget)})"
+    yield "plan", same, f"budget {int(got.budget)} (CPU {int(want.budget)})"
 
 
 def sampler_cases():
@@ -70,15 +67,13 @@ def sampler_cases():
     temperature = torch.tensor([0.0, 0.7] * (R // 2))
     seeds = torch.arange(R, dtype=torch.int64)
     want = av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, offset=5)
-    os.environ["AV_SAMPLER_KERNEL"] = "v2"
     got = av.rejection_sample(logits.cuda(), qsl.cuda(), drafts.cuda(), temperature=temperature.cuda(),
-                              seeds=seeds.cuda(), offset=5)
+                              seeds=seeds.cuda(), offset=5, cuda_kernel="splitv")
     row_temp, row_seeds = temperature.repeat_interleave(K + 1), seeds.repeat_interleave(K + 1)
-    toks = av.sample(logits.cuda(), row_temp.cuda(), row_seeds.cuda(), 5)
-    os.environ.pop("AV_SAMPLER_KERNEL")
+    toks = av.sample(logits.cuda(), row_temp.cuda(), row_seeds.cuda(), 5, cuda_kernel="splitv")
     want_toks = av.sample(logits, row_temp, row_seeds, 5)
-    yield "rejection_sample v2", torch.equal(want[0], got[0].cpu()) and torch.equal(want[1], got[1].cpu()), ""
-    yield "sample v2", torch.equal(want_toks, toks.cpu()), ""
+    yield "rejection_sample splitv", torch.equal(want[0], got[0].cpu()) and torch.equal(want[1], got[1].cpu()), ""
+    yield "sample splitv", torch.equal(want_toks, toks.cpu()), ""
 
 
 def main() -> int:

@@ -225,6 +225,8 @@ def test_matches_reference_full_grid(dtype, D, block_size, group):
 
 BIG = [
     (torch.bfloat16, 128, 16, 1, 8, 16),
+    (torch.bfloat16, 128, 16, 2, 4, 33),  # K = 32 drafts + the anchor: the planner's longest chain
+    (torch.float16, 64, 32, 1, 2, 64),  # the longest query (trees of 63 nodes)
     (torch.float16, 256, 256, 1, 16, 16),
     (torch.bfloat16, 64, 128, 4, 1, 8),
     (torch.float16, 128, 32, 2, 4, 4),
@@ -464,7 +466,7 @@ def names(pattern):
     ("query_start_loc", _i32(-1, 3, 5), ValueError, "query_start_loc"),
     # max_query_len
     ("max_query_len", 0, ValueError, "max_query_len"),
-    ("max_query_len", 17, ValueError, "max_query_len"),
+    ("max_query_len", 65, ValueError, "max_query_len"),
     ("max_query_len", -3, ValueError, "max_query_len"),
     ("max_query_len", 2.5, TypeError, "max_query_len"),
     ("max_query_len", 2, ValueError, "query_start_loc|max_query_len"),  # request 0 has q_len 3
@@ -475,30 +477,29 @@ def test_verify_attention_bad_inputs_name_the_argument(name, value, exc, named):
     _attn()  # the good arguments pass
 
 
-@pytest.mark.parametrize("value", ["", "Rowwise", "tensor_core", 0, 1, True, ["tiled"]])
-def test_verify_attention_bad_cuda_kernel(monkeypatch, value):
+@pytest.mark.parametrize("value", ["", "Rowwise", "tensor_core", "tiled", 0, 1, True, ["mma"]])
+def test_verify_attention_bad_cuda_kernel(value):
     """cuda_kernel picks the CUDA implementation; on CPU it is checked, then ignored."""
-    monkeypatch.delenv("AV_ATTENTION_KERNEL", raising=False)
     with pytest.raises(ValueError, match=names("cuda_kernel")):
         _attn(cuda_kernel=value)
 
 
-@pytest.mark.parametrize("value", ["", "Tiled", "tensor_core", "0", " rowwise"])
-def test_verify_attention_bad_kernel_environment_variable(monkeypatch, value):
-    monkeypatch.setenv("AV_ATTENTION_KERNEL", value)
-    with pytest.raises(ValueError, match=names("AV_ATTENTION_KERNEL")):
+@pytest.mark.parametrize("value", ["", "tiled", None])
+def test_verify_attention_bad_module_setting(monkeypatch, value):
+    """The module setting CUDA_KERNEL (used when cuda_kernel is None) is checked like the argument, by name."""
+    from adaptive_verify import attention as attention_module
+    monkeypatch.setattr(attention_module, "CUDA_KERNEL", value)
+    with pytest.raises(ValueError, match=r"^adaptive_verify\.attention\.CUDA_KERNEL"):
         _attn()
-    _attn(cuda_kernel="rowwise")  # an explicit argument does not read the variable
+    _attn(cuda_kernel="rowwise")  # an explicit argument does not read the setting
 
 
-@pytest.mark.parametrize("env", [None, "rowwise", "tiled", "mma", "mma_fused"])
-def test_verify_attention_cuda_kernel_is_ignored_on_cpu(monkeypatch, env):
-    if env is None:
-        monkeypatch.delenv("AV_ATTENTION_KERNEL", raising=False)
-    else:
-        monkeypatch.setenv("AV_ATTENTION_KERNEL", env)
+@pytest.mark.parametrize("setting", ["rowwise", "mma", "mma_fused"])
+def test_verify_attention_cuda_kernel_is_ignored_on_cpu(monkeypatch, setting):
+    from adaptive_verify import attention as attention_module
+    monkeypatch.setattr(attention_module, "CUDA_KERNEL", setting)
     want = _attn(cuda_kernel="rowwise")
-    for kernel in (None, "rowwise", "tiled", "mma", "mma_fused"):
+    for kernel in (None, "rowwise", "mma", "mma_fused"):
         assert torch.equal(_attn(cuda_kernel=kernel), want), kernel
 
 
@@ -640,14 +641,14 @@ def test_max_seq_len_bounds_the_blocks_read():
         av.verify_attention(*args, max_seq_len=12.5)
 
 
-# (argument overrides of a good _C.verify_attention call, the name its error must start with)
+# (field overrides of a good _C.verify_attention parameter struct, the name its error must start with)
 CAN_IMPLEMENT = [
-    (dict(dtype=0), "q: dtype"), (dict(D=96), "q: head dim"), (dict(Hkv=3), "q / k_cache"),
-    (dict(Hq=24, Hkv=8), "q / k_cache: Hq / Hkv"), (dict(block_size=48), "k_cache: block_size"),
-    (dict(max_query_len=17), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
-    (dict(kernel=4), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
-    (dict(on_cuda=True, R=65536), "block_table: at most 65535"),
-    (dict(on_cuda=True, R=65535, kernel=3), "block_table: at most 65534"),  # mma_fused: one more grid slice
+    (dict(dtype=0), "q: dtype"), (dict(head_dim=96), "q: head dim"), (dict(num_kv_heads=3), "q / k_cache"),
+    (dict(num_q_heads=24, num_kv_heads=8), "q / k_cache: Hq / Hkv"), (dict(block_size=48), "k_cache: block_size"),
+    (dict(max_query_len=65), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
+    (dict(kernel=3), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
+    (dict(on_cuda=True, num_reqs=65536), "block_table: at most 65535"),
+    (dict(on_cuda=True, num_reqs=65535, kernel=2), "block_table: at most 65534"),  # mma_fused: one more slice
 ]
 
 
@@ -655,11 +656,14 @@ CAN_IMPLEMENT = [
 def test_kernels_can_implement_rejects_unsupported_problems(bad, name):
     """The C++ can_implement check behind _C.verify_attention: an unsupported problem is a ValueError naming
     the argument before anything is read (the pointers here are null) or launched."""
+    import ctypes
+
+    from adaptive_verify._binding import AttentionParams
     from adaptive_verify._ext import _C
-    args = dict(on_cuda=False, stream=0, q=0, q_stride_t=0, q_stride_h=0, k_cache=0, v_cache=0, block_table=0,
-                block_table_stride=1, max_blocks=1, seq_lens=0, qsl=0, dtype=2, R=0, T=0, Hq=8, Hkv=2, D=128,
-                block_size=16, num_blocks=1, max_query_len=4, scale=1.0, out=0, lse=0, error_counts=0,
-                workspace=0, kernel=2)
-    args.update(bad)  # (every other test here passes through the check with a good problem)
+    fields = dict(max_blocks=1, dtype=2, num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, num_blocks=1,
+                  max_query_len=4, scale=1.0, kernel=1)
+    fields.update(bad)  # (every other test here passes through the check with a good problem)
+    on_cuda = fields.pop("on_cuda", False)
+    p = AttentionParams(**fields)
     with pytest.raises(ValueError, match=f"verify_attention: {re.escape(name)}"):
-        _C.verify_attention(*args.values())
+        _C.verify_attention(ctypes.addressof(p), on_cuda, 0)

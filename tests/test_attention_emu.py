@@ -1,8 +1,8 @@
-"""The tensor-core (two launches, and fused into one) and tiled verify_attention CUDA kernels
-(csrc/include/adaptive_verify/attention/kernel_mma.cuh, kernel_tiled.cuh, and their merge kernel) run on the
-CPU by the fiber emulator in tests/emu: their real CUDA source, compiled by the host compiler, with every
-CUDA thread a fiber and warp shuffles / ballots, ldmatrix, mma.sync and cp.async emulated (the last three
-from the PTX fragment layouts).
+"""verify_attention's CUDA kernels, the row-wise one (validated on an H200: it checks the emulator) and the
+tensor-core candidate (two launches, and fused into one; csrc/include/adaptive_verify/attention/), launched by
+their real launcher (launch_verify_attention), run on the CPU by the fiber emulator in tests/emu: their real
+CUDA source, compiled by the host compiler, with every CUDA thread a fiber and warp shuffles / ballots,
+ldmatrix, mma.sync and cp.async emulated (the last three from the PTX fragment layouts).
 
 This is how the kernels' indexing (GQA row packing, MMA fragments, the smem swizzle, the cp.async pipeline,
 masking, split bookkeeping) is tested on machines without a GPU. The emulator also fails a run on
@@ -19,13 +19,14 @@ import pytest
 import torch
 
 import emu_build
+from adaptive_verify import attention as attention_module
+from adaptive_verify import errors as av_errors
 
 from test_attention import (FAR, GQA_RATIOS, NAN, NEG_INF, Problem, bits, check_against_reference,
                             random_problem, random_request)
 
-_DTYPES = {torch.bfloat16: 2, torch.float16: 1}
 LATE, EARLY = 0, 1  # cp.async data lands at the wait / at issue
-KERNELS = {"mma": 2, "mma_fused": 3, "tiled": 1}  # AttentionParams::kernel (params.h)
+KERNELS = attention_module.CUDA_KERNELS  # rowwise, mma, mma_fused (AttentionParams::kernel)
 each_kernel = pytest.mark.parametrize("kernel", list(KERNELS))
 
 
@@ -34,10 +35,7 @@ def emu(tmp_path_factory):
     """The emulator's verify_attention entry point (tests/emu/attention_emu.cpp)."""
     dll = emu_build.build("attention_emu", tmp_path_factory)
     fn = dll.av_emu_verify_attention
-    i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, ptr, ptr,
-                   i32, i32, i64, i32, i32, i32, i32, i64, i32, ctypes.c_float, ptr, ptr, ptr, ctypes.c_char_p,
-                   ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int]
     fn.restype = ctypes.c_int
     dll.av_emu_set_reverse.argtypes = [ctypes.c_int]
     dll.av_emu_set_reverse(0)
@@ -47,21 +45,20 @@ def emu(tmp_path_factory):
 
 def emu_call(emu, kernel, p, *, copy_mode=LATE, plain_loads=False, scale=None, block_table=None,
              seq_lens=None):
-    """verify_attention through an emulated CUDA kernel (a KERNELS name); returns (out, lse, error counts)."""
+    """verify_attention through an emulated CUDA kernel (a KERNELS name), with the parameter struct the Python
+    layer builds for a real call; returns (out, lse, error counts)."""
     q, kc, vc, bt, sl, qsl, mql = p.args()
     bt = bt if block_table is None else block_table
     sl = sl if seq_lens is None else seq_lens
     T, Hq, D = q.shape
-    num_blocks, block_size, Hkv, _ = kc.shape
     out = torch.full_like(q, NAN)
     lse = torch.full((T, Hq), NAN, dtype=torch.float32)
-    counts = torch.zeros(16, dtype=torch.int32)
-    err = ctypes.create_string_buffer(512)
+    counts = torch.zeros(av_errors.error_buffer("cpu").numel(), dtype=torch.int32)
     scale = D ** -0.5 if scale is None else scale
-    status = emu(KERNELS[kernel], copy_mode, int(plain_loads), q.data_ptr(), q.stride(0), q.stride(1), kc.data_ptr(),
-                 vc.data_ptr(), kc.numel() * kc.element_size(), bt.data_ptr(), bt.stride(0), bt.shape[1], sl.data_ptr(),
-                 qsl.data_ptr(), _DTYPES[q.dtype], bt.shape[0], T, Hq, Hkv, D, block_size, num_blocks, mql, scale,
-                 out.data_ptr(), lse.data_ptr(), counts.data_ptr(), err, len(err))
+    params = attention_module._attention_params(q, kc, vc, bt, sl, qsl, out, lse, counts, mql, bt.shape[1], scale,
+                                                KERNELS[kernel])
+    err = ctypes.create_string_buffer(512)
+    status = emu(ctypes.addressof(params), copy_mode, int(plain_loads), kc.numel() * kc.element_size(), err, len(err))
     assert status == 0, f"emulator: {err.value.decode()}"
     assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} output elements NaN (unwritten or read NaN)"
     return out, lse, counts
@@ -78,6 +75,8 @@ CASES = [
     (torch.float16, 256, 16, 2, 1),
     (torch.bfloat16, 128, 128, 1, 16),
     (torch.float16, 64, 16, 4, 3),
+    (torch.bfloat16, 64, 16, 2, 33),  # the planner's longest chain: 66 rows in 5 warps
+    (torch.float16, 128, 32, 4, 64),  # the longest query: 256 rows, two 8-warp row chunks
 ]
 
 

@@ -48,3 +48,74 @@ def test_acceptance_stats_update_compiles():
     torch.compile(stats_compiled.update, fullgraph=False)(conf, vl, na)
     assert torch.equal(stats_eager.trials, stats_compiled.trials)
     assert torch.equal(stats_eager.survivals, stats_compiled.survivals)
+
+
+def _step_inputs():
+    """One decode step of a tiny model: 3 requests x 4 drafts, a paged KV cache, target logits."""
+    g = torch.Generator().manual_seed(5)
+    R, K, Hq, Hkv, D, bs, V = 3, 4, 4, 2, 64, 16, 37
+    conf = torch.rand(R, K, generator=g) * 0.6 + 0.4
+    drafts = torch.tensor([4, 2, 3], dtype=torch.int32)
+    context = torch.tensor([5, 17, 0], dtype=torch.int32)
+    block_table = torch.arange(R * 4, dtype=torch.int32).view(R, 4)
+    anchors = torch.randint(0, V, (R,), generator=g, dtype=torch.int32)
+    draft_tokens = torch.randint(0, V, (R, K), generator=g, dtype=torch.int32)
+    k_cache = torch.randn(R * 4, bs, Hkv, D, generator=g).to(torch.bfloat16)
+    v_cache = torch.randn(R * 4, bs, Hkv, D, generator=g).to(torch.bfloat16)
+    T = R * (K + 1)
+    q = torch.randn(T, Hq, D, generator=g).to(torch.bfloat16)
+    k_new = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16)
+    v_new = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16)
+    logits = torch.randn(T, V, generator=g)
+    return dict(conf=conf, drafts=drafts, context=context, block_table=block_table, anchors=anchors,
+                draft_tokens=draft_tokens, k_cache=k_cache, v_cache=v_cache, q=q, k_new=k_new, v_new=v_new,
+                logits=logits)
+
+
+def test_whole_verification_step_compiles_fullgraph():
+    """survival -> plan -> write_kv -> verify_attention -> rejection_sample under torch.compile(fullgraph=True)
+    (every op is a custom op with a fake implementation, so nothing breaks the graph) equals eager."""
+    table = av.CostTable.from_points({1: 1.0, 64: 1.5}, draft_ms=0.5)
+    K = 4
+
+    def step(x):
+        survival = av.prefix_survival(x["conf"], x["drafts"])
+        plan = av.plan_verification(survival, x["drafts"], table, mode="greedy", context_lens=x["context"],
+                                    block_table=x["block_table"], block_size=16, anchor_tokens=x["anchors"],
+                                    draft_tokens=x["draft_tokens"], num_tokens_padded=x["q"].shape[0])
+        av.write_kv(x["k_new"], x["v_new"], x["k_cache"], x["v_cache"], plan.slot_mapping)
+        attn = av.verify_attention(x["q"], x["k_cache"], x["v_cache"], x["block_table"], plan.seq_lens,
+                                   plan.query_start_loc, K + 1)
+        tokens, emitted = av.rejection_sample(x["logits"] + attn.float().mean(), plan.query_start_loc,
+                                              x["draft_tokens"], temperature=torch.ones(3),
+                                              seeds=torch.arange(3, dtype=torch.int64), offset=3)
+        return survival, plan.verify_lens, plan.slot_mapping, attn, tokens, emitted, x["k_cache"]
+
+    eager = step(_step_inputs())
+    dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(_step_inputs())
+    for name, e, c in zip(("survival", "verify_lens", "slot_mapping", "attention", "tokens", "emitted", "k_cache"),
+                          eager, compiled):
+        assert e.dtype == c.dtype and torch.equal(e, c), name
+    assert int(eager[1].sum()) > 0  # the step verifies something
+
+
+def _attention_op_args():
+    x = _step_inputs()
+    R = 3
+    qsl = torch.tensor([0, 5, 8, 12], dtype=torch.int32)
+    seq = torch.tensor([10, 20, 4], dtype=torch.int32)
+    out = torch.empty_like(x["q"])
+    lse = torch.empty(x["q"].shape[:2], dtype=torch.float32)
+    err = torch.zeros(av.errors.error_buffer("cpu").numel(), dtype=torch.int32)
+    return (x["q"], x["k_cache"], x["v_cache"], x["block_table"][:R].contiguous(), seq, qsl, out, lse, err, 5, 4, 0.125,
+            0), x
+
+
+def test_opcheck_verify_attention_and_write_kv():
+    args, x = _attention_op_args()
+    torch.library.opcheck(torch.ops.adaptive_verify.verify_attention_into.default, args)
+    slots = torch.arange(x["k_new"].shape[0], dtype=torch.int64)
+    err = torch.zeros(av.errors.error_buffer("cpu").numel(), dtype=torch.int32)
+    torch.library.opcheck(torch.ops.adaptive_verify.write_kv_.default,
+                          (x["k_new"], x["v_new"], x["k_cache"], x["v_cache"], slots, err))

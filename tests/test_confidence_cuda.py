@@ -7,7 +7,6 @@ from adaptive_verify import reference as ref
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
 ]
 
 

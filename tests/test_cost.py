@@ -1,10 +1,7 @@
 """Tests for adaptive_verify.cost: hand-computed costs on small tables, errors, dense arrays, JSON, profiler."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 import time
 
 import pytest
@@ -140,6 +137,27 @@ def test_single_eager_point_extrapolates_across_the_cliff():
     assert flat.verify_cost(10**6) == 5.0
 
 
+def test_request_ms_is_a_per_request_fixed_term():
+    """fixed_cost(r) = draft_cost(r) + request_ms * r, inside step_cost; kept by shifted views, JSON and the
+    roofline; tables without it (and files before format_version 3) have none."""
+    t = CostTable.from_points({1: 1.0, 3: 2.0}, draft_ms={2: 0.5, 4: 1.5}, request_ms=0.25)
+    assert t.request_ms == 0.25
+    assert [t.fixed_cost(r) for r in (0, 1, 3, 8)] == [0.5, 0.75, 1.5 + 0.75, 3.5 + 2.0]
+    assert t.step_cost(3, 2) == 1.5 + 0.75 + 1.5
+    assert t.shifted(1).request_ms == 0.25 and t.shifted(1).fixed_cost(3) == t.fixed_cost(3)
+    assert CostTable.from_dict(t.to_dict()) == t and t.to_dict()["request_ms"] == 0.25
+    assert "request_ms=0.25" in repr(t)
+    plain = CostTable.from_points({1: 1.0}, draft_ms=0.5)
+    assert plain.request_ms == 0.0 and plain.fixed_cost(100) == plain.draft_cost(100) == 0.5
+    v2 = plain.to_dict()
+    v2.update(format_version=2)
+    del v2["request_ms"]
+    assert CostTable.from_dict(v2).request_ms == 0.0
+    roof = CostTable.roofline(hbm_gbps=1000.0, tflops=100.0, weight_bytes=1e9, active_params=1e9,
+                              kv_bytes_per_token=0.0, context_len=0, max_tokens=64, request_ms=0.1)
+    assert roof.fixed_cost(10) == pytest.approx(1.0)
+
+
 def test_draft_constant_and_step_cost():
     t = staircase_table(draft_ms=0.25)
     assert t.draft_cost(0) == t.draft_cost(1000) == 0.25
@@ -185,7 +203,7 @@ def test_verify_array_clamped_to_max_tokens():
     assert a[256].item() == 28.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_dense_arrays_on_cuda_and_cuda_event_profile():
     t = CostTable.from_points({3: 0.1, 7: 0.3, 20: 0.7}, draft_ms={1: 0.01, 9: 0.23}, graph_sizes=[3, 7])
     a = t.verify_array(100, device="cuda")
@@ -223,7 +241,7 @@ def test_json_round_trip(tmp_path):
     )
     path = tmp_path / "cost.json"
     t.to_json(path)
-    assert json.loads(path.read_text())["format_version"] == 2
+    assert json.loads(path.read_text())["format_version"] == cost.FORMAT_VERSION == 3
     u = CostTable.from_json(path)
     assert u == t and u.draft_interpolation == "staircase"
     assert u.verify_ms == t.verify_ms and u.draft_ms == t.draft_ms
@@ -258,8 +276,11 @@ def test_json_deep_nesting_is_a_value_error(tmp_path):
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda d: d.update(format_version=3), "format_version=3 is not supported"),
-        (lambda d: d.update(format_version=1), r"unknown keys \['draft_interpolation'\] in a format_version 1"),
+        (lambda d: d.update(format_version=4), "format_version=4 is not supported"),
+        (lambda d: d.update(format_version=1),
+         r"unknown keys \['draft_interpolation', 'request_ms'\] in a format_version 1"),
+        (lambda d: d.update(format_version=2), r"unknown keys \['request_ms'\] in a format_version 2"),
+        (lambda d: d.update(request_ms=-0.5), "request_ms"),
         (lambda d: d.update(draft_interpolation="cubic"), "draft_interpolation"),
         (lambda d: d.pop("format_version"), "format_version missing"),
         (lambda d: d.update(graph_size=[8]), r"unknown keys \['graph_size'\]"),
@@ -312,6 +333,9 @@ BAD_FROM_POINTS = [
     (dict(verify_ms=V, max_tokens=1.5), TypeError, "max_tokens"),
     (dict(verify_ms=V, metadata=[("device", "x")]), TypeError, "metadata"),
     (dict(verify_ms=V, metadata={1: "x"}), TypeError, "metadata"),
+    (dict(verify_ms=V, request_ms=-0.01), ValueError, "request_ms"),
+    (dict(verify_ms=V, request_ms=math.nan), ValueError, "request_ms"),
+    (dict(verify_ms=V, request_ms="0.1"), TypeError, "request_ms"),
 ]
 
 
@@ -329,6 +353,7 @@ def test_from_points_errors_name_argument(kwargs, exc, name):
         (lambda t: t.draft_cost(-1), ValueError, "r"),
         (lambda t: t.step_cost(-1, 4), ValueError, "r"),
         (lambda t: t.step_cost(1, -4), ValueError, "n"),
+        (lambda t: t.fixed_cost(-1), ValueError, "r"),
         (lambda t: t.verify_array(-1), ValueError, "max_n"),
         (lambda t: t.draft_array(-1), ValueError, "max_r"),
         (lambda t: t.draft_array(2.0), TypeError, "max_r"),

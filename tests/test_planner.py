@@ -1,4 +1,4 @@
-"""Tests for the verification planner (adaptive_verify.planner, design.md section 4).
+"""Tests for the verification planner (adaptive_verify.planner, docs/design.md, "Planner").
 
 Three layers:
 
@@ -22,10 +22,9 @@ from hypothesis import strategies as st
 
 import adaptive_verify as av
 from adaptive_verify import errors as av_errors
-from adaptive_verify import planner as av_planner
 from adaptive_verify import reference as ref
-from adaptive_verify.library import pack_plan_args
 from adaptive_verify.planner import VerifyPlan, resolve_plan_args
+from adaptive_verify.planner.ops import _present, _warned_global, pack_plan_args
 
 FIXED_ONE = 2**32
 SENTINEL = 12345
@@ -466,6 +465,23 @@ def test_hand_linear_cost_greedy_and_global():
         assert int(av.choose_budget(HAND_SURVIVAL, drafts, table, mode=mode)) == 2
 
 
+def test_hand_request_ms_is_part_of_thetas_fixed_term():
+    """Theta's fixed term is cost_table.fixed_cost(R) = draft_cost(R) + request_ms * R: per-request step work
+    moves the budget exactly as the same milliseconds of drafter cost do."""
+    drafts = i32([3, 3])
+    # no fixed term: Theta(B) = (2 + P(B)) / (2 + B): 1, .917, ... -> B = 0
+    assert int(av.choose_budget(HAND_SURVIVAL, drafts, linear_table(draft_ms=0.0), mode="global")) == 0
+    # request_ms = 1 at R = 2 is 2 ms: Theta(B) = (2 + P(B)) / (4 + B), as with draft_ms = 2 above -> B = 2
+    per_request = linear_table(draft_ms=0.0, request_ms=1.0)
+    assert per_request.fixed_cost(2) == 2.0 and per_request.step_cost(2, 3) == 5.0
+    for mode in ("greedy", "global"):
+        plan = av.plan_verification(HAND_SURVIVAL, drafts, per_request, mode=mode)
+        assert plan.verify_lens.tolist() == [1, 1] and int(plan.budget) == 2, mode
+    # both terms add: fixed 2 + 2 = 4 ms, Theta(B) = (2 + P) / (6 + B): .333, .393, .422, .431, .438, .420 -> B = 4
+    both = linear_table(draft_ms=2.0, request_ms=1.0)
+    assert int(av.choose_budget(HAND_SURVIVAL, drafts, both, mode="global")) == 4
+
+
 def test_hand_extra_tokens_and_extra_emitting():
     table = linear_table(draft_ms=2.0)
     drafts = i32([3, 3])
@@ -746,7 +762,6 @@ META = dict(context_lens=i32([4, 9]), block_table=i32([[0, 1], [2, 3]]), block_s
     (ValueError, "block_table", dict(META, context_lens=i32([4, 14]))),  # 14 + 3 tokens need a 3rd block
     (ValueError, "block_table", dict(META, context_lens=i32([-1, 0]))),  # negative position
     (ValueError, "anchor_tokens", dict(anchor_tokens=i32([1, 2]))),
-    (ValueError, "anchor_tokens", dict(draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))),
     (ValueError, "draft_tokens", dict(anchor_tokens=i32([1, 2]), draft_tokens=i32([[1, 2], [4, 5]]))),
     (ValueError, "anchor_tokens", dict(anchor_tokens=i32([1]), draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))),
 ])
@@ -813,7 +828,7 @@ def test_choose_budget_and_prefix_survival_errors():
         av.prefix_survival(S, D, out=torch.zeros(2, 3, dtype=torch.float64))
 
 
-@pytest.mark.skipif(not av.cuda_available(), reason="needs a CUDA device and a CUDA build")
+@pytest.mark.cuda
 def test_device_mismatch():
     survival = S.cuda()
     with pytest.raises(ValueError, match="drafts"):
@@ -855,9 +870,9 @@ def test_zero_requests_write_every_output():
 
 
 def test_global_mode_warns_once_per_declaration():
-    """Live global is lossless with one-hot verification (design section 4): declared "onehot" it is silent;
+    """Live global is lossless with one-hot verification (docs/design.md, "Planner"): declared "onehot" it is silent;
     undeclared or "probs" it warns once each, saying which verification makes it lossless."""
-    av_planner._warned_global.clear()
+    _warned_global.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         av.plan_verification(S, D, linear_table(), mode="global", verification="onehot")
@@ -943,7 +958,7 @@ def test_opcheck_plan_into(mode, with_meta):
     args, out, (survival, drafts, table, kwargs) = _opcheck_plan_args(mode, with_meta)
     torch.library.opcheck(torch.ops.adaptive_verify.plan_into.default, args)
     torch.ops.adaptive_verify.plan_into(*args)
-    assert_plans_equal(av_planner._present(out, resolve_plan_args(survival, drafts, table, **kwargs)),
+    assert_plans_equal(_present(out, resolve_plan_args(survival, drafts, table, **kwargs)),
                        ref.plan_verification(survival, drafts, table, **kwargs))
 
 
@@ -1064,3 +1079,44 @@ def test_empty_batch_from_numpy_is_accepted():
     drafts = torch.from_numpy(np.zeros(0, dtype=np.int32))
     s = av.prefix_survival(conf, drafts)
     assert s.shape == (0, 4)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Drafts the engine invalidated (token id -1, e.g. by a grammar) are not candidates
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_invalidated_drafts_end_their_requests_candidates(mode):
+    """A negative draft token ends its request's candidates (vLLM marks grammar-invalidated drafts -1): it and
+    every later draft of the request are never verified, in every mode, with or without input_ids, and
+    choose_budget prices only the valid drafts."""
+    rng = np.random.default_rng(5)
+    R, K = 6, 5
+    survival = gen_survival(rng, R, K, "prefix", 0.0)
+    survival[:] = survival.clamp(min=0.5)  # every draft is worth verifying
+    drafts = i32([5, 5, 3, 5, 0, 5])
+    tokens = torch.arange(R * K, dtype=torch.int32).view(R, K) + 100
+    tokens[0, 2] = -1  # request 0: drafts 0, 1 valid
+    tokens[1, 0] = -1  # request 1: nothing to verify
+    tokens[3, 4] = -7  # any negative id
+    tokens[5, 3] = -1
+    want_caps = [2, 0, 3, 4, 0, 3]
+    table = linear_table(draft_ms=50.0)
+    kw = dict(mode=mode, draft_tokens=tokens)
+    if mode == "fixed":
+        kw["budget"] = 100
+    for extra in ({}, dict(anchor_tokens=i32(range(R)), context_lens=i32([3] * R))):
+        plan = av.plan_verification(survival, drafts, table, **kw, **extra, verification="onehot")
+        assert plan.verify_lens.tolist() == want_caps, (mode, plan.verify_lens.tolist())
+        assert_plans_equal(plan, ref.plan_verification(survival, drafts, table, **kw, **extra))
+        if "anchor_tokens" in extra:  # the verified drafts' tokens are the valid ones
+            assert bool((plan.input_ids >= 0).all())
+    if mode != "fixed":
+        b = av.choose_budget(survival, drafts, table, mode=mode, draft_tokens=tokens)
+        assert int(b) == int(ref.choose_budget(survival, drafts, table, mode=mode, draft_tokens=tokens))
+        if mode == "all":
+            assert int(b) == sum(want_caps)
+    # Without draft_tokens the planner cannot know: every drafted position is a candidate.
+    plain = av.plan_verification(survival, drafts, table, mode="all")
+    assert plain.verify_lens.tolist() == drafts.tolist()

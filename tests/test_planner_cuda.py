@@ -1,5 +1,6 @@
-"""CUDA planner == C++ CPU planner, exactly, for both CUDA kernels (AV_PLANNER_KERNEL=v1 / v2); graph capture
-and replay. The GPU tests are skipped without a GPU."""
+"""CUDA planner == C++ CPU planner, exactly (both instantiate planner/algorithm.h); graph capture and replay.
+The GPU tests are skipped without a GPU; tests/test_planner_emu.py runs the same cases through the kernel's
+CUDA source under the host emulator."""
 import warnings
 
 import pytest
@@ -7,19 +8,7 @@ import torch
 
 import adaptive_verify as av
 
-KERNELS = ["v1", "v2"]
-
-
-def needs_cuda(test):
-    test = pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")(test)
-    return pytest.mark.cuda(test)
-
-
-@pytest.fixture(params=KERNELS)
-def planner_kernel(request, monkeypatch):
-    """Runs the test once per CUDA planner kernel."""
-    monkeypatch.setenv("AV_PLANNER_KERNEL", request.param)
-    return request.param
+needs_cuda = pytest.mark.cuda
 
 FIELDS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req", "seq_lens",
           "positions", "slot_mapping", "input_ids")
@@ -33,7 +22,7 @@ def _cost_table():
     )
 
 
-def _problem(R, K, seed, *, ties=False, nan=False, block_size=16):
+def _problem(R, K, seed, *, ties=False, nan=False, block_size=16, invalid=False):
     g = torch.Generator().manual_seed(seed)
     conf = torch.rand(R, K, generator=g) * 0.6 + 0.4
     if ties:
@@ -47,6 +36,8 @@ def _problem(R, K, seed, *, ties=False, nan=False, block_size=16):
     block_table = torch.randint(0, 100000, (R, max_blocks), generator=g, dtype=torch.int32)
     anchor = torch.randint(0, 150000, (R,), generator=g, dtype=torch.int32)
     draft_tokens = torch.randint(0, 150000, (R, K), generator=g, dtype=torch.int32)
+    if invalid:  # drafts the engine invalidated (-1): they end their request's candidates
+        draft_tokens[torch.rand(R, K, generator=g) < 0.1] = -1
     return dict(survival=survival, drafts=drafts, context_lens=ctx, block_table=block_table, block_size=block_size,
                 anchor_tokens=anchor, draft_tokens=draft_tokens)
 
@@ -71,8 +62,8 @@ def _assert_same(a, b, what):
 
 def matches_cpu_cases(R, K, mode):
     """(problem, keyword arguments, label) of test_cuda_matches_cpu (also run by test_planner_emu.py)."""
-    for seed, ties, nan in [(0, False, False), (1, True, False), (2, False, True)]:
-        prob = _problem(R, K, seed + 17 * R, ties=ties, nan=nan)
+    for seed, ties, nan, invalid in [(0, False, False, False), (1, True, False, False), (2, False, True, True)]:
+        prob = _problem(R, K, seed + 17 * R, ties=ties, nan=nan, invalid=invalid)
         kw = dict(mode=mode, min_verify=1 if K > 1 else 0, extra_tokens=3, extra_emitting=2, token_offset=5,
                   num_reqs_padded=R + 5, num_tokens_padded=R + R * K + 11)
         if mode == "fixed":
@@ -83,7 +74,7 @@ def matches_cpu_cases(R, K, mode):
 @needs_cuda
 @pytest.mark.parametrize("R,K", [(1, 1), (7, 3), (83, 7), (256, 8), (300, 16), (1024, 16), (1200, 16), (5000, 4)])
 @pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
-def test_cuda_matches_cpu(R, K, mode, planner_kernel):
+def test_cuda_matches_cpu(R, K, mode):
     ct = _cost_table()
     for prob, kw, what in matches_cpu_cases(R, K, mode):
         gp = _to(prob, "cuda")
@@ -127,7 +118,7 @@ def test_device_errors_are_counted_not_raised(planner_kernel):
 
 @needs_cuda
 @pytest.mark.parametrize("mode", ["greedy", "fixed"])
-def test_cuda_graph_capture_and_replay(mode, planner_kernel):
+def test_cuda_graph_capture_and_replay(mode):
     R, K, Rp, Tp = 64, 8, 72, 64 * 9 + 8
     ct = _cost_table()
     first = _to(_problem(R, K, 3), "cuda")
@@ -174,7 +165,7 @@ def test_repeated_runs_are_identical(planner_kernel):
 
 
 def _stress_survival(kind, R, K, g):
-    """Survivals that stress the v2 kernel's buckets: one value everywhere, a tight cluster of distinct values
+    """Survivals that stress the planner's buckets: one value everywhere, a tight cluster of distinct values
     (buckets holding many different words), values outside [0, 1] and not monotone (sanitised, running min)."""
     if kind == "constant":
         return torch.full((R, K), 0.75)
@@ -204,7 +195,7 @@ def stress_cases(kind, R, K, mode):
 @pytest.mark.parametrize("kind", ["constant", "cluster", "wild"])
 @pytest.mark.parametrize("R,K", [(5, 3), (256, 8), (700, 32)])
 @pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
-def test_cuda_matches_cpu_stress(kind, R, K, mode, planner_kernel):
+def test_cuda_matches_cpu_stress(kind, R, K, mode):
     ct = _cost_table()
     for prob, kw, what in stress_cases(kind, R, K, mode):
         gp = _to(prob, "cuda")
@@ -214,12 +205,3 @@ def test_cuda_matches_cpu_stress(kind, R, K, mode, planner_kernel):
             cpu = _plan(prob, ct, **kw)
             gpu = _plan(gp, ct, **gkw)
         _assert_same(cpu, gpu, what)
-
-
-@pytest.mark.parametrize("value", ["v3", "", "V2"])
-def test_bad_planner_kernel_raises(value, monkeypatch):
-    monkeypatch.setenv("AV_PLANNER_KERNEL", value)
-    survival = torch.rand(3, 2)
-    drafts = torch.full((3,), 2, dtype=torch.int32)
-    with pytest.raises(ValueError, match="AV_PLANNER_KERNEL"):
-        av.plan_verification(survival, drafts, _cost_table())

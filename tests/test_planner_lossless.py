@@ -1,6 +1,6 @@
-"""Statistical losslessness of the planner + the design's rejection rule (design.md sections 4 and 7).
+"""Statistical losslessness of the planner + the design's rejection rule (docs/design.md, "Planner" and "Sampling").
 
-Claim under test ("Why losslessness holds", design.md section 4): when the decision to verify draft j never
+Claim under test ("Why losslessness holds", docs/design.md, "Planner"): when the decision to verify draft j never
 looks at draft j, the rejection rule emits exactly the target's distribution. That holds for the "greedy"
 budget, and for the lagged pipeline (``choose_budget`` on an EARLIER step's survivals, then
 ``plan_verification(mode="fixed", budget=B)`` on the current step). It fails for a live "global" budget,
@@ -15,7 +15,7 @@ Toy setup (everything exact and small):
   draft[r, 0] == 0 else 0.1. So a[0, 0] = 0.5 and a[0, 1] = 0.45 or 0.05 depending on draft 0's VALUE.
 - Cost table: draft_ms = 0.5, verify {2: 1.0, 5: 1.6, 6: 1.7}, graph sizes [2, 5, 6], max_tokens 6.
   Step cost over B = 0..4 verified drafts (n = 2 + B tokens): T0 = 1.5, T1 = 2.1 for B = 1..3, T2 = 2.2 for B = 4.
-- Rejection rule (design.md section 7, written here with numpy): accept draft x iff u * q(x) < p(x); at the
+- Rejection rule (docs/design.md, "Sampling", written here with numpy): accept draft x iff u * q(x) < p(x); at the
   first rejection emit a sample of normalise(max(p - q, 0)) and stop; if all L verified drafts pass, emit a
   bonus sample of the next target row.
 - Observable: request 0's first emitted token y1, and the pair (y1, y2) where y2 is this step's second
@@ -47,7 +47,7 @@ p0 * (1 - q0) / 2 = 0.10125, about 35 standard errors at 40000 draws.
 The exact emitted distributions are also computed by enumerating every draft configuration (with the
 kernel's plans): exactly the target for greedy and lagged, exactly the numbers above for global.
 
-One-hot verification (design section 4, refined 2026-12-01; ``rejection_sample(draft_probs=None)``): accept
+One-hot verification (docs/design.md, "Planner", refined 2026-12-01; ``rejection_sample(draft_probs=None)``): accept
 draft x with probability p(x), else emit from p with x removed. Every emitted token is then a fresh sample
 of the target whatever was drafted, so every selection rule fixed before the target's draws is lossless,
 live global included: the same enumeration, with the same drafts (sampled from Q) and the same plans,

@@ -1,26 +1,19 @@
 """Sampler CUDA kernels == C++ CPU kernels on the same seeds, and inside a captured CUDA graph with the
-offset in a device tensor, for both CUDA kernels (AV_SAMPLER_KERNEL=v1 / v2). The CUDA tests skip without a
-GPU; the AV_SAMPLER_KERNEL validation runs on the CPU."""
+offset in a device tensor, for both CUDA kernels (v1, the default, and the candidate "splitv", chosen by the
+module setting sampling.CUDA_KERNEL). The CUDA tests skip without a GPU; the kernel-name validation runs on
+the CPU."""
 import pytest
 import torch
 
 import adaptive_verify as av
+from adaptive_verify import sampling as sampling_module
 
-needs_cuda = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not av.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
-]
+cuda_test = pytest.mark.cuda
 
 
-def cuda_test(fn):
-    for mark in reversed(needs_cuda):
-        fn = mark(fn)
-    return fn
-
-
-@pytest.fixture(params=["v1", "v2"])
+@pytest.fixture(params=["v1", "splitv"])
 def kernel(request, monkeypatch):
-    monkeypatch.setenv("AV_SAMPLER_KERNEL", request.param)
+    monkeypatch.setattr(sampling_module, "CUDA_KERNEL", request.param)
     return request.param
 
 
@@ -109,7 +102,7 @@ def realistic_case(R, K, V, greedy):
 @cuda_test
 @pytest.mark.parametrize("greedy", [True, False])
 def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
-    """Many requests (v2: several waves of blocks, so its early exit skips rows past recorded rejections)."""
+    """Many requests (splitv: several waves of blocks, so its early exit skips rows past recorded rejections)."""
     R = 384
     logits, qsl, drafts, temperature = realistic_case(R, 7, 32000, greedy)
     _check_same(logits, qsl, drafts, temperature=temperature, seeds=torch.arange(R, dtype=torch.int64), offset=9)
@@ -117,7 +110,7 @@ def test_rejection_sample_cuda_many_requests_realistic_drafts(kernel, greedy):
 
 @cuda_test
 def test_rejection_sample_cuda_huge_scaled_logits(kernel):
-    """|max logit / temperature| >= 2^20: v2 re-runs the race on v1's routine (kernel_splitv.cuh NOTES)."""
+    """|max logit / temperature| >= 2^20: splitv re-runs the race on v1's routine (kernel_splitv.cuh NOTES)."""
     logits, qsl, drafts, _, _, seeds = _batch(16, 3, 70000, torch.float32, 3, False)
     logits = logits * 1e6
     temperature = torch.full((16,), 0.5)
@@ -166,25 +159,28 @@ def test_rejection_sample_in_a_cuda_graph_with_device_offset(kernel):
         assert torch.equal(out[0].cpu(), want[0]) and torch.equal(out[1].cpu(), want[1])
 
 
-@pytest.mark.parametrize("value", ["v3", "", "V2", "splitv"])
-def test_bad_sampler_kernel_names_the_variable(monkeypatch, value):
-    monkeypatch.setenv("AV_SAMPLER_KERNEL", value)
+@pytest.mark.parametrize("value", ["v3", "", "V2", 1])
+def test_bad_sampler_kernel_names_the_argument(monkeypatch, value):
     logits = torch.randn(3, 10)
     qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
     drafts = torch.zeros(2, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="AV_SAMPLER_KERNEL"):
+    with pytest.raises(ValueError, match="^cuda_kernel"):
+        av.rejection_sample(logits, qsl, drafts, cuda_kernel=value)
+    with pytest.raises(ValueError, match="^cuda_kernel"):
+        av.sample(logits, cuda_kernel=value)
+    monkeypatch.setattr(sampling_module, "CUDA_KERNEL", value)
+    with pytest.raises(ValueError, match=r"^adaptive_verify\.sampling\.CUDA_KERNEL"):
         av.rejection_sample(logits, qsl, drafts)
-    with pytest.raises(ValueError, match="AV_SAMPLER_KERNEL"):
-        av.sample(logits)
 
 
-@pytest.mark.parametrize("value", ["v1", "v2"])
+@pytest.mark.parametrize("value", ["v1", "splitv"])
 def test_sampler_kernel_choice_is_ignored_on_cpu(monkeypatch, value):
     logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
     qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
     drafts = torch.zeros(2, 1, dtype=torch.int32)
     want = av.rejection_sample(logits, qsl, drafts)
-    monkeypatch.setenv("AV_SAMPLER_KERNEL", value)
+    monkeypatch.setattr(sampling_module, "CUDA_KERNEL", value)
     got = av.rejection_sample(logits, qsl, drafts)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(av.sample(logits), logits.argmax(-1).int())
+    assert torch.equal(av.sample(logits, cuda_kernel=value), logits.argmax(-1).int())

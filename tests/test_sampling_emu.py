@@ -1,11 +1,11 @@
 """The sampler's CUDA kernels (sampling/kernel.cuh "v1", validated on an H200; sampling/kernel_splitv.cuh
-"v2", the split-vocabulary kernel, not yet run on a GPU) run on the CPU by the fiber emulator in tests/emu
-and compared with the C++ CPU kernel: the same integers and the same error counts, on the cases of
-test_sampling_cuda.py at sizes the emulator runs in seconds.
+"splitv", the split-vocabulary candidate, not yet run on a GPU), launched by their real launchers, run on the
+CPU by the fiber emulator in tests/emu and are compared with the C++ CPU kernel: the same integers and the
+same error counts, on the cases of test_sampling_cuda.py at sizes the emulator runs in seconds.
 
-The emulated kernels replace adaptive_verify._C.rejection_sample / sample for the duration of a call, so
-the Python layer (validation, outputs) is the one real calls use. v1 passing here is a check of the emulator
-itself against hardware-validated code.
+The emulated kernels replace adaptive_verify._C.rejection_sample / sample for the duration of a call (they take
+the same parameter structs), so the Python layer (validation, outputs) is the one real calls use. v1 passing
+here is a check of the emulator itself against hardware-validated code.
 """
 import ctypes
 import importlib
@@ -18,30 +18,25 @@ import emu_build
 from test_sampling_cuda import _batch, realistic_case, sample_case, ties_and_nans_case
 
 sampling_module = importlib.import_module("adaptive_verify.sampling")
-u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
 
 
 @pytest.fixture(scope="session")
 def emu_lib(tmp_path_factory):
     lib = emu_build.build("sampling_emu", tmp_path_factory)
-    lib.av_emu_rejection_sample.argtypes = [u64, i64, i32, i64, i64, u64, u64, i64, ctypes.c_bool, u64, i64, i64,
-                                            u64, u64, u64, u64, i32, i32, u64, u64, u64, i32, ctypes.c_char_p,
-                                            ctypes.c_int]
-    lib.av_emu_sample.argtypes = [u64, i64, i32, i64, i32, u64, u64, u64, u64, u64, u64, i32, ctypes.c_char_p,
-                                  ctypes.c_int]
+    for fn in (lib.av_emu_rejection_sample, lib.av_emu_sample):
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
     lib.av_emu_set_reverse.argtypes = [ctypes.c_int]
     return lib
 
 
-@pytest.fixture(params=["v1", "v2"])
+@pytest.fixture(params=["v1", "splitv"])
 def emulated(request, monkeypatch, emu_lib):
-    """Returns run(fn): fn() with the emulated kernel of this parametrization in place of the CPU kernel."""
-    monkeypatch.setenv("AV_SAMPLER_KERNEL", request.param)
-    # The real entry points take (on_cuda, stream, ..., kernel, workspace, workspace_bytes); the emulator
-    # takes the middle part and allocates the workspace itself.
+    """Returns run(fn): fn() with the emulated kernel of this parametrization in place of the CPU kernel (the
+    module setting sampling.CUDA_KERNEL puts its id in the parameter struct, as on CUDA)."""
+    monkeypatch.setattr(sampling_module, "CUDA_KERNEL", request.param)
     proxy = emu_build.EmulatedC(sampling_module._C, {
-        "rejection_sample": lambda *a: emu_build.status_of(emu_lib.av_emu_rejection_sample, *a[2:-2]),
-        "sample": lambda *a: emu_build.status_of(emu_lib.av_emu_sample, *a[2:-2]),
+        "rejection_sample": lambda p, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_rejection_sample, p),
+        "sample": lambda p, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_sample, p),
     })
     run = emu_build.emulated_runner(monkeypatch, sampling_module, proxy)
     run.lib = emu_lib
@@ -81,7 +76,7 @@ def test_rejection_sample_emulated_ties_and_nans(emulated, dtype):
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_rejection_sample_emulated_realistic_drafts(emulated, greedy):
-    """Chains of every length (v2's early exit records rejections and skips later rows); threads also
+    """Chains of every length (splitv's early exit records rejections and skips later rows); threads also
     resumed in reverse."""
     R = 24
     logits, qsl, drafts, temperature = realistic_case(R, 7, 4000, greedy)
@@ -95,7 +90,7 @@ def test_rejection_sample_emulated_realistic_drafts(emulated, greedy):
 
 
 def test_rejection_sample_emulated_huge_scaled_logits(emulated):
-    """|max logit / temperature| >= 2^20: v2 re-runs the race on v1's routine."""
+    """|max logit / temperature| >= 2^20: splitv re-runs the race on v1's routine."""
     logits, qsl, drafts, _, _, seeds = _batch(6, 3, 7000, torch.float32, 3, False)
     _check_same(emulated, logits * 1e6, qsl, drafts, temperature=torch.full((6,), 0.5), seeds=seeds, offset=1)
 

@@ -1,5 +1,5 @@
 """Losslessness of rejection_sample, by frequency: the emitted tokens follow the target's distribution
-whatever the drafter proposed (design.md section 7).
+whatever the drafter proposed (docs/design.md, "Sampling").
 
 Each case runs N independent requests in ONE call of the C++ CPU kernel: every request has its own seed,
 so a batch of N requests is N independent draws (batch invariance is tested in test_sampling.py). The

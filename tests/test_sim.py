@@ -1,5 +1,6 @@
 """The simulator and `adaptive-verify sweep`: it runs the library's planner, its limits behave as they
 must, the bundled default reproduces the published qualitative findings, and the CLI keeps its promises."""
+import dataclasses
 import json
 
 import numpy as np
@@ -10,8 +11,10 @@ from adaptive_verify import cli, planner
 from adaptive_verify.sim import (Profile, get_profile, parse_policy, pareto_frontier, profile_dict, simulate, sweep)
 
 
-def flat_profile(verify_ms, *, head_noise=0.0, draft_ms=0.0, capacity=4096, K=4):
+def flat_profile(verify_ms, *, head_noise=0.0, draft_ms=0.0, capacity=4096, K=4, overhead="none"):
+    """A test deployment; no adaptive overhead unless asked, since these tests are about the planner's choices."""
     d = profile_dict("dsv4-pro-8xb300")
+    d["adaptive_overhead"] = overhead
     d["cost"] = {"table": {"format_version": 1, "verify_ms": verify_ms, "draft_ms": draft_ms, "graph_sizes": [],
                            "max_tokens": capacity, "metadata": {}}}
     d["acceptance"]["head_noise"] = head_noise
@@ -247,3 +250,109 @@ def test_roofline_tensor_parallel_scales_bandwidth_and_flops():
     r["tensor_parallel"] = 0
     with pytest.raises(ValueError, match="tensor_parallel"):
         Profile.from_dict(d)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The adaptive path's overhead, the per-request step term, several seeds
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_overhead_presets_are_the_measured_kernel_times():
+    from adaptive_verify.sim.overhead import OVERHEAD_PRESETS, Overhead
+
+    dev, host, none = OVERHEAD_PRESETS["device"], OVERHEAD_PRESETS["host"], OVERHEAD_PRESETS["none"]
+    # H200: planner 6.0 us at R = 1, 42 us at R = 256; confidence head 9.0 us at R = 256; one more launch 1 us
+    assert dev.cost(1) == pytest.approx(0.007 + 0.000176, rel=0.01)
+    assert dev.cost(256) == pytest.approx((42 + 9 + 1) / 1000, rel=1e-9)
+    assert host.cost(256) == pytest.approx(dev.cost(256) + 0.2, rel=1e-12)
+    assert none.cost(256) == 0.0 and dev.cost(0) == host.cost(0) == 0.0  # nothing planned, nothing paid
+    assert get_profile("dsv4-pro-8xb300").overhead == dev  # a profile without the key: device
+    d = profile_dict("dsv4-pro-8xb300")
+    d["adaptive_overhead"] = {"fixed_ms": 0.5, "per_request_ms": 0.01}
+    prof = Profile.from_dict(json.loads(json.dumps(Profile.from_dict(d).to_dict())))
+    assert prof.overhead == Overhead(0.5, 0.01) and prof.overhead.cost(10) == pytest.approx(0.6)
+    for bad, match in [("gpu", "unknown overhead preset 'gpu'"), ({"fixed_ms": 0.1}, "missing key 'per_request_ms'"),
+                       ({"fixed_ms": -1, "per_request_ms": 0}, "fixed_ms must be a finite number"),
+                       ({"fixed_ms": 0, "per_request_ms": 0, "x": 1}, r"unknown keys \['x'\]"), (3, "preset name")]:
+        d["adaptive_overhead"] = bad
+        with pytest.raises(ValueError, match=match):
+            Profile.from_dict(d)
+
+
+def test_overhead_is_charged_to_adaptive_steps_only_and_exactly():
+    """The planner does not see the overhead, so decisions and tokens are the same under every preset; each
+    adaptive step with R decodes takes overhead.cost(R) longer, fixed k and none pay nothing."""
+    from adaptive_verify.sim.overhead import OVERHEAD_PRESETS
+
+    base = flat_profile([[1, 5.0], [4096, 6.0]], head_noise=0.5)
+    runs = {}
+    for name, o in OVERHEAD_PRESETS.items():
+        prof = dataclasses.replace(base, overhead=o)
+        for pol in ("k2", "none", "lagged", "greedy"):
+            trace = []
+            runs[name, pol] = (simulate(prof, parse_policy(pol, 4), 8, steps=60, seed=2, trace=trace), trace)
+    for pol in ("k2", "none"):
+        assert json.dumps(runs["host", pol][0]) == json.dumps(runs["none", pol][0]) == json.dumps(runs["device", pol][0])
+    for pol in ("lagged", "greedy"):
+        free, trace = runs["none", pol]
+        for name in ("device", "host"):
+            paid = runs[name, pol][0]
+            assert paid["emitted_per_step"] == free["emitted_per_step"]
+            extra_ms = sum(OVERHEAD_PRESETS[name].cost(R) for R, *_ in trace)
+            assert 1000 * paid["simulated_s"] == pytest.approx(1000 * free["simulated_s"] + extra_ms, rel=1e-12)
+        assert runs["host", pol][0]["tokens_per_s"] < runs["device", pol][0]["tokens_per_s"] < free["tokens_per_s"]
+
+
+def test_step_time_includes_the_per_request_term():
+    d = profile_dict("dsv4-pro-8xb300")
+    d["cost"]["table"].update(format_version=3, request_ms=0.05)
+    prof = Profile.from_dict(d)
+    ct = prof.cost_table
+    for pol in ("none", "k3"):
+        trace = []
+        r = simulate(prof, parse_policy(pol, 7), 16, steps=50, seed=1, trace=trace)
+        want = sum(f * ct.draft_cost(R) + 0.05 * R + ct.verify_cost(n) for R, n, f, *_ in trace)
+        assert 1000 * r["simulated_s"] == pytest.approx(want, rel=1e-12)
+        assert sum(t for *_, t, _ in trace) == pytest.approx(r["tokens_per_s"] * r["simulated_s"], rel=1e-9)
+
+
+def test_sweep_seeds_report_mean_and_spread():
+    kw = dict(concurrency=[4], policies=["none", "k2", "lagged"], steps=30)
+    many = sweep(seed=3, seeds=3, **kw)
+    single = [sweep(seed=s, **kw) for s in (3, 4, 5)]
+    for i, row in enumerate(many.rows):
+        vals = [one.rows[i]["tokens_per_s"] for one in single]
+        assert row["seeds"] == 3 and row["steps"] == 30 * 4
+        assert row["tokens_per_s"] == pytest.approx(np.mean(vals), rel=1e-12)
+        assert row["tokens_per_s_sd"] == pytest.approx(np.std(vals, ddof=1), rel=1e-9)
+        assert row["tpot_ms"] == pytest.approx(np.mean([one.rows[i]["tpot_ms"] for one in single]), rel=1e-12)
+    assert "+-" in many.table() and "over 3 seeds" in many.table()
+    assert single[0].rows[0]["seeds"] == 1 and np.isnan(single[0].rows[0]["tokens_per_s_sd"])
+    assert "+-" not in single[0].table()
+    assert many.settings["seeds"] == 3 and many.settings["adaptive_overhead"] == "device"
+    with pytest.raises(ValueError, match="seeds must be an int >= 1"):
+        sweep(seeds=0, **kw)
+    with pytest.raises(ValueError, match="unknown overhead preset"):
+        sweep(overhead="gpu", **kw)
+
+
+def test_cli_overhead_and_seeds(tmp_path, capsys):
+    out = tmp_path / "o"
+    common = ["sweep", "--concurrency", "2", "--policies", "k7,lagged", "--steps", "20", "--quiet", "--no-plot"]
+    assert cli.main(common + ["--overhead", "host", "--seeds", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "host: 207 us + 0.176 us per request" in printed and "over 2 seeds" in printed
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["settings"]["adaptive_overhead"] == "host" and data["profile"]["adaptive_overhead"] == "host"
+    assert "tokens_per_s_sd" in (out / "sweep.csv").read_text().splitlines()[0]
+    assert cli.main(common + ["--overhead", "none", "--out", str(out)]) == 0
+    free = json.loads((out / "sweep.json").read_text())["rows"]
+    assert cli.main(common + ["--overhead", "host", "--out", str(out)]) == 0
+    one_host = json.loads((out / "sweep.json").read_text())["rows"]
+    assert one_host[0]["tokens_per_s"] == free[0]["tokens_per_s"]  # k7: no overhead either way
+    assert one_host[1]["tokens_per_s"] < free[1]["tokens_per_s"]  # lagged pays 0.2 ms more per step
+    capsys.readouterr()
+    assert cli.main(common + ["--overhead", "gpu"]) == 1
+    assert "--overhead must be one of device, host, none" in capsys.readouterr().err
+    assert cli.main(common + ["--seeds", "0"]) == 1
+    assert "--seeds must be >= 1" in capsys.readouterr().err

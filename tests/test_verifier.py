@@ -299,7 +299,6 @@ def test_errors():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not av.cuda_available(), reason="needs a GPU and a CUDA build")
 def test_cuda_matches_cpu():
     ct = table()
     vs = [AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16, device=d) for d in ("cpu", "cuda")]

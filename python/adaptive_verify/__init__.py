@@ -16,7 +16,6 @@ from .planner import VerifyPlan, choose_budget, plan_verification, prefix_surviv
 from .sampling import rejection_sample, sample
 from .stats import AcceptanceStats
 from .verifier import AdaptiveVerifier
-from . import library as _library  # noqa: F401  (registers the torch.library custom ops)
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,5 @@
-"""Argument checks shared by the ops: every message names the argument and the value."""
+"""Tensor checks shared by the ops (scalars: _checks.py): every message names the argument and the value."""
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -9,6 +7,8 @@ from ._ext import build_info, cuda_available
 
 # Element types the kernels read, with the codes of csrc/include/adaptive_verify/dtype.h.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# K, drafts per request: the planner's candidate key holds 5 position bits (planner/math.h kPosBits).
+MAX_DRAFTS = 32
 
 
 def check_device(name: str, t: torch.Tensor) -> torch.device:
@@ -43,11 +43,11 @@ def check_tensor(name, t, *, dtypes=None, device=None, ndim=None, shape=None, in
     return t
 
 
-def run_op(custom_op: str, launch, *args) -> None:
+def run_op(custom_op, launch, *args) -> None:
     """Eager calls go straight to the kernel launcher (no dispatcher cost on the hot path); while
-    torch.compile traces, the same arguments go through the registered torch.library custom op."""
+    torch.compile traces, the same arguments go through the op's registered torch.library custom op."""
     if torch.compiler.is_compiling():
-        getattr(torch.ops.adaptive_verify, custom_op)(*args)
+        custom_op(*args)
     else:
         launch(*args)
 
@@ -84,7 +84,8 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
     if temperature.device != device:
         if temperature.device.type != "cpu":
             raise ValueError(f"{name} must be on {device}, got {temperature.device}")
-    needs_check = temperature.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()
+    needs_check = (temperature.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()) and \
+        not torch.compiler.is_compiling()
     key = (temperature.data_ptr(), temperature._version, temperature.device)
     if needs_check and _checked_positive.get(key) is not temperature:
         bad = ~(torch.isfinite(temperature) & (temperature > 0))
@@ -96,14 +97,22 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
     return temperature.to(device=device, dtype=torch.float32).contiguous()
 
 
-def env_kernel(var: str, kernels: dict, default: str) -> int:
-    """The id of the CUDA implementation named by environment variable ``var`` (``default`` when unset).
-    Read at every call, so a test or an engine can switch; an unknown name raises ValueError naming
-    ``var`` (CPU calls check it too, and otherwise ignore it)."""
-    name = os.environ.get(var)
-    if name is None:
-        return kernels[default]
-    if name not in kernels:
-        raise ValueError(f"{var}={name!r}: expected one of {sorted(kernels)} (or unset: {default!r})")
-    return kernels[name]
+def kernel_choice(cuda_kernel, setting: str, default, kernels: dict) -> int:
+    """The id of a CUDA kernel chosen by a call's ``cuda_kernel`` argument, else by the module setting named
+    ``setting`` (whose value is ``default``); an unknown name raises ValueError naming whichever was used."""
+    name = default if cuda_kernel is None else cuda_kernel
+    kernel = kernels.get(name) if isinstance(name, str) else None
+    if kernel is None:
+        what = setting if cuda_kernel is None else "cuda_kernel"
+        raise ValueError(f"{what} must be one of {sorted(kernels)}, got {name!r}")
+    return kernel
 
+
+def logits_shape(name: str, logits) -> tuple:
+    """(device, rows, V) of a [rows, V] bf16/fp16/fp32 logits tensor with a contiguous last dim and V >= 1."""
+    check_tensor(name, logits, dtypes=tuple(DTYPE_CODES), ndim=2)
+    device = check_device(name, logits)
+    rows, V = logits.shape
+    if V < 1:
+        raise ValueError(f"{name} must have a vocabulary of at least 1, got shape {tuple(logits.shape)}")
+    return device, rows, V

@@ -1,19 +1,21 @@
-"""Varlen verification attention over a paged KV cache, and KV writes (design section 6).
+"""Varlen verification attention over a paged KV cache, and KV writes (docs/design.md, "Verification attention").
 
 Each request verifies a different number of tokens (q_len = 1 + verify_lens, chosen on the device), so
 the attention reads every length from device memory: query token i of request r attends to KV positions
 0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
 ``write_kv`` with the planner's slot_mapping).
 
-Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and four
-split-KV CUDA kernels, chosen with ``cuda_kernel`` / ``AV_ATTENTION_KERNEL``: "rowwise" (the default;
-SIMT; validated on an H200 on 2026-11-29, but slow), "tiled" (SIMT, K/V tiles in shared memory), "mma"
-(tensor cores: each request's q_len x (Hq / Hkv) rows packed into the MMA M dimension so a block reads its
-split of a KV head's cache once for up to 128 rows, a cp.async pipeline, mma.sync m16n8k16) and
-"mma_fused" ("mma" with the split merge in the same launch). The last three have not run on a GPU; their
-CUDA source runs in the CPU suite under a fiber emulator (tests/test_attention_emu.py). On CUDA, lengths and block ids that the host cannot
-check without a sync make their request padding (or skip the bad block) and are counted in
-``error_counts()``. ``write_kv`` has both kernels.
+Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and two
+split-KV CUDA kernels, chosen with ``cuda_kernel`` (or the module setting ``CUDA_KERNEL``): "rowwise" (the
+default; SIMT; validated on an H200 on 2026-11-29, but slow) and the candidate "mma" (tensor cores: each
+request's q_len x (Hq / Hkv) rows packed into the MMA M dimension so a block reads its split of a KV head's
+cache once for up to 128 rows, a cp.async pipeline, mma.sync m16n8k16), also as "mma_fused" (the split
+merge in the same launch). The candidate has not run on a GPU; its CUDA source, launched by its real
+launcher, runs in the CPU suite under a fiber emulator (tests/test_attention_emu.py). On CUDA, lengths and
+block ids that the host cannot check without a sync make their request padding (or skip the bad block) and
+are counted in ``error_counts()``. ``write_kv`` has both kernels. Both ops are torch.library custom ops
+(``adaptive_verify::verify_attention_into``, ``adaptive_verify::write_kv_``), so a whole verification step
+compiles with ``torch.compile(fullgraph=True)``.
 
 Decisions:
 - Split-KV with a fixed kSplitTokens = 512 KV positions per split, merged by log-sum-exp in order: a
@@ -27,24 +29,27 @@ Decisions:
 """
 from __future__ import annotations
 
-import os
+import ctypes
 from typing import Optional
 
 import torch
+from torch import Tensor
 
 from . import errors
+from ._binding import AttentionParams, WriteKvParams, call
+from ._checks import check_real
 from ._ext import _C, check_status
-from ._validate import check_device, check_tensor, stream_of
+from ._validate import check_device, check_tensor, kernel_choice, ptr, run_op, stream_of
 
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 GQA_RATIOS = (1, 2, 4, 8, 16)
-MAX_QUERY_LEN = 16
+MAX_QUERY_LEN = _C.ATTENTION_MAX_QUERY_LEN  # params.h kMaxQueryLen: chains of 32 drafts, trees of 63 nodes
 _DTYPES = {torch.bfloat16: 2, torch.float16: 1}
-# CUDA implementations of verify_attention (AttentionParams::kernel in params.h).
-_CUDA_KERNELS = {"rowwise": _C.ATTENTION_KERNEL_ROWWISE, "tiled": _C.ATTENTION_KERNEL_TILED,
-                 "mma": _C.ATTENTION_KERNEL_MMA, "mma_fused": _C.ATTENTION_KERNEL_MMA_FUSED}
-CUDA_KERNEL_ENV = "AV_ATTENTION_KERNEL"
+# CUDA implementations of verify_attention (AttentionParams::kernel in params.h): rowwise, mma, mma_fused.
+CUDA_KERNELS = dict(_C.ATTENTION_KERNELS)
+#: The CUDA kernel used when a call passes cuda_kernel=None (set it once, e.g. after validating "mma").
+CUDA_KERNEL = "rowwise"
 
 _MESSAGES = {
     "STATUS_QUERY_LEN": "query_start_loc must be non-decreasing within [0, T] and no request may have more than "
@@ -66,18 +71,8 @@ def _raise_for(status: int, op: str, device: torch.device) -> None:
 
 
 def _cuda_kernel(cuda_kernel: Optional[str]) -> int:
-    """The CUDA implementation's id: ``cuda_kernel``, else $AV_ATTENTION_KERNEL, else "rowwise"."""
-    if cuda_kernel is None:
-        value = os.environ.get(CUDA_KERNEL_ENV)
-        if value is None:  # unset; an empty value is rejected below like any other unknown name
-            return _CUDA_KERNELS["rowwise"]
-        if value not in _CUDA_KERNELS:
-            raise ValueError(f"{CUDA_KERNEL_ENV} (environment variable) must be one of {sorted(_CUDA_KERNELS)} "
-                             f"or unset (= 'rowwise'), got {value!r}")
-        return _CUDA_KERNELS[value]
-    if not isinstance(cuda_kernel, str) or cuda_kernel not in _CUDA_KERNELS:
-        raise ValueError(f"cuda_kernel must be None or one of {sorted(_CUDA_KERNELS)}, got {cuda_kernel!r}")
-    return _CUDA_KERNELS[cuda_kernel]
+    """The CUDA implementation's id: ``cuda_kernel``, else the module setting CUDA_KERNEL."""
+    return kernel_choice(cuda_kernel, "adaptive_verify.attention.CUDA_KERNEL", CUDA_KERNEL, CUDA_KERNELS)
 
 
 def _cache(name, t, q_dtype, device):
@@ -107,7 +102,7 @@ def verify_attention(
         k_cache, v_cache: [num_blocks, block_size, Hkv, D], contiguous, q's dtype; block_size in 16..256
             (powers of two); Hq / Hkv in (1, 2, 4, 8, 16).
         block_table: [R, max_blocks] int32. seq_lens: [R] int32, KV length including this step's tokens.
-        query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..16.
+        query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..64.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
         return_lse: also return lse [T, Hq] float32 (natural log of the softmax denominator, scaled scores).
         max_seq_len: host upper bound of seq_lens (engines know it: vLLM's max_seq_len). It sizes the split
@@ -115,15 +110,12 @@ def verify_attention(
             table's full width, which for a long-context table is mostly unused (2048 tokens, Hq = 64, D =
             128 and a 128k-token table would otherwise need 17 GB). A request with seq_lens above it is
             treated like one whose block table is too short: ValueError on CPU, skipped and counted on CUDA.
-        cuda_kernel: CUDA implementation, "rowwise", "tiled", "mma" or "mma_fused"; None (default) reads the
-            environment variable AV_ATTENTION_KERNEL, and "rowwise" when it is unset. Any other value
-            (argument or variable) raises ValueError. All agree with the float64 reference within the tests'
-            tolerance (twice a float32 reference's rounding error plus one ulp); CPU tensors check the value
-            and otherwise ignore it.
+        cuda_kernel: CUDA implementation, "rowwise", "mma" or "mma_fused"; None (default) takes the module
+            setting ``adaptive_verify.attention.CUDA_KERNEL`` ("rowwise"). Any other value raises ValueError.
+            All agree with the float64 reference within the tests' tolerance (twice a float32 reference's
+            rounding error plus one ulp); CPU tensors check the value and otherwise ignore it.
             - "rowwise" (default): one warp per query row; validated on an H200 on 2026-11-29 (every CUDA
               test passes), but latency-bound, about 10x slower than it should be.
-            - "tiled": SIMT, K/V tiles in shared memory, read once per block of 16 query rows; not yet run
-              on a GPU, so opt-in until it passes the CUDA tests.
             - "mma": tensor cores, GQA rows in the MMA M dimension (K/V read once per split and KV head
               for up to 128 rows), softmax probabilities rounded to q's dtype before P V as in
               FlashAttention-2. Opt-in until it passes the CUDA tests on a GPU; its source already runs
@@ -172,30 +164,60 @@ def verify_attention(
         max_blocks = min(max_blocks, -(-max_seq_len // block_size))
     if not 1 <= max_query_len <= MAX_QUERY_LEN:
         raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}], got {max_query_len}")
-    scale = D ** -0.5 if scale is None else float(scale)
+    scale = D ** -0.5 if scale is None else check_real("scale", scale)  # NaN or inf: every row would be NaN
     if out is None:
         out = torch.empty(T, Hq, D, dtype=q.dtype, device=device)
     else:
         check_tensor("out", out, dtypes=(q.dtype,), device=device, shape=(T, Hq, D), inner_contiguous=False)
     lse = torch.empty(T, Hq, dtype=torch.float32, device=device) if return_lse else None
-    workspace = None
     if device.type == "cuda":
-        limit = 65534 if kernel_id == _CUDA_KERNELS["mma_fused"] else 65535  # grid z (+1: padding slice)
+        limit = 65534 if kernel_id == CUDA_KERNELS["mma_fused"] else 65535  # grid z (+1: padding slice)
         if R > limit:
             raise ValueError(f"block_table: at most {limit} requests per call on CUDA with this kernel, got {R}")
-        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions, the
-        # same layout for every CUDA kernel ("mma_fused" adds arrival counters): params.h says how much.
-        n = _C.attention_workspace_floats(R, T, Hq, Hkv, D, block_size, max_blocks, max_query_len, kernel_id)
-        workspace = torch.empty(max(n, 1), dtype=torch.float32, device=device)
-    status = _C.verify_attention(
-        q.is_cuda, stream_of(device), q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        block_table.data_ptr(), block_table.stride(0), max_blocks, seq_lens.data_ptr(),
-        query_start_loc.data_ptr(), _DTYPES[q.dtype], R, T, Hq, Hkv, D, block_size, num_blocks, max_query_len, scale,
-        out.data_ptr(), 0 if lse is None else lse.data_ptr(), errors.error_buffer(device).data_ptr(),
-        0 if workspace is None else workspace.data_ptr(), kernel_id,
-    )
-    _raise_for(status, "verify_attention", device)
+    run_op(_verify_attention_into, _launch_attention, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+           out, lse, errors.error_buffer(device), max_query_len, max_blocks, scale, kernel_id)
     return (out, lse) if return_lse else out
+
+
+def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
+                      max_blocks, scale, kernel) -> AttentionParams:
+    p = AttentionParams()
+    p.num_tokens, p.num_q_heads, p.head_dim = q.shape
+    p.num_blocks, p.block_size, p.num_kv_heads, _ = k_cache.shape
+    p.q, p.q_stride_t, p.q_stride_h = q.data_ptr(), q.stride(0), q.stride(1)
+    p.k_cache, p.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+    p.block_table, p.block_table_stride, p.max_blocks = block_table.data_ptr(), block_table.stride(0), max_blocks
+    p.seq_lens, p.query_start_loc = seq_lens.data_ptr(), query_start_loc.data_ptr()
+    p.dtype, p.num_reqs, p.max_query_len, p.scale = _DTYPES[q.dtype], block_table.shape[0], max_query_len, scale
+    p.out, p.lse, p.error_counts, p.kernel = out.data_ptr(), ptr(lse), err.data_ptr(), kernel
+    return p
+
+
+def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
+                      max_blocks, scale, kernel):
+    p = _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
+                          max_blocks, scale, kernel)
+    workspace = None
+    if q.is_cuda:
+        # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions, the same
+        # layout for every CUDA kernel ("mma_fused" adds arrival counters): params.h says how much.
+        workspace = torch.empty(max(_C.attention_workspace_floats(ctypes.addressof(p)), 1), dtype=torch.float32,
+                                device=q.device)
+        p.workspace = workspace.data_ptr()
+    _raise_for(call(_C.verify_attention, p, q.is_cuda, stream_of(q.device)), "verify_attention", q.device)
+
+
+@torch.library.custom_op("adaptive_verify::verify_attention_into", mutates_args=("out", "lse", "error_counts"))
+def _verify_attention_into(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
+                           query_start_loc: Tensor, out: Tensor, lse: Optional[Tensor], error_counts: Tensor,
+                           max_query_len: int, max_blocks: int, scale: float, kernel: int) -> None:
+    _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, error_counts,
+                      max_query_len, max_blocks, scale, kernel)
+
+
+@_verify_attention_into.register_fake
+def _(*args, **kwargs):
+    return None
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -218,9 +240,25 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     check_tensor("v", v, dtypes=(k_cache.dtype,), device=device, shape=(T, Hkv, D))
     check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int64,), device=device, shape=(T,),
                  inner_contiguous=False)
-    status = _C.write_kv(
-        device.type == "cuda", stream_of(device), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T, Hkv, D, block_size,
-        num_blocks, k.element_size(), errors.error_buffer(device).data_ptr(),
-    )
-    _raise_for(status, "write_kv", device)
+    run_op(_write_kv_, _launch_write_kv, k, v, k_cache, v_cache, slot_mapping, errors.error_buffer(device))
+
+
+def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, err):
+    p = WriteKvParams()
+    p.num_blocks, p.block_size, p.num_kv_heads, p.head_dim = k_cache.shape
+    p.k, p.v, p.k_stride_t, p.k_stride_h = k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1)
+    p.v_stride_t, p.v_stride_h = v.stride(0), v.stride(1)
+    p.k_cache, p.v_cache, p.slot_mapping = k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr()
+    p.num_tokens, p.elem_size, p.error_counts = k.shape[0], k.element_size(), err.data_ptr()
+    _raise_for(call(_C.write_kv, p, k.is_cuda, stream_of(k.device)), "write_kv", k.device)
+
+
+@torch.library.custom_op("adaptive_verify::write_kv_", mutates_args=("k_cache", "v_cache", "error_counts"))
+def _write_kv_(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+               error_counts: Tensor) -> None:
+    _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, error_counts)
+
+
+@_write_kv_.register_fake
+def _(*args, **kwargs):
+    return None

@@ -8,6 +8,7 @@
     adaptive-verify calibrate DUMP [options]    fit STS temperatures to a dump of (logits, accepted lengths)
     adaptive-verify sweep [options]             simulate policies x concurrency on a profile (the main job)
     adaptive-verify profiles                    list the simulator's bundled profiles
+    adaptive-verify fit POINTS.csv [options]    fit a simulator profile to your serving benchmark
     adaptive-verify demo [options]              generate with the shipped tiny model in every mode
     adaptive-verify info                        how the extension was built and whether CUDA can run
 """
@@ -86,6 +87,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return sim_cli.run_sweep(args)
     if args.command == "profiles":
         return sim_cli.run_profiles()
+    if args.command == "fit":
+        return sim_cli.run_fit(args)
     if args.command == "demo":
         return demo.run(args)
     import adaptive_verify

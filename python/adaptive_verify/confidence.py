@@ -1,5 +1,5 @@
 """Confidence scores: the drafter's estimate, per drafted position, that the draft survives given that
-every earlier draft survived (design section 5).
+every earlier draft survived (docs/design.md, "Confidence and calibration").
 
 - ``confidence``: the fused linear head, sigmoid((h . w_h + m . w_m + b) / T_j), from the drafter's hidden
   states (and optional Markov-head features), straight into survival when asked;
@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+from torch import Tensor
 
 from . import errors
+from ._binding import ConfidenceParams, LogitParams, MarginParams, call
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_device, check_tensor, check_temperature, ptr, run_op, stream_of
-
-MAX_DRAFTS = 32
+from ._validate import DTYPE_CODES, MAX_DRAFTS, check_device, check_tensor, check_temperature, ptr, run_op, stream_of
 
 
 def _out(out, R, K, device):
@@ -88,20 +88,32 @@ def confidence(
         bias_value = float(bias)
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
-    run_op("confidence_into", _launch_confidence, hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    run_op(_confidence_into, _launch_confidence, hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
     return out
 
 
 def _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_value, survival):
-    R, K, H = hidden.shape
-    Q = 0 if markov is None else markov.shape[2]
-    status = _C.confidence(
-        hidden.is_cuda, stream_of(hidden.device), hidden.data_ptr(), hidden.stride(0), hidden.stride(1),
-        ptr(markov), 0 if markov is None else markov.stride(0), 0 if markov is None else markov.stride(1),
-        DTYPE_CODES[hidden.dtype], weight.data_ptr(), bias_value, ptr(bias_t), ptr(temperature), R, K, H, Q,
-        bool(survival), out.data_ptr(),
-    )
-    check_status(status, "confidence", hidden.device)
+    p = ConfidenceParams()
+    p.num_reqs, p.max_drafts, p.hidden_size = hidden.shape
+    p.hidden, p.hidden_stride_r, p.hidden_stride_k = hidden.data_ptr(), hidden.stride(0), hidden.stride(1)
+    if markov is not None:
+        p.markov, p.markov_stride_r, p.markov_stride_k = markov.data_ptr(), markov.stride(0), markov.stride(1)
+        p.markov_size = markov.shape[2]
+    p.dtype = DTYPE_CODES[hidden.dtype]
+    p.weight, p.bias, p.bias_ptr, p.temperature = weight.data_ptr(), bias_value, ptr(bias_t), ptr(temperature)
+    p.survival, p.out = int(survival), out.data_ptr()
+    check_status(call(_C.confidence, p, hidden.is_cuda, stream_of(hidden.device)), "confidence", hidden.device)
+
+
+@torch.library.custom_op("adaptive_verify::confidence_into", mutates_args=("out",))
+def _confidence_into(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], markov: Optional[Tensor],
+                     temperature: Optional[Tensor], out: Tensor, bias_value: float, survival: bool) -> None:
+    _launch_confidence(hidden, weight, bias, markov, temperature, out, bias_value, survival)
+
+
+@_confidence_into.register_fake
+def _(*args, **kwargs):
+    return None
 
 
 def confidence_from_logits(
@@ -117,17 +129,27 @@ def confidence_from_logits(
     _check_k("logits", K)
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
-    run_op("confidence_from_logits_into", _launch_from_logits, logits, temperature, out, survival)
+    run_op(_from_logits_into, _launch_from_logits, logits, temperature, out, survival)
     return out
 
 
 def _launch_from_logits(logits, temperature, out, survival):
-    R, K = logits.shape
-    status = _C.confidence_from_logits(
-        logits.is_cuda, stream_of(logits.device), logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype],
-        ptr(temperature), R, K, bool(survival), out.data_ptr(),
-    )
-    check_status(status, "confidence_from_logits", logits.device)
+    p = LogitParams()
+    p.num_reqs, p.max_drafts = logits.shape
+    p.logits, p.logits_stride, p.dtype = logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype]
+    p.temperature, p.survival, p.out = ptr(temperature), int(survival), out.data_ptr()
+    check_status(call(_C.confidence_from_logits, p, logits.is_cuda, stream_of(logits.device)),
+                 "confidence_from_logits", logits.device)
+
+
+@torch.library.custom_op("adaptive_verify::confidence_from_logits_into", mutates_args=("out",))
+def _from_logits_into(logits: Tensor, temperature: Optional[Tensor], out: Tensor, survival: bool) -> None:
+    _launch_from_logits(logits, temperature, out, survival)
+
+
+@_from_logits_into.register_fake
+def _(*args, **kwargs):
+    return None
 
 
 def draft_margin(draft_logits: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -145,14 +167,24 @@ def draft_margin(draft_logits: torch.Tensor, *, out: Optional[torch.Tensor] = No
         raise ValueError(f"draft_logits must have a vocabulary of at least 1, got shape {tuple(draft_logits.shape)}")
     out = _out(out, R, K, device)
     err = errors.error_buffer(device)
-    run_op("draft_margin_into", _launch_margin, draft_logits, out, err)
+    run_op(_draft_margin_into, _launch_margin, draft_logits, out, err)
     return out
 
 
 def _launch_margin(draft_logits, out, err):
-    R, K, V = draft_logits.shape
-    status = _C.draft_margin(
-        draft_logits.is_cuda, stream_of(draft_logits.device), draft_logits.data_ptr(), draft_logits.stride(0),
-        draft_logits.stride(1), DTYPE_CODES[draft_logits.dtype], R, K, V, out.data_ptr(), err.data_ptr(),
-    )
-    check_status(status, "draft_margin", draft_logits.device)
+    p = MarginParams()
+    p.num_reqs, p.max_drafts, p.vocab = draft_logits.shape
+    p.logits, p.stride_r, p.stride_k = draft_logits.data_ptr(), draft_logits.stride(0), draft_logits.stride(1)
+    p.dtype, p.out, p.error_counts = DTYPE_CODES[draft_logits.dtype], out.data_ptr(), err.data_ptr()
+    check_status(call(_C.draft_margin, p, draft_logits.is_cuda, stream_of(draft_logits.device)), "draft_margin",
+                 draft_logits.device)
+
+
+@torch.library.custom_op("adaptive_verify::draft_margin_into", mutates_args=("out", "error_counts"))
+def _draft_margin_into(draft_logits: Tensor, out: Tensor, error_counts: Tensor) -> None:
+    _launch_margin(draft_logits, out, error_counts)
+
+
+@_draft_margin_into.register_fake
+def _(*args, **kwargs):
+    return None

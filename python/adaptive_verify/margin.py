@@ -1,6 +1,6 @@
 """Confidence for drafters without a confidence head (EAGLE, MTP, n-gram): a margin -> acceptance model.
 
-design.md section 5: an online estimator maps a cheap per-draft feature to the *conditional* acceptance
+docs/design.md, "Confidence and calibration": an online estimator maps a cheap per-draft feature to the *conditional* acceptance
 probability of each drafted position, refit from observed outcomes, and verifies full blocks until it has
 data. The feature is the margin between the drafter's top-1 and top-2 logits (``draft_margin``): a drafter
 that barely prefers its token is more often overruled by the target. Any other per-draft feature where
@@ -25,6 +25,8 @@ import numbers
 from typing import Union
 
 import torch
+
+from .confidence import draft_margin
 
 __all__ = ["MarginEstimator"]
 
@@ -107,9 +109,7 @@ class MarginEstimator:
     @staticmethod
     def features(draft_logits: torch.Tensor) -> torch.Tensor:
         """Margins [R, K] float32 from draft logits [R, K, V]: ``adaptive_verify.draft_margin``."""
-        import adaptive_verify
-
-        return adaptive_verify.draft_margin(draft_logits)
+        return draft_margin(draft_logits)
 
     def _check_margin(self, margin) -> torch.Tensor:
         if not isinstance(margin, torch.Tensor):

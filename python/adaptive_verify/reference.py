@@ -1,14 +1,20 @@
 """Readable torch references of every op: the oracle the kernels are tested against.
 
-They follow ../shared/design.md literally and use the same exact arithmetic as the kernels
+They follow docs/design.md literally and use the same exact arithmetic as the kernels
 (float32 products left to right, 32.32 fixed-point survival sums, float64 Theta), so the kernels
-must match them integer for integer. Slow by design; never used on a hot path.
+must match them integer for integer. Slow by design; never used on a hot path. They resolve their own
+arguments (defaults, the budget cap, the cost curve read through CostTable's public scalar methods) and
+share no code with the ops they check beyond the VerifyPlan container; they assume valid inputs (the ops'
+validation is tested separately).
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import torch
 
-from .planner import MODES, PlanArgs, VerifyPlan, resolve_plan_args
+from .planner import VerifyPlan
 
 FIXED_ONE = 2**32  # survival 1.0 in 32.32 fixed point
 
@@ -30,7 +36,70 @@ def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.arange(K, device=conf.device) < drafts.long()[:, None], out, torch.zeros_like(out))
 
 
-def candidate_order(a: PlanArgs):
+@dataclasses.dataclass
+class _Args:
+    """The planner's arguments with their defaults, resolved the way docs/design.md states them."""
+
+    survival: torch.Tensor
+    drafts: torch.Tensor
+    R: int
+    K: int
+    device: torch.device
+    mode: str
+    budget: Optional[int]
+    min_verify: int
+    max_verify: int
+    extra_tokens: int
+    extra_emitting: int
+    budget_cap: int
+    verify_cost: Optional[torch.Tensor]  # float32 [n + 1]: the cost of every total token count the search needs
+    draft_cost: float
+    context_lens: Optional[torch.Tensor]
+    block_table: Optional[torch.Tensor]
+    block_size: Optional[int]
+    anchor_tokens: Optional[torch.Tensor]
+    draft_tokens: Optional[torch.Tensor]
+    token_offset: int
+    num_reqs_padded: int
+    num_tokens_padded: int
+
+
+def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
+             extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None,
+             anchor_tokens=None, draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None,
+             verification=None):
+    R, K = survival.shape
+    max_verify = K if max_verify is None else max_verify
+    limit = cost_table.max_tokens if cost_table is not None else None
+    if capacity is not None:
+        limit = capacity
+    budget_cap = R * max_verify
+    if limit is not None:  # every step needs its R + extra_tokens anchors; drafts get what is left
+        budget_cap = min(budget_cap, limit - R - extra_tokens)
+    if num_tokens_padded is None:
+        num_tokens_padded = R + budget_cap
+    budget_cap = min(budget_cap, num_tokens_padded - R)
+    verify_cost = None
+    draft_cost = 0.0
+    if cost_table is not None:
+        draft_cost = float(cost_table.draft_cost(R))
+        top = R + extra_tokens + budget_cap
+        if cost_table.max_tokens is not None:
+            top = min(top, cost_table.max_tokens)
+        # float32 of each count's cost, as the design's dense cost array holds it
+        verify_cost = torch.tensor([cost_table.verify_cost(n) for n in range(top + 1)], dtype=torch.float64).float()
+    if isinstance(budget, torch.Tensor):
+        budget = int(budget.clamp(0, 2**31 - 1))
+    return _Args(survival=survival, drafts=drafts.long(), R=R, K=K, device=survival.device, mode=mode, budget=budget,
+                 min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
+                 extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost, draft_cost=draft_cost,
+                 context_lens=context_lens, block_table=block_table, block_size=block_size,
+                 anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
+                 num_reqs_padded=R if num_reqs_padded is None else num_reqs_padded,
+                 num_tokens_padded=num_tokens_padded)
+
+
+def candidate_order(a: _Args):
     """Candidates in canonical order: forced first, survival descending, position, request.
 
     Returns (req [N], pos [N], survival [N], n_forced) with survival made non-increasing per row.
@@ -43,6 +112,12 @@ def candidate_order(a: PlanArgs):
     first_nan = torch.where(nan.any(1), nan.int().argmax(1), torch.full((R,), K, device=s.device))
     cap = torch.minimum(a.drafts.long().clamp(0, K), torch.tensor(a.max_verify, device=s.device))
     cap = torch.minimum(cap, first_nan)
+    if a.draft_tokens is not None:  # an invalidated draft (negative id) ends its request's candidates
+        bad = a.draft_tokens[:, :K].long() < 0
+        if a.draft_tokens.shape[1] < K:
+            bad = torch.cat([bad, torch.zeros(R, K - bad.shape[1], dtype=torch.bool, device=bad.device)], 1)
+        first_bad = torch.where(bad.any(1), bad.int().argmax(1), torch.full((R,), K, device=s.device))
+        cap = torch.minimum(cap, first_bad)
     # Running minimum makes every row non-increasing, so the first B are prefix-closed.
     s = _sanitize(s)
     running = torch.ones(R, device=s.device)
@@ -63,7 +138,7 @@ def candidate_order(a: PlanArgs):
     return req_f[o], pos_f[o], s_f[o], int(forced.sum())
 
 
-def theta(a: PlanArgs, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
+def theta(a: _Args, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
     """Theta(B) in float64 for each B, from P(B) in fixed point (same rounding as the kernels)."""
     num = (a.R + a.extra_emitting) * FIXED_ONE + prefix_fixed
     n = (a.R + a.extra_tokens + budgets).clamp(max=a.verify_cost.numel() - 1)
@@ -71,7 +146,7 @@ def theta(a: PlanArgs, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> tor
     return num.double() / cost.double()
 
 
-def choose(a: PlanArgs):
+def choose(a: _Args):
     """(budget, canonical order, P(budget) fixed point) for the resolved arguments."""
     req, pos, s, n_forced = candidate_order(a)
     n_cand = req.numel()
@@ -88,8 +163,7 @@ def choose(a: PlanArgs):
             stops = (~(t[1:] > t[:-1])).nonzero()
             budget = b_min + int(stops[0]) if stops.numel() else b_max
     elif a.mode == "fixed":
-        want = int(a.budget_in) if a.budget_in is not None else a.fixed_budget
-        budget = max(b_min, min(want, b_max))
+        budget = max(b_min, min(a.budget, b_max))
     else:
         budget = b_max
     return budget, (req, pos), int(prefix[budget])
@@ -98,15 +172,14 @@ def choose(a: PlanArgs):
 def choose_budget(survival, drafts, cost_table, **kwargs) -> torch.Tensor:
     """Reference of adaptive_verify.choose_budget."""
     kwargs.setdefault("mode", "global")
-    a = resolve_plan_args(survival, drafts, cost_table, **kwargs)
+    a = _resolve(survival, drafts, cost_table, **kwargs)
     return torch.tensor(choose(a)[0], dtype=torch.int32, device=a.device)
 
 
 def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan:
     """Reference of adaptive_verify.plan_verification (same arguments, ``out`` excepted)."""
     kwargs.setdefault("mode", "greedy")
-    a = resolve_plan_args(survival, drafts, cost_table, **kwargs)
-    assert a.mode in MODES
+    a = _resolve(survival, drafts, cost_table, **kwargs)
     dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
     budget, (req, pos), prefix = choose(a)
     i32 = dict(dtype=torch.int32, device=dev)
@@ -449,7 +522,7 @@ def sample(logits, temperature=None, seeds=None, offset=0):
 
 
 # ----------------------------------------------------------------------------------------------------
-# verification attention and KV writes (design section 6)
+# verification attention and KV writes (docs/design.md, "Verification attention")
 # ----------------------------------------------------------------------------------------------------
 
 

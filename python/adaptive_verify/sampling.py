@@ -1,4 +1,4 @@
-"""Lossless varlen rejection sampling (design section 7).
+"""Lossless varlen rejection sampling (docs/design.md, "Sampling").
 
 After the target's verification forward, request r has 1 + L[r] logit rows starting at query_start_loc[r]:
 row j judges draft j, row L[r] gives the bonus token. ``rejection_sample`` accepts the longest prefix of
@@ -17,7 +17,7 @@ How (csrc/include/adaptive_verify/sampling/math.h has the exact arithmetic):
   a residual sample);
 - with ``draft_probs``, accept iff u * q(x) < p(x); on rejection an exponential race over max(p - q, 0).
 No probability tensor is materialised: each needed row is streamed once or twice, and rows past a request's
-first rejection are never read (by the default CUDA kernel; AV_SAMPLER_KERNEL=v2 splits every row's vocabulary
+first rejection are never read (by the default CUDA kernel; ``cuda_kernel="splitv"`` splits every row's vocabulary
 over several blocks, which may also read rows past the first rejection, whose results are then ignored).
 Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position), not by the request's place in the
 batch, so results are reproducible, batch-invariant and CUDA-graph safe (pass ``offset`` as a 0-d int64 device
@@ -36,20 +36,24 @@ from typing import Optional, Union
 
 import torch
 
+from torch import Tensor
+
 from . import errors
+from ._binding import RejectionParams, SampleParams, call
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_device, check_tensor, env_kernel, ptr, run_op, stream_of
+from ._validate import DTYPE_CODES, check_tensor, kernel_choice, logits_shape, ptr, run_op, stream_of
+
+# CUDA sampler kernels (sampling/params.h SamplerKernel): "v1" (the default, validated on an H200) one block
+# per request walking whole rows (kernel.cuh); "splitv" (the candidate, not yet run on a GPU) rows split into
+# vocabulary chunks whose partials are merged in a fixed order (kernel_splitv.cuh). Both give the CPU kernel's
+# integers; the CPU kernel ignores the choice (the name is still checked).
+SAMPLER_KERNELS = dict(_C.SAMPLER_KERNELS)
+#: The CUDA kernel used when a call passes cuda_kernel=None (set it once, e.g. after validating "splitv").
+CUDA_KERNEL = "v1"
 
 
-# CUDA sampler kernels, chosen by the environment variable AV_SAMPLER_KERNEL (read at every call, so a test or
-# an engine can switch): "v1" (default) one block per request walking whole rows (kernel.cuh), "v2" rows split
-# into vocabulary chunks whose partials are merged in a fixed order (kernel_splitv.cuh). Both give the CPU
-# kernel's integers; the CPU kernel ignores the choice (the name is still checked).
-SAMPLER_KERNELS = {"v1": 0, "v2": 1}
-
-
-def _sampler_kernel() -> int:
-    return env_kernel("AV_SAMPLER_KERNEL", SAMPLER_KERNELS, "v1")
+def _kernel_id(cuda_kernel) -> int:
+    return kernel_choice(cuda_kernel, "adaptive_verify.sampling.CUDA_KERNEL", CUDA_KERNEL, SAMPLER_KERNELS)
 
 
 def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_reqs: int):
@@ -95,7 +99,9 @@ def _per_request(name, t, n, device, dtype):
 
 
 def _check_temperature_values(temperature):
-    if temperature is not None and temperature.device.type == "cpu":
+    # Host value checks need the values: CPU tensors only, and not while torch.compile traces (then, as on
+    # CUDA, the kernel treats a negative or NaN temperature as greedy).
+    if temperature is not None and temperature.device.type == "cpu" and not torch.compiler.is_compiling():
         if bool((temperature < 0).any()) or bool(torch.isnan(temperature).any()):
             raise ValueError(f"temperature must be >= 0 (0 = greedy) and not NaN, got {temperature.tolist()}")
 
@@ -110,6 +116,7 @@ def rejection_sample(
     seeds: Optional[torch.Tensor] = None,
     offset: Union[int, torch.Tensor] = 0,
     out: Optional[tuple] = None,
+    cuda_kernel: Optional[str] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepts a prefix of each request's verified drafts and emits one more token, losslessly.
 
@@ -128,15 +135,13 @@ def rejection_sample(
             ``torch.randint``), as engines do.
         offset: int or 0-d int64 tensor, advanced by the engine every step.
         out: (output_tokens [R, K + 1] int32, num_emitted [R] int32) to write into.
+        cuda_kernel: "v1" or "splitv" (see SAMPLER_KERNELS); None takes ``adaptive_verify.sampling.CUDA_KERNEL``.
     Returns:
         output_tokens [R, K + 1] int32 (accepted drafts then the recovered/bonus token, -1 padded) and
         num_emitted [R] int32.
     """
-    check_tensor("target_logits", target_logits, dtypes=tuple(DTYPE_CODES), ndim=2)
-    device = check_device("target_logits", target_logits)
-    T, V = target_logits.shape
-    if V < 1:
-        raise ValueError(f"target_logits must have a vocabulary of at least 1, got shape {tuple(target_logits.shape)}")
+    kernel = _kernel_id(cuda_kernel)
+    device, T, V = logits_shape("target_logits", target_logits)
     check_tensor("draft_tokens", draft_tokens, dtypes=(torch.int32, torch.int64), device=device, ndim=2)
     R, K = draft_tokens.shape
     check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
@@ -156,7 +161,7 @@ def rejection_sample(
                      inner_contiguous=False)
         check_tensor("out[1] (num_emitted)", out[1], dtypes=(torch.int32,), device=device, shape=(R,),
                      inner_contiguous=False)
-    if device.type == "cpu" and R > 0:
+    if device.type == "cpu" and R > 0 and not torch.compiler.is_compiling():  # (traced: the kernel's safe handling)
         qsl = query_start_loc
         if int(qsl[0]) < 0 or int(qsl[-1]) > T or bool((qsl[1:] < qsl[:-1]).any()):
             raise ValueError(f"query_start_loc must be non-decreasing within [0, T = {T}], got {qsl.tolist()}")
@@ -164,27 +169,46 @@ def rejection_sample(
             raise ValueError(f"query_start_loc: a request has more than K + 1 = {K + 1} rows")
     err = errors.error_buffer(device)
     args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, out[0], out[1],
-            err, host_offset)
-    run_op("rejection_sample_into", _launch_rejection, *args)
+            err, host_offset, kernel)
+    run_op(_rejection_sample_into, _launch_rejection, *args)
     return out[0], out[1]
 
 
 def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t,
-                      output_tokens, num_emitted, err, host_offset):
-    T, V = target_logits.shape
-    R, K = draft_tokens.shape
-    kernel = _sampler_kernel()
+                      output_tokens, num_emitted, err, host_offset, kernel):
+    p = RejectionParams()
+    p.num_tokens, p.vocab = target_logits.shape
+    p.num_reqs, p.max_drafts = draft_tokens.shape
     dtype_code = DTYPE_CODES[target_logits.dtype]
-    ws, ws_bytes = _workspace(kernel, target_logits.device, dtype_code, V, R * (K + 1), R)
-    status = _C.rejection_sample(
-        target_logits.is_cuda, stream_of(target_logits.device), target_logits.data_ptr(), target_logits.stride(0),
-        DTYPE_CODES[target_logits.dtype], T, V, query_start_loc.data_ptr(), draft_tokens.data_ptr(),
-        draft_tokens.stride(0), draft_tokens.dtype == torch.int64, ptr(draft_probs),
-        0 if draft_probs is None else draft_probs.stride(0), 0 if draft_probs is None else draft_probs.stride(1),
-        ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), R, K, output_tokens.data_ptr(),
-        num_emitted.data_ptr(), err.data_ptr(), kernel, ptr(ws), ws_bytes,
-    )
-    check_status(status, "rejection_sample", target_logits.device)
+    ws, ws_bytes = _workspace(kernel, target_logits.device, dtype_code, p.vocab, p.num_reqs * (p.max_drafts + 1),
+                              p.num_reqs)
+    p.logits, p.logits_stride, p.dtype = target_logits.data_ptr(), target_logits.stride(0), dtype_code
+    p.query_start_loc = query_start_loc.data_ptr()
+    p.draft_tokens, p.draft_tokens_stride = draft_tokens.data_ptr(), draft_tokens.stride(0)
+    p.draft_tokens_int64 = int(draft_tokens.dtype == torch.int64)
+    if draft_probs is not None:
+        p.draft_probs, p.draft_probs_stride_r, p.draft_probs_stride_k = (draft_probs.data_ptr(), draft_probs.stride(0),
+                                                                         draft_probs.stride(1))
+    p.temperature, p.seeds, p.offset, p.offset_ptr = ptr(temperature), ptr(seeds), host_offset, ptr(offset_t)
+    p.output_tokens, p.num_emitted, p.error_counts = output_tokens.data_ptr(), num_emitted.data_ptr(), err.data_ptr()
+    p.kernel, p.workspace, p.workspace_bytes = kernel, ptr(ws), ws_bytes
+    check_status(call(_C.rejection_sample, p, target_logits.is_cuda, stream_of(target_logits.device)),
+                 "rejection_sample", target_logits.device)
+
+
+@torch.library.custom_op("adaptive_verify::rejection_sample_into",
+                         mutates_args=("output_tokens", "num_emitted", "error_counts"))
+def _rejection_sample_into(target_logits: Tensor, query_start_loc: Tensor, draft_tokens: Tensor,
+                           draft_probs: Optional[Tensor], temperature: Optional[Tensor], seeds: Optional[Tensor],
+                           offset: Optional[Tensor], output_tokens: Tensor, num_emitted: Tensor, error_counts: Tensor,
+                           host_offset: int, kernel: int) -> None:
+    _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset,
+                      output_tokens, num_emitted, error_counts, host_offset, kernel)
+
+
+@_rejection_sample_into.register_fake
+def _(*args, **kwargs):
+    return None
 
 
 def sample(
@@ -194,16 +218,14 @@ def sample(
     offset: Union[int, torch.Tensor] = 0,
     *,
     out: Optional[torch.Tensor] = None,
+    cuda_kernel: Optional[str] = None,
 ) -> torch.Tensor:
     """One token per row of logits [N, V] (rows without drafts, e.g. prefill completions): argmax where
     temperature is 0 (or None), else an exponential race on the same generator as rejection_sample
     (its own stream, so the two never share random numbers). ``seeds`` as in :func:`rejection_sample`
     (None: unseeded, an independent stream per row). Returns tokens [N] int32."""
-    check_tensor("logits", logits, dtypes=tuple(DTYPE_CODES), ndim=2)
-    device = check_device("logits", logits)
-    N, V = logits.shape
-    if V < 1:
-        raise ValueError(f"logits must have a vocabulary of at least 1, got shape {tuple(logits.shape)}")
+    kernel = _kernel_id(cuda_kernel)
+    device, N, V = logits_shape("logits", logits)
     temperature = _per_request("temperature", temperature, N, device, torch.float32)
     _check_temperature_values(temperature)
     seeds = _seeds(seeds, temperature, N, device)
@@ -213,17 +235,28 @@ def sample(
     else:
         check_tensor("out", out, dtypes=(torch.int32,), device=device, shape=(N,), inner_contiguous=False)
     err = errors.error_buffer(device)
-    run_op("sample_into", _launch_sample, logits, temperature, seeds, offset_t, out, err, host_offset)
+    run_op(_sample_into, _launch_sample, logits, temperature, seeds, offset_t, out, err, host_offset, kernel)
     return out
 
 
-def _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset):
-    N, V = logits.shape
-    kernel = _sampler_kernel()
-    ws, ws_bytes = _workspace(kernel, logits.device, DTYPE_CODES[logits.dtype], V, N, 0)
-    status = _C.sample(
-        logits.is_cuda, stream_of(logits.device), logits.data_ptr(), logits.stride(0), DTYPE_CODES[logits.dtype], V, N,
-        ptr(temperature), ptr(seeds), host_offset, ptr(offset_t), out.data_ptr(), err.data_ptr(), kernel, ptr(ws),
-        ws_bytes,
-    )
-    check_status(status, "sample", logits.device)
+def _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset, kernel):
+    p = SampleParams()
+    p.num_rows, p.vocab = logits.shape
+    p.dtype = DTYPE_CODES[logits.dtype]
+    ws, ws_bytes = _workspace(kernel, logits.device, p.dtype, p.vocab, p.num_rows, 0)
+    p.logits, p.logits_stride = logits.data_ptr(), logits.stride(0)
+    p.temperature, p.seeds, p.offset, p.offset_ptr = ptr(temperature), ptr(seeds), host_offset, ptr(offset_t)
+    p.tokens, p.error_counts = out.data_ptr(), err.data_ptr()
+    p.kernel, p.workspace, p.workspace_bytes = kernel, ptr(ws), ws_bytes
+    check_status(call(_C.sample, p, logits.is_cuda, stream_of(logits.device)), "sample", logits.device)
+
+
+@torch.library.custom_op("adaptive_verify::sample_into", mutates_args=("out", "error_counts"))
+def _sample_into(logits: Tensor, temperature: Optional[Tensor], seeds: Optional[Tensor], offset: Optional[Tensor],
+                 out: Tensor, error_counts: Tensor, host_offset: int, kernel: int) -> None:
+    _launch_sample(logits, temperature, seeds, offset, out, error_counts, host_offset, kernel)
+
+
+@_sample_into.register_fake
+def _(*args, **kwargs):
+    return None

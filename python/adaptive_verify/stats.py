@@ -18,9 +18,11 @@ import math
 from typing import Union
 
 import torch
+from torch import Tensor
 
 from . import errors
 from ._ext import _C, check_status
+from ._binding import StatsParams, call
 from ._validate import check_device, check_tensor, run_op, stream_of
 
 _FIXED_ONE = 2.0**32
@@ -63,7 +65,7 @@ class AcceptanceStats:
             raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
         verify_lens = _int32("verify_lens", verify_lens, self.device, R)
         num_accepted = _int32("num_accepted", num_accepted, self.device, R)
-        run_op("stats_update_", _launch_update, conf, verify_lens, num_accepted, self.trials, self.survivals,
+        run_op(_stats_update_, _launch_update, conf, verify_lens, num_accepted, self.trials, self.survivals,
                self._conf_fixed, self._errors)
 
     def reset(self) -> None:
@@ -120,11 +122,24 @@ def _int32(name, t, device, R):
 
 
 def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err):
-    R, K = conf.shape
-    P, B = trials.shape
-    status = _C.stats_update(
-        conf.is_cuda, stream_of(conf.device), conf.data_ptr(), conf.stride(0), verify_lens.data_ptr(),
-        num_accepted.data_ptr(), R, K, P, B, trials.data_ptr(), survivals.data_ptr(), conf_fixed.data_ptr(),
-        err.data_ptr(),
-    )
-    check_status(status, "AcceptanceStats.update", conf.device)
+    p = StatsParams()
+    p.num_reqs, p.max_drafts = conf.shape
+    p.num_positions, p.num_bins = trials.shape
+    p.conf, p.conf_stride = conf.data_ptr(), conf.stride(0)
+    p.verify_lens, p.num_accepted = verify_lens.data_ptr(), num_accepted.data_ptr()
+    p.trials, p.survivals, p.conf_sum, p.error_counts = (trials.data_ptr(), survivals.data_ptr(),
+                                                          conf_fixed.data_ptr(), err.data_ptr())
+    check_status(call(_C.stats_update, p, conf.is_cuda, stream_of(conf.device)), "AcceptanceStats.update",
+                 conf.device)
+
+
+@torch.library.custom_op("adaptive_verify::stats_update_",
+                         mutates_args=("trials", "survivals", "conf_fixed", "error_counts"))
+def _stats_update_(conf: Tensor, verify_lens: Tensor, num_accepted: Tensor, trials: Tensor, survivals: Tensor,
+                   conf_fixed: Tensor, error_counts: Tensor) -> None:
+    _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, error_counts)
+
+
+@_stats_update_.register_fake
+def _(*args, **kwargs):
+    return None

@@ -59,6 +59,7 @@ namespace av_emu {
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
+  Dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
 enum CopyMode { kLateCopies = 0, kEarlyCopies = 1 };
@@ -324,6 +325,26 @@ inline void perform(const PendingCopy& c) {
 }
 
 }  // namespace av_emu
+
+// ---- the CUDA runtime calls the launchers make (csrc/include/adaptive_verify/launch.h) ----
+using cudaStream_t = void*;
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+using dim3 = ::av_emu::Dim3;
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+template <typename F>
+inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+// Stream order is program order here: the memset lands before the next launch runs.
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
 
 // ---- CUDA names the kernels use ----
 #define threadIdx (::av_emu::self().thread_idx)

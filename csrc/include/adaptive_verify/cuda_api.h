@@ -1,4 +1,4 @@
-// Host-compiler view of the CUDA launchers: plain C++ signatures (no CUDA headers), so bindings.cpp
+// Host-compiler view of the CUDA launchers: plain C++ signatures (no CUDA headers), so csrc/bindings/
 // builds the same way with or without nvcc. Each returns a cudaError_t as int (0 = success).
 #pragma once
 
@@ -18,7 +18,6 @@ int cuda_runtime_version();
 namespace planner {
 int prefix_survival_cuda(const SurvivalParams& p, void* stream);
 int plan_cuda(const Params& p, void* stream);
-int64_t cuda_workspace_keys(int64_t num_reqs, int64_t max_drafts);
 }  // namespace planner
 
 namespace confidence {
@@ -30,7 +29,7 @@ int stats_update_cuda(const StatsParams& p, void* stream);
 
 namespace attention {
 int write_kv_cuda(const WriteKvParams& p, void* stream);
-int verify_attention_cuda(const AttentionParams& p, float* workspace, void* stream);
+int verify_attention_cuda(const AttentionParams& p, void* stream);
 }  // namespace attention
 
 namespace sampling {

@@ -54,14 +54,6 @@ inline bool dispatch_dtype(int32_t dtype, Fn&& fn) {
   }
 }
 
-#if defined(__CUDACC__)
-// Launches through fn(T{}) for the storage type of `dtype`, then reports the launch's error.
-template <typename Fn>
-inline cudaError_t launch_for_dtype(int32_t dtype, Fn&& fn) {
-  if (!dispatch_dtype(dtype, fn)) return cudaErrorInvalidValue;
-  return cudaGetLastError();
-}
-#endif
 
 // float -> bf16 / fp16 with round-to-nearest-even (what torch's .to() does), NaN kept quiet.
 AV_HD uint16_t float_to_bf16(float f) {

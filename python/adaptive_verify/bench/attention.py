@@ -7,8 +7,8 @@ request's pages into a dense KV tensor, pad the queries to the longest request, 
 scaled_dot_product_attention with a causal-in-block mask. The figure that matters is achieved bandwidth
 over the KV bytes that must be read (2 x seq_len x Hkv x D x 2 bytes per request), against a plain
 copy's bandwidth in the same process; on CUDA the L2 cache is flushed before every timed call.
-On CUDA every implementation in ``kernels`` is timed (default all four: ``cuda_kernel="rowwise"``, the
-default, ``"tiled"``, and the tensor-core ``"mma"`` and ``"mma_fused"``); the speedup and bandwidth columns are for the
+On CUDA every implementation in ``kernels`` is timed (default all three: ``cuda_kernel="rowwise"``, the
+default, and the tensor-core candidate ``"mma"`` and ``"mma_fused"``); the speedup and bandwidth columns are for the
 fastest of them (named in the "best" column), max |diff| is the largest over all of them.
 
 No FlashInfer column: the H200 this project is lent has no flashinfer, reaches no registry, and takes at
@@ -161,7 +161,7 @@ KV_COLUMNS = [("layer", "layer"), ("T", "tokens"), ("ours_us", "write_kv us"), (
 COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
            ("baseline_us", "padded SDPA us"), ("speedup", "baseline / ours"), ("gbps", "GB/s"),
            ("pct_copy", "% of copy BW"), ("max_abs_diff", "max |diff|")]
-CUDA_KERNELS = ("rowwise", "tiled", "mma", "mma_fused")  # verify_attention(cuda_kernel=...)
+CUDA_KERNELS = ("rowwise", "mma", "mma_fused")  # verify_attention(cuda_kernel=...)
 
 
 def cuda_columns(kernels) -> list:

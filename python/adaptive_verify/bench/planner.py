@@ -4,8 +4,8 @@ For each R (requests) and K (drafts per request), times one plan (survival -> bu
 query_start_loc / token_req) in "global" mode, the heaviest (its budget needs the whole canonical order;
 run on an earlier step's survivals it is the production lagged budget), with:
 
-- kernel: the C++ CPU kernel called through the extension with pre-validated arguments
-  (what an engine pays per step once its buffers are set up);
+- kernel: the C++ CPU kernel called through the extension with its parameter struct already filled (the raw
+  extension call: what an engine pays per step once its buffers are set up);
 - op: the public ``plan_verification(..., out=)`` including argument validation;
 - reference: the readable torch oracle (``adaptive_verify.reference``);
 - chain: an engine-style torch op chain doing the same job without our kernel (cumprod, sort via topk,
@@ -25,12 +25,15 @@ from typing import Optional
 
 import torch
 
+import ctypes
+
 from .. import errors, reference
+from .._ext import _C
 from ..cost import CostTable
-from ..planner import (PLANNER_KERNELS, PlanArgs, VerifyPlan, _launch_plan, plan_verification, prefix_survival,
-                       resolve_plan_args)
+from ..planner import PlanArgs, VerifyPlan, plan_verification, prefix_survival, resolve_plan_args
+from ..planner.ops import _launch_plan, _params
 from .report import cli_main, markdown_table
-from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, env_var, host_time_us
+from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
 
 R_VALUES = (1, 16, 64, 256, 1024)
 K_VALUES = (4, 8, 16)
@@ -81,7 +84,9 @@ def bench_cpu(R: int, K: int, ct: CostTable, *, min_time_s: float) -> dict:
     a, survival = _args(conf, drafts, ct)
     out = VerifyPlan.allocate(a.num_reqs_padded, a.num_tokens_padded, "cpu")
     err = errors.error_buffer("cpu")
-    kernel = host_time_us(lambda: _launch_plan(a, out, out.budget, out.expected_tokens, err), min_time_s=min_time_s)
+    params = _params(a, out, out.budget, out.expected_tokens, err)
+    address, plan = ctypes.addressof(params), _C.plan
+    kernel = host_time_us(lambda: plan(address, False, 0), min_time_s=min_time_s)
     surv_out = torch.empty_like(survival)
     survival_us = host_time_us(lambda: prefix_survival(conf, drafts, out=surv_out), min_time_s=min_time_s)
     survival_torch_us = host_time_us(lambda: torch.cumprod(conf.clamp(0, 1), 1).masked_fill(
@@ -112,17 +117,11 @@ def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     out = VerifyPlan.allocate(a.num_reqs_padded, a.num_tokens_padded, dev)
     err = errors.error_buffer(dev)
     run = lambda: _launch_plan(a, out, out.budget, out.expected_tokens, err)  # noqa: E731
-    # Every CUDA planner kernel (AV_PLANNER_KERNEL), each checked against the default's outputs.
-    per_kernel, outputs = {}, {}
-    for name in PLANNER_KERNELS:
-        with env_var("AV_PLANNER_KERNEL", name):
-            k_launches, k_us = cuda_kernel_stats(run)
-            per_kernel[name] = dict(launches=k_launches, kernel_us=k_us, graph_us=cuda_graph_time_us(run))
-            run()
-            outputs[name] = [getattr(out, f).clone() for f in PLAN_OUTPUTS]
-    launches, kernel_us, graph_us = (per_kernel["v1"][k] for k in ("launches", "kernel_us", "graph_us"))
-    v2 = per_kernel["v2"]
-    v2_agrees = all(torch.equal(x, y) for x, y in zip(outputs["v1"], outputs["v2"]))
+    launches, kernel_us = cuda_kernel_stats(run)
+    graph_us = cuda_graph_time_us(run)
+    run()
+    cpu = plan_verification(survival.cpu(), drafts.cpu(), ct, mode="global")
+    agrees = all(torch.equal(getattr(out, f).cpu(), getattr(cpu, f)) for f in PLAN_OUTPUTS)
     eager_us = cuda_time_us(lambda: plan_verification(survival, drafts, ct, mode="global", out=out))
     vc = ct.verify_array(a.R + a.budget_cap, dev)
     chain = lambda: torch_chain(conf, drafts, vc, a.draft_cost)  # noqa: E731
@@ -131,9 +130,7 @@ def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     chain_eager_us = cuda_time_us(chain)
     return dict(R=R, K=K, launches=launches, kernel_us=kernel_us, graph_us=graph_us, eager_op_us=eager_us,
                 chain_launches=chain_launches, chain_kernel_us=chain_kernel_us, chain_graph_us=chain_graph_us,
-                chain_eager_us=chain_eager_us, chain_graph_over_graph=chain_graph_us / graph_us,
-                v2_launches=v2["launches"], v2_kernel_us=v2["kernel_us"], v2_graph_us=v2["graph_us"],
-                v1_graph_over_v2=graph_us / v2["graph_us"], v2_agrees=v2_agrees)
+                chain_eager_us=chain_eager_us, chain_graph_over_graph=chain_graph_us / graph_us, cpu_agrees=agrees)
 
 
 def launch_floor_us() -> float:
@@ -151,12 +148,11 @@ CUDA_COLUMNS = [("R", "R"), ("K", "K"), ("launches", "launches/call"), ("kernel_
                 ("graph_us", "in graph us"), ("eager_op_us", "eager op us"), ("chain_launches", "chain launches"),
                 ("chain_kernel_us", "chain kernels us"), ("chain_graph_us", "chain in graph us"),
                 ("chain_eager_us", "chain eager us"), ("chain_graph_over_graph", "chain / ours (graph)"),
-                ("v2_launches", "v2 launches/call"), ("v2_kernel_us", "v2 kernel us"), ("v2_graph_us", "v2 in graph us"),
-                ("v1_graph_over_v2", "v1 / v2 (graph)"), ("v2_agrees", "v2 == v1")]
+                ("cpu_agrees", "== CPU kernel")]
 
 
 def run(r_values=R_VALUES, k_values=K_VALUES, *, device: str = "auto", min_time_s: float = 0.2) -> dict:
-    warnings.filterwarnings("ignore", message=r"plan_verification\(mode='global'\)")  # we know: analysis only
+    warnings.filterwarnings("ignore", message=r"plan_verification\(mode='global'\)")  # one-hot timing only
     ct = example_cost_table()
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -198,8 +194,7 @@ def report(result: dict) -> str:
             f"Launch-latency floor (empty one-kernel op, per call inside a CUDA graph): "
             f"{result['launch_floor_us']:.2f} us. 'kernel' is the profiler's kernel duration; 'in graph' the "
             "per-call time when captured in a CUDA graph (what an engine pays); 'eager op' the public call "
-            "back to back. Unprefixed columns are the default kernel (AV_PLANNER_KERNEL=v1); 'v2' columns the "
-            "histogram kernel on the same inputs, and 'v2 == v1' checks that its outputs are identical.",
+            "back to back; '== CPU kernel' checks the outputs against the C++ CPU kernel's.",
             "",
             markdown_table(result["cuda"], CUDA_COLUMNS + [("graph_over_floor", "ours / floor")]),
         ]

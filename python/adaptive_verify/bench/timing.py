@@ -1,11 +1,9 @@
 """Timing helpers shared by the benchmarks: medians, CUDA events, launch counts."""
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -94,18 +92,3 @@ def copy_bandwidth_gbps(device, nbytes: int = 1 << 30) -> float:
     else:
         us = host_time_us(lambda: dst.copy_(src), min_time_s=0.3, warmup=2, max_iters=20)
     return 2 * nbytes / (us * 1e-6) / 1e9
-
-
-@contextlib.contextmanager
-def env_var(name: str, value: str) -> Iterator[None]:
-    """Environment variable ``name`` set to ``value`` inside the block, restored afterwards (the ops read
-    their kernel selectors, e.g. AV_PLANNER_KERNEL, at every call; a graph captured inside keeps them)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old

@@ -3,9 +3,12 @@
 The planner (docs/design.md, "Planner") picks a verification budget B by maximising
 ``Theta(B) = (R + P(B)) / step_cost(R, R + B)``. This package supplies the denominator:
 
-    step_cost(r, n) = draft_cost(r) + verify_cost(n)
+    step_cost(r, n) = fixed_cost(r) + verify_cost(n),    fixed_cost(r) = draft_cost(r) + request_ms * r
 
 - ``r``: requests in the step (the drafter runs once per request, whatever is verified).
+- ``request_ms``: optional per-request work of a step that is neither the drafter nor the verify forward
+  (sampling, scheduling, host bookkeeping); 0 unless given. The planner's Theta takes ``fixed_cost(R)`` as
+  its fixed term, since a fixed term left out biases the ratio towards verifying less.
 - ``n``: total query tokens of the target's verification forward (anchors + verified drafts + extra tokens).
 
 Where things are: ``curve.py`` the curve maths (float64, torch-free), ``table.py`` :class:`CostTable`,

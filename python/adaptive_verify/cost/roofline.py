@@ -1,4 +1,4 @@
-"""A roofline step cost for planning without a profile (design section 3): weights and KV bytes over
+"""A roofline step cost for planning without a profile (docs/design.md, "Step cost"): weights and KV bytes over
 bandwidth, matmul FLOPs over the FLOP rate, whichever is slower, plus a fixed overhead."""
 from __future__ import annotations
 

@@ -23,11 +23,14 @@ from .curve import DRAFT_MODES, DraftCurve, ShiftedCurve, VerifyCurve
 __all__ = ["CostTable", "FORMAT_VERSION", "MAX_TOKENS_LIMIT"]
 
 #: Version of the JSON layout written by ``CostTable.to_json``. Version 2 added ``draft_interpolation``;
-#: version 1 files (written when the drafter curve was always linear) are read as ``"linear"``.
-FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
-_JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "graph_sizes", "max_tokens",
-              "metadata")
+#: version 1 files (written when the drafter curve was always linear) are read as ``"linear"``. Version 3
+#: added ``request_ms``; files before it are read with ``request_ms = 0`` (the step had no per-request term).
+FORMAT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+_JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "request_ms", "graph_sizes",
+              "max_tokens", "metadata")
+#: Keys each older version did not have yet (present in such a file: rejected as unknown).
+_KEYS_ADDED_IN = {"draft_interpolation": 2, "request_ms": 3}
 
 #: Largest token capacity (max_tokens) and dense array a table builds: 2^24 tokens per step is far beyond any
 #: engine's max_num_batched_tokens, and keeps every host array a table may build under 64 MB.
@@ -130,7 +133,8 @@ class _DenseEntry:
 
 
 class CostTable:
-    """Step cost model ``step_cost(r, n) = draft_cost(r) + verify_cost(n)`` in milliseconds.
+    """Step cost model ``step_cost(r, n) = fixed_cost(r) + verify_cost(n)`` in milliseconds, where
+    ``fixed_cost(r) = draft_cost(r) + request_ms * r`` is what a step of r requests pays whatever it verifies.
 
     Build it with :meth:`from_points` (measured numbers), :meth:`profile` / :meth:`load_or_profile` (measure
     a callable, with a cache file), :meth:`roofline` (planning model without a profile) or
@@ -144,13 +148,17 @@ class CostTable:
         draft_ms: the drafter points as given, {r: ms}, or a float for a constant drafter cost.
         draft_interpolation: "staircase" (default: r requests cost the next measured count >= r, since
             drafters replay padded CUDA graphs) or "linear" (between measured counts).
+        request_ms: milliseconds per request per step outside the drafter and the verify forward (sampling,
+            scheduling, per-request host work), 0.0 unless given.
     """
 
-    def __init__(self, *, _verify, _draft, _draft_mode, _graph_sizes, _max_tokens, _metadata, _curve=None):
+    def __init__(self, *, _verify, _draft, _draft_mode, _graph_sizes, _max_tokens, _metadata, _curve=None,
+                 _request_ms=0.0):
         # Private: use the classmethods, which validate. Arguments are already checked here.
         self._verify_points: tuple[tuple[int, float], ...] = _verify
         self._draft = _draft
         self._draft_mode: str = _draft_mode
+        self._request_ms: float = _request_ms
         self._graph_sizes: tuple[int, ...] = _graph_sizes
         self._max_tokens: int | None = _max_tokens
         self._metadata: dict = _metadata
@@ -176,6 +184,7 @@ class CostTable:
         metadata: Mapping[str, Any] | None = None,
         *,
         draft_interpolation: str = "staircase",
+        request_ms: float = 0.0,
     ) -> CostTable:
         """Build a table from measured points.
 
@@ -193,6 +202,9 @@ class CostTable:
             draft_interpolation: between measured request counts, "staircase" (default: the cost of the
                 next measured count >= r, as for a drafter replaying padded CUDA graphs; vLLM prices it so)
                 or "linear" (for a drafter curve that is a model rather than graph measurements).
+            request_ms: milliseconds per request per step (>= 0), added to the drafter's cost in
+                :meth:`fixed_cost`: step work that grows with the batch's requests but not with its tokens.
+                Default 0.0 (a table measured by timing the forward and the drafter alone has none).
 
         Raises:
             TypeError / ValueError naming the argument (first word of the message).
@@ -206,6 +218,7 @@ class CostTable:
             raise TypeError(f"draft_ms must be a dict {{r: ms}} or a float, got {type(draft_ms).__name__}")
         if draft_interpolation not in DRAFT_MODES:
             raise ValueError(f"draft_interpolation must be one of {DRAFT_MODES}, got {draft_interpolation!r}")
+        request_ms = _check_ms("request_ms", request_ms, what="per-request cost", positive=False)
         sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
         if max_tokens is not None:
             max_tokens = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT)
@@ -221,7 +234,7 @@ class CostTable:
         else:
             raise TypeError(f"metadata must be a dict or None, got {type(metadata).__name__}")
         return cls(_verify=verify, _draft=draft, _draft_mode=draft_interpolation, _graph_sizes=sizes,
-                   _max_tokens=max_tokens, _metadata=meta)
+                   _max_tokens=max_tokens, _metadata=meta, _request_ms=request_ms)
 
     @classmethod
     def profile(
@@ -248,7 +261,7 @@ class CostTable:
                 tail in 1.5x steps up to the capacity), which needs graph_sizes or max_tokens.
             draft_fn: ``draft_fn(r)`` runs one drafter step at r requests. Without it the drafter cost
                 is 0 and metadata["drafter"] says so (then step costs are verify costs only, which
-                biases the planner towards verifying less; see design section 3).
+                biases the planner towards verifying less; see docs/design.md, "Step cost").
             request_counts: the r to measure; required with draft_fn, an error without it. For a drafter
                 that replays CUDA graphs, measure its graph sizes (the staircase prices every r in between).
             graph_sizes, max_tokens, draft_interpolation: as in :meth:`from_points`.
@@ -377,11 +390,13 @@ class CostTable:
                  kv_bytes_per_token: float, context_len: int, graph_sizes: Iterable[int] = (),
                  max_tokens: int | None = None, draft_ms: Mapping[int, float] | float = 0.0,
                  overhead_ms: float = 0.0, token_counts: Iterable[int] | None = None,
-                 metadata: Mapping[str, Any] | None = None, draft_interpolation: str = "staircase") -> CostTable:
+                 metadata: Mapping[str, Any] | None = None, draft_interpolation: str = "staircase",
+                 request_ms: float = 0.0) -> CostTable:
         """A planning model without a profile: ``overhead_ms + max(memory_ms, compute_ms)`` per step
         (:func:`adaptive_verify.cost.roofline.roofline_points` says exactly how), evaluated at
         ``token_counts`` and passed through :meth:`from_points`, so the graph staircase and the eager
-        interpolation apply exactly as for a measured table. metadata["roofline"] records all inputs."""
+        interpolation apply exactly as for a measured table. metadata["roofline"] records all inputs;
+        draft_ms, draft_interpolation and request_ms go to :meth:`from_points` as they are."""
         sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
         if max_tokens is not None:
             max_tokens = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT)
@@ -392,7 +407,8 @@ class CostTable:
             kv_bytes_per_token=kv_bytes_per_token, context_len=context_len, graph_sizes=sizes,
             max_tokens=max_tokens, overhead_ms=overhead_ms, token_counts=counts)
         recorded.update(metadata or {})
-        return cls.from_points(verify, draft_ms, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation)
+        return cls.from_points(verify, draft_ms, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation,
+                               request_ms=request_ms)
 
     # ----------------------------------------------------------------------------------------------
     # Scalar costs
@@ -412,9 +428,14 @@ class CostTable:
         """Milliseconds of one drafter step at r requests (int >= 0; r = 0 costs the first point)."""
         return self._draft_curve.cost(check_int("r", r, lo=0))
 
+    def fixed_cost(self, r: int) -> float:
+        """draft_cost(r) + request_ms * r: what a step of r requests costs whatever it verifies (int r >= 0).
+        The planner's Theta uses it as the step's fixed term."""
+        return self.draft_cost(r) + self._request_ms * r
+
     def step_cost(self, r: int, n: int) -> float:
-        """draft_cost(r) + verify_cost(n): milliseconds of one whole step."""
-        return self.draft_cost(r) + self.verify_cost(n)
+        """fixed_cost(r) + verify_cost(n): milliseconds of one whole step."""
+        return self.fixed_cost(r) + self.verify_cost(n)
 
     def shifted(self, tokens: int) -> CostTable:
         """The verify curve seen from ``tokens`` non-draft tokens already in the step (prompt chunks):
@@ -455,7 +476,8 @@ class CostTable:
         meta["shifted_by"] = tokens
         view = CostTable(_verify=self._verify_points, _draft=self._draft, _draft_mode=self._draft_mode,
                          _graph_sizes=tuple(g - tokens for g in self._graph_sizes if g > tokens),
-                         _max_tokens=top, _metadata=meta, _curve=ShiftedCurve(self._curve, tokens))
+                         _max_tokens=top, _metadata=meta, _curve=ShiftedCurve(self._curve, tokens),
+                         _request_ms=self._request_ms)
         view._base, view._shift = self, tokens
         self._shifted[tokens] = view
         while len(self._shifted) > SHIFTED_CACHE_SIZE:
@@ -545,6 +567,7 @@ class CostTable:
             "verify_ms": [[n, ms] for n, ms in self._points_for_json()],
             "draft_ms": self._draft if isinstance(self._draft, float) else [[r, ms] for r, ms in self._draft],
             "draft_interpolation": self._draft_mode,
+            "request_ms": self._request_ms,
             "graph_sizes": list(self._graph_sizes) if self._base is None else [],
             "max_tokens": self._max_tokens,
             "metadata": copy.deepcopy(self._metadata),
@@ -562,8 +585,7 @@ class CostTable:
             raise ValueError(f"format_version={version!r} is not supported; this version of adaptive_verify "
                              f"reads {list(_READABLE_VERSIONS)}")
         unknown = sorted(set(data) - set(_JSON_KEYS))
-        if version == 1 and "draft_interpolation" in data:
-            unknown.append("draft_interpolation")
+        unknown += [k for k, since in _KEYS_ADDED_IN.items() if version < since and k in data]
         if unknown:
             raise ValueError(f"unknown keys {unknown} in a format_version {version} cost table")
 
@@ -588,6 +610,7 @@ class CostTable:
             max_tokens=data.get("max_tokens"),
             metadata=data.get("metadata"),
             draft_interpolation=mode,
+            request_ms=data.get("request_ms", 0.0),
         )
 
     def to_json(self, path: str | os.PathLike) -> None:
@@ -648,6 +671,10 @@ class CostTable:
     def draft_interpolation(self) -> str:
         return self._draft_mode
 
+    @property
+    def request_ms(self) -> float:
+        return self._request_ms
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CostTable):
             return NotImplemented
@@ -666,6 +693,8 @@ class CostTable:
         else:
             parts.append(f"draft={len(self._draft)} points r={self._draft[0][0]}..{self._draft[-1][0]} "
                          f"({self._draft_mode})")
+        if self._request_ms:
+            parts.append(f"request_ms={self._request_ms:.3g}")
         sizes = self._graph_sizes
         if len(sizes) <= 6:
             parts.append(f"graph_sizes={list(sizes)}")

@@ -1,5 +1,5 @@
 """DSparkDrafter: a block drafter with a parallel backbone, a light sequential Markov head and a linear
-confidence head (the DSpark shape, design section 5), sized for :class:`TinyTarget`.
+confidence head (the DSpark shape, docs/design.md, "Confidence and calibration"), sized for :class:`TinyTarget`.
 
 Conventions (the same as EAGLE / vLLM's drafters and the planner's ``anchor_tokens``): at a decode step
 the request's last emitted token, the *anchor* at position p, is not yet in the target's KV cache; ``h``

@@ -18,7 +18,9 @@ system, each either prefilling or decoding):
 3. Verification: a rejection draw per verified draft, stopping at the first rejection; a request emits
    its accepted drafts plus one token (recovered or bonus), never past its output length. A request
    whose prompt finishes prefilling emits its first token.
-4. Time advances by ``draft cost + cost_table.verify_cost(decode tokens + prefill tokens)``.
+4. Time advances by the step's cost: ``draft cost + cost_table.request_ms * R +
+   cost_table.verify_cost(decode tokens + prefill tokens)``, plus for adaptive policies the profile's
+   ``overhead.cost(R)`` (confidence head, planner, budget copy: :mod:`adaptive_verify.sim.overhead`).
 
 Randomness is common across policies: per-step noise is drawn with fixed shapes [concurrency, K] from a
 stream keyed by (seed, concurrency), and each request's difficulty and lengths from a stream keyed by its
@@ -183,8 +185,16 @@ class _Metrics:
 
 
 def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int = 400, warmup: int = 100,
-             seed: int = 0) -> dict:
-    """Runs ``warmup + steps`` steps of ``policy`` at ``concurrency`` and returns the metrics dict."""
+             seed: int = 0, trace: list | None = None) -> dict:
+    """Runs ``warmup + steps`` steps of ``policy`` at ``concurrency`` and returns the metrics dict.
+
+    trace: if a list, each measured step appends ``(requests, tokens, draft_factor, output_tokens,
+    decode_tokens)``: its decoding requests R, its forward's token count n, the multiple of
+    ``cost_table.draft_cost(R)`` it pays (0 without speculation, 1 for a block drafter, the longest chain's
+    fraction of K for a chain drafter), the output tokens it emitted (first tokens included) and those of
+    them decodes emitted. That prices the step and gives every metric's numerator. For ``none`` and fixed
+    k nothing in a trace depends on the cost table beyond its max_tokens, so a run can be priced under any
+    other table without simulating it again (what :mod:`adaptive_verify.sim.fit` does)."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
     cap = profile.capacity
@@ -192,6 +202,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         raise ValueError(f"concurrency {concurrency} exceeds the cost table's max_tokens {cap}: every decode "
                          "needs at least one token per step")
     ct, acc, K = profile.cost_table, profile.acceptance, profile.drafter.num_drafts
+    overhead = profile.overhead
     chain = profile.drafter.kind == "chain"
     mu = _logit(np.asarray(acc.conditional[:K], dtype=np.float64))  # [K] median conditional logits
     reqs = _Requests(profile, concurrency, seed)
@@ -214,9 +225,10 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         cap_drafts = policy.k if policy.kind == "fixed" else (K if policy.speculates else 0)
         drafts = np.minimum(cap_drafts, remaining - 1).astype(np.int32)  # never draft past the output
         z = mu[None, :] + reqs.difficulty[dec, None] + eps[dec]  # [R, K] true conditional logits
-        draft_ms = 0.0
+        draft_factor = 0.0
         if policy.speculates and R:
-            draft_ms = ct.draft_cost(R) * ((drafts.max() / K) if chain else 1.0)
+            draft_factor = float(drafts.max() / K) if chain else 1.0
+        draft_ms = ct.draft_cost(R) * draft_factor if draft_factor else 0.0
 
         verify = np.zeros(R, dtype=np.int64)
         if policy.kind == "adaptive":
@@ -268,7 +280,9 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         if policy.kind != "adaptive":  # vLLM's order: running decodes first, prompt chunks get what is left
             prefill_tokens, finished_prefill = _schedule_prefill(reqs, cap - decode_tokens, profile.workload.prefill_chunk)
 
-        step_ms = draft_ms + ct.verify_cost(decode_tokens + prefill_tokens)
+        step_ms = draft_ms + ct.request_ms * R + ct.verify_cost(decode_tokens + prefill_tokens)
+        if policy.kind == "adaptive":
+            step_ms += overhead.cost(R)
 
         # Rejection draws for the scheduled decodes: accepted = leading run of u < p over the verified.
         emitted_total = 0
@@ -289,6 +303,9 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         for slot in finished_prefill:  # the prefill's last chunk samples the first token
             reqs.generated[slot] = 1
 
+        if trace is not None and measured is not None:
+            trace.append((R, decode_tokens + prefill_tokens, draft_factor, emitted_total + len(finished_prefill),
+                          emitted_total))
         metrics.steps += 1
         metrics.time_ms += step_ms
         metrics.tokens += emitted_total + len(finished_prefill)

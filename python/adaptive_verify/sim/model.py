@@ -10,8 +10,11 @@ A profile is plain data (a JSON object) so engineers can write their own:
                      "head_temperature": ..., "head_bias": ...},
       "drafter": {"num_drafts": K, "kind": "block" | "chain"},
       "workload": {"prompt_len": [lo, hi], "output_len": [lo, hi]},
+      "adaptive_overhead": "device" | "host" | "none" | {"fixed_ms": ..., "per_request_ms": ...},
       "notes": {...free-form: what was fitted, how close it lands...}
     }
+
+"adaptive_overhead" is optional (default "device"; :mod:`adaptive_verify.sim.overhead` has the presets).
 
 Every missing or malformed key raises ValueError naming it (``profile.acceptance.conditional``).
 """
@@ -24,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from ..cost import CostTable
+from .overhead import DEFAULT_OVERHEAD, Overhead, overhead_preset
 
 __all__ = ["Acceptance", "Drafter", "Workload", "Profile", "load_profile_file"]
 
@@ -160,7 +164,8 @@ class Profile:
     """A deployment to simulate: its step cost, acceptance model, drafter and workload.
 
     The cost table's ``max_tokens`` is the engine's token capacity per forward (vLLM's
-    max_num_batched_tokens): steps never exceed it, and the planner never plans past it.
+    max_num_batched_tokens): steps never exceed it, and the planner never plans past it. ``overhead`` is
+    what the adaptive path adds to each of its steps (:class:`~adaptive_verify.sim.overhead.Overhead`).
     """
 
     name: str
@@ -171,6 +176,7 @@ class Profile:
     workload: Workload = field(default_factory=Workload)
     notes: Mapping[str, Any] = field(default_factory=dict)
     cost_spec: Mapping[str, Any] = field(default_factory=dict)
+    overhead: Overhead = field(default_factory=lambda: overhead_preset(DEFAULT_OVERHEAD))
 
     def __post_init__(self):
         if len(self.acceptance.conditional) < self.drafter.num_drafts:
@@ -213,13 +219,16 @@ class Profile:
             workload=Workload.from_dict(data.get("workload", {"prompt_len": 1024, "output_len": 512}),
                                         f"{where}.workload"),
             notes=dict(data.get("notes", {})), cost_spec=dict(cost),
+            overhead=Overhead.from_dict(data.get("adaptive_overhead", DEFAULT_OVERHEAD),
+                                        f"{where}.adaptive_overhead"),
         )
 
     def to_dict(self) -> dict[str, Any]:
         cost = dict(self.cost_spec) if self.cost_spec else {"table": self.cost_table.to_dict()}
         return {"name": self.name, "description": self.description, "cost": cost,
                 "acceptance": self.acceptance.to_dict(), "drafter": asdict(self.drafter),
-                "workload": self.workload.to_dict(), "notes": dict(self.notes)}
+                "workload": self.workload.to_dict(), "adaptive_overhead": self.overhead.to_dict(),
+                "notes": dict(self.notes)}
 
 
 def load_profile_file(path: str | os.PathLike) -> Profile:

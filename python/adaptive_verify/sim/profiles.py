@@ -1,8 +1,9 @@
 """Bundled profiles: deployments the simulator runs with no user data (``adaptive-verify profiles``).
 
 Each is the same JSON-shaped dict a user would write (see :mod:`adaptive_verify.sim.model`); the numbers
-that were fitted to published measurements say so in ``notes``, with how close each point lands
-(``benchmarks/fit_sim_profile.py`` refits and prints that table).
+that were fitted to published measurements say so in ``notes``, with how close each point lands. A user's
+own deployment is fitted with ``adaptive-verify fit`` (:mod:`adaptive_verify.sim.fit`);
+``benchmarks/fit_sim_profile.py`` runs it on the default profile's published points and compares.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ DSV4_PRO_8XB300: dict[str, Any] = {
     "name": "dsv4-pro-8xb300",
     "description": "DeepSeek-V4-Pro-class MoE, 8x B300 at TP8, FP8 KV, DSpark 7-token block drafter, "
                    "~256-token prompts and ~512-token outputs (fitted to vLLM's published 0813 sweep)",
-    # An effective step-cost table fitted to the published sweep (benchmarks/fit_sim_profile.py), not a
-    # roofline: the published points need a cost that stays flat to about 1k tokens and then climbs
-    # steeply, which no bandwidth/FLOP roofline of this node gives.
+    # An effective step-cost table fitted to the published sweep, not a roofline: the published points need
+    # a cost that climbs steeply past about 1k tokens, which no bandwidth/FLOP roofline of this node gives.
+    # Fitted 2026-11-29 by a search over simulations with the adaptive point among the targets; refitting
+    # with `adaptive-verify fit` on the none / k<N> points alone (benchmarks/fit_sim_profile.py) lands within
+    # 10% of this profile at every fitted point (tests/test_sim_fit.py).
     "cost": {"table": {
         "format_version": 1,
         "verify_ms": [[1, 10.9], [256, 34.14], [640, 40.74], [1024, 69.17], [1536, 120.11], [2048, 184.31], [4096, 557.12]],
@@ -50,7 +53,7 @@ DSV4_PRO_8XB300: dict[str, Any] = {
         "fitted": "verify_ms at 1, 256, 640, 1024, 1536, 2048 and 4096 tokens (linear in between) and draft_ms "
                   "at 256 requests, by Nelder-Mead on the sum of squared log errors over the published points "
                   "below, each simulated point the mean of 2 seeds x 300 steps, with the qualitative findings as "
-                  "penalised constraints (benchmarks/fit_sim_profile.py --search, 2026-11-29)",
+                  "penalised constraints (2026-11-29, by the search script that `adaptive-verify fit` replaced)",
         "set_by_hand": "acceptance (per-position survival 0.84, 0.65, 0.45, 0.30, 0.19, 0.12, 0.07 in the model: "
                        "first above 0.7, seventh below 0.1, about 3.4 tokens per step at k=7); token capacity "
                        "2048 per step; prompt lengths ~256 (see workload); draft_ms at 1 request 0.9",

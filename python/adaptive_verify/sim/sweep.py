@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 from .engine import parse_policy, simulate
 from .model import Profile
+from .overhead import Overhead, overhead_preset
 from .profiles import get_profile
 
 __all__ = ["SweepResult", "sweep", "default_policies", "DEFAULT_CONCURRENCY", "pareto_frontier"]
@@ -18,7 +21,7 @@ __all__ = ["SweepResult", "sweep", "default_policies", "DEFAULT_CONCURRENCY", "p
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 COLUMNS = ("policy", "concurrency", "tokens_per_s", "tpot_ms", "user_tokens_per_s", "emitted_per_step",
            "verified_per_step", "mean_step_ms", "mean_step_tokens", "waiting_fraction", "head_auc", "head_ece",
-           "steps", "simulated_s", "on_frontier")
+           "steps", "simulated_s", "seeds", "tokens_per_s_sd", "tpot_ms_sd", "on_frontier")
 
 
 def default_policies(num_drafts: int) -> list[str]:
@@ -60,16 +63,26 @@ class SweepResult:
         return sorted({r["concurrency"] for r in self.rows})
 
     def table(self) -> str:
-        """Terminal table: tokens/s and TPOT per policy (rows) and concurrency (columns)."""
+        """Terminal table: tokens/s and TPOT per policy (rows) and concurrency (columns); with several seeds,
+        the mean and its spread (one standard deviation over the seeds) of tokens/s."""
         cs = self.concurrencies()
-        head = f"{'policy':>8} | " + " | ".join(f"c={c:<4}".rjust(15) for c in cs)
-        lines = ["output tokens/s (TPOT ms); * = on the Pareto frontier", head, "-" * len(head)]
+        spread = any(r.get("seeds", 1) > 1 for r in self.rows)
+        width = 21 if spread else 15
+        head = f"{'policy':>8} | " + " | ".join(f"c={c:<4}".rjust(width) for c in cs)
+        title = "output tokens/s (TPOT ms); * = on the Pareto frontier"
+        if spread:
+            title = (f"output tokens/s, mean +- sd over {self.rows[0]['seeds']} seeds (mean TPOT ms); "
+                     "* = on the Pareto frontier of the means")
+        lines = [title, head, "-" * len(head)]
         for p in self.policies():
             cells = []
             for c in cs:
                 r = self.get(p, c)
-                cells.append(f"{r['tokens_per_s']:7.0f} ({r['tpot_ms']:5.1f}){'*' if r['on_frontier'] else ' '}")
-            lines.append(f"{p:>8} | " + " | ".join(x.rjust(15) for x in cells))
+                tput = f"{r['tokens_per_s']:7.0f}"
+                if spread:
+                    tput += f"+-{r['tokens_per_s_sd']:<4.0f}"
+                cells.append(f"{tput} ({r['tpot_ms']:5.1f}){'*' if r['on_frontier'] else ' '}")
+            lines.append(f"{p:>8} | " + " | ".join(x.rjust(width) for x in cells))
         return "\n".join(lines)
 
     def to_json(self, path: str | os.PathLike) -> None:
@@ -154,9 +167,27 @@ def _progress_bar(total: int, stream=sys.stderr) -> Callable[[int, str], None]:
     return update
 
 
+def _mean_over_seeds(runs: list[dict]) -> dict:
+    """One row from the runs of one point under several seeds: the mean of every number, the sample standard
+    deviation of tokens/s and TPOT (NaN for a single seed), and the seed count."""
+    row = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "concurrency":
+            row[key] = sum(r[key] for r in runs) / len(runs)
+    for key in ("tokens_per_s", "tpot_ms"):
+        if len(runs) > 1:
+            mean = row[key]
+            row[f"{key}_sd"] = math.sqrt(sum((r[key] - mean) ** 2 for r in runs) / (len(runs) - 1))
+        else:
+            row[f"{key}_sd"] = float("nan")
+    row["steps"] = runs[0]["steps"]
+    row["seeds"] = len(runs)
+    return row
+
+
 def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[int] = DEFAULT_CONCURRENCY,
           policies: Optional[Iterable[str]] = None, steps: int = 400, warmup: Optional[int] = None, seed: int = 0,
-          progress: bool = False) -> SweepResult:
+          seeds: int = 1, overhead: Union[str, Overhead, None] = None, progress: bool = False) -> SweepResult:
     """Simulates every policy at every concurrency and marks the Pareto frontier.
 
     profile: a :class:`Profile` or a bundled profile's name (``adaptive-verify profiles`` lists them).
@@ -164,6 +195,10 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
     :func:`~adaptive_verify.sim.engine.parse_policy`; default none, k1..kK, greedy, lagged, global.
     steps: measured steps per point (>= 1), times 16 // c below concurrency 16 (low concurrencies see few
     requests per step); warmup: unmeasured steps first (default steps // 4, scaled the same way).
+    seeds: runs per point (>= 1), with seeds ``seed .. seed + seeds - 1``; each row is their mean, with
+    ``tokens_per_s_sd`` / ``tpot_ms_sd`` the spread (sample standard deviation; NaN for one seed).
+    overhead: the adaptive path's cost per step, a preset name (``device``, ``host``, ``none``) or an
+    :class:`~adaptive_verify.sim.overhead.Overhead`, replacing the profile's; None keeps the profile's.
     Same arguments and seed, same numbers.
     """
     if isinstance(profile, str):
@@ -189,19 +224,32 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
+    if overhead is not None:
+        if isinstance(overhead, str):
+            overhead = overhead_preset(overhead)
+        if not isinstance(overhead, Overhead):
+            raise TypeError(f"overhead must be a preset name, an Overhead or None, got {type(overhead).__name__}")
+        profile = dataclasses.replace(profile, overhead=overhead)
 
-    total = len(pols) * len(cs)
+    total = len(pols) * len(cs) * seeds
     bar = _progress_bar(total) if progress else None
-    rows = []
+    rows, done = [], 0
     for c in cs:
         for pol in pols:
             # Low concurrencies see few requests per step: run them longer for comparable sample sizes.
             n = steps * max(1, 16 // c)
-            rows.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=seed))
-            if bar:
-                bar(len(rows), f"{pol.name} c={c}")
+            runs = []
+            for s in range(seed, seed + seeds):
+                runs.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=s))
+                done += 1
+                if bar:
+                    bar(done, f"{pol.name} c={c}")
+            rows.append(_mean_over_seeds(runs))
     front = set(pareto_frontier(rows))
     for i, r in enumerate(rows):
         r["on_frontier"] = i in front
-    settings = {"concurrency": cs, "policies": names, "steps": steps, "warmup": warmup, "seed": seed}
+    settings = {"concurrency": cs, "policies": names, "steps": steps, "warmup": warmup, "seed": seed,
+                "seeds": seeds, "adaptive_overhead": profile.overhead.to_dict()}
     return SweepResult(profile=profile.to_dict(), rows=rows, settings=settings)

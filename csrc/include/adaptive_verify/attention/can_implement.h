@@ -23,16 +23,16 @@ inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
     return "q / k_cache: Hq / Hkv must be 1, 2, 4, 8 or 16";
   if (p.block_size < 16 || p.block_size > 256 || (p.block_size & (p.block_size - 1)) != 0)
     return "k_cache: block_size must be 16, 32, 64, 128 or 256";
-  if (p.max_query_len < 1 || p.max_query_len > 16) return "max_query_len must be in [1, 16]";
+  if (p.max_query_len < 1 || p.max_query_len > kMaxQueryLen) return "max_query_len must be in [1, 64]";
+  static_assert(kMaxQueryLen == 64, "keep the message in sync");
   if (p.num_reqs < 0 || p.num_tokens < 0 || p.max_blocks < 0 || p.num_blocks < 0)
     return "block_table / q: negative sizes";
   if (int64_t(p.max_blocks) * p.block_size > 0x7fffffff) return "block_table: positions exceed int32";
-  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && p.kernel != kAttentionMma &&
-      p.kernel != kAttentionMmaFused)
+  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionMma && p.kernel != kAttentionMmaFused)
     return "cuda_kernel: unknown CUDA implementation";
   if (on_cuda) {
     // Grid limits of the partials kernels: (splits x row chunks, Hkv, R); 16 rows per chunk is the
-    // smallest any kernel uses, so this bound covers all of them.
+    // smallest any kernel uses, so this bound covers both.
     if (p.num_reqs > 65535) return "block_table: at most 65535 requests per call on CUDA";
     if (p.kernel == kAttentionMmaFused && p.num_reqs > 65534)  // one more grid slice for the padding
       return "block_table: at most 65534 requests per call with cuda_kernel=\"mma_fused\"";

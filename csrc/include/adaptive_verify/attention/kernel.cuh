@@ -3,30 +3,28 @@
 // write_kv: one thread per 16-byte word of a K or V row (per element when rows are not 16-byte aligned).
 // Slots of -1 are skipped; slots outside the cache are skipped and counted (no host sync to check them).
 //
-// verify_attention: four split-KV implementations, chosen per call by AttentionParams::kernel:
+// verify_attention: two split-KV implementations, chosen per call by AttentionParams::kernel:
 //   kAttentionRowwise (default): kernel_rowwise.cuh, one warp per query row; validated on an H200
 //     (2026-11-29) but latency-bound (~1 us per KV position);
-//   kAttentionTiled: kernel_tiled.cuh, K/V tiles in shared memory read once per block of 16 query rows;
-//     not yet run on a GPU (its source runs in the CPU suite under tests/emu);
-//   kAttentionMma: kernel_mma.cuh, tensor cores (mma.sync) with the request's GQA rows packed into the MMA
-//     M dimension and a cp.async pipeline; run only under the host emulator (tests/emu) so far;
-//   kAttentionMmaFused: the same partials, merged by the last block of each (request, KV head, row chunk)
-//     in the same launch (the partials re-read from L2; requests over 8 splits still by the merge kernel).
+//   kAttentionMma / kAttentionMmaFused (the candidate): kernel_mma.cuh, tensor cores (mma.sync) with the
+//     request's GQA rows packed into the MMA M dimension and a cp.async pipeline; the fused variant merges
+//     in the partials launch (the last block of each (request, KV head, row chunk)); run only under the
+//     host emulator (tests/emu) so far.
+// A tiled SIMT candidate (K/V tiles in shared memory) was removed on 2026-12-01: it never ran on a GPU, and
+// the tensor-core kernel reads K/V once for up to 128 rows where it read them once per 16.
 // All write the same workspace ((max, sum) and acc[D] per (token, head, split), attention_workspace_floats
 // in params.h)
 // and use the same split boundaries (kSplitTokens) as the CPU kernel.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "adaptive_verify/attention/kernel_mma.cuh"
 #include "adaptive_verify/attention/kernel_rowwise.cuh"
-#include "adaptive_verify/attention/kernel_tiled.cuh"
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/dtype.h"
+#include "adaptive_verify/launch.h"
 
 namespace adaptive_verify {
 namespace attention {
@@ -50,15 +48,15 @@ __global__ void write_kv_kernel(const WriteKvParams p) {
   static_cast<Word*>(p.v_cache)[dst] = static_cast<const Word*>(p.v)[v_src];
 }
 
-inline cudaError_t launch_verify_attention(const AttentionParams& p, float* workspace, cudaStream_t stream) {
+inline cudaError_t launch_verify_attention(const AttentionParams& p, cudaStream_t stream) {
   const bool mma = p.kernel == kAttentionMma || p.kernel == kAttentionMmaFused;
-  if (p.kernel != kAttentionRowwise && p.kernel != kAttentionTiled && !mma) return cudaErrorInvalidValue;
+  if (p.kernel != kAttentionRowwise && !mma) return cudaErrorInvalidValue;
   if (mma && p.dtype == kFloat32) return cudaErrorInvalidValue;  // tensor cores: 16-bit inputs
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.num_reqs > 65535) return cudaErrorInvalidValue;  // grid.z
   const int32_t S = attention_splits(p);
-  float* ws_ml = workspace;
-  float* ws_acc = workspace + 2 * p.num_tokens * p.num_q_heads * int64_t(S);
+  float* ws_ml = p.workspace;
+  float* ws_acc = p.workspace + 2 * p.num_tokens * p.num_q_heads * int64_t(S);
   const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
   const bool vec_loads = aligned(p.k_cache) && aligned(p.v_cache);  // rows are 16-byte multiples
   cudaError_t err = cudaSuccess;
@@ -72,11 +70,7 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, float* work
           return;
         }
       }
-      if (p.kernel == kAttentionTiled) {
-        err = launch_attention_tiled<T, D>(p, S, ws_ml, ws_acc, vec_loads, stream);
-      } else {
-        launch_attention_rowwise<T, D>(p, S, ws_ml, ws_acc, stream);
-      }
+      err = launch_attention_rowwise<T, D>(p, S, ws_ml, ws_acc, stream);
     };
     switch (p.head_dim) {
       case 64: launch(std::integral_constant<int, 64>{}); break;
@@ -86,8 +80,7 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, float* work
     }
   });
   if (!ok || (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)) return cudaErrorInvalidValue;
-  if (err != cudaSuccess) return err;
-  return cudaGetLastError();
+  return err;
 }
 
 inline cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream) {
@@ -98,17 +91,11 @@ inline cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream) 
                    (p.k_stride_t * p.elem_size) % 16 == 0 && (p.k_stride_h * p.elem_size) % 16 == 0 &&
                    (p.v_stride_t * p.elem_size) % 16 == 0 && (p.v_stride_h * p.elem_size) % 16 == 0;
   const int threads = 256;
-  if (vec) {
-    const int64_t n = p.num_tokens * p.num_kv_heads * (row_bytes / 16);
-    write_kv_kernel<uint4><<<unsigned((n + threads - 1) / threads), threads, 0, stream>>>(p);
-  } else if (p.elem_size == 2) {
-    const int64_t n = p.num_tokens * p.num_kv_heads * p.head_dim;
-    write_kv_kernel<uint16_t><<<unsigned((n + threads - 1) / threads), threads, 0, stream>>>(p);
-  } else {
-    const int64_t n = p.num_tokens * p.num_kv_heads * p.head_dim;
-    write_kv_kernel<uint32_t><<<unsigned((n + threads - 1) / threads), threads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  const int64_t n = p.num_tokens * p.num_kv_heads * (vec ? row_bytes / 16 : p.head_dim);
+  const dim3 grid{unsigned((n + threads - 1) / threads)}, block{unsigned(threads)};
+  if (vec) return launch_kernel(write_kv_kernel<uint4>, grid, block, 0, stream, p);
+  if (p.elem_size == 2) return launch_kernel(write_kv_kernel<uint16_t>, grid, block, 0, stream, p);
+  return launch_kernel(write_kv_kernel<uint32_t>, grid, block, 0, stream, p);
 }
 
 }  // namespace attention

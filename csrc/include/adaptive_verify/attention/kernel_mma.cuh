@@ -21,7 +21,7 @@
 // K/V bytes at group 8 and q_len 4.5, which the 85%-of-copy-bandwidth target cannot afford twice). The
 // counters are zeroed by a memset node before each launch, so an interrupted launch never leaves them
 // wrong.
-// The row-wise and tiled kernels write the same workspace and use the same split boundaries (kSplitTokens).
+// The row-wise kernel writes the same workspace and uses the same split boundaries (kSplitTokens).
 //
 // Batch invariance: a row's arithmetic depends only on its own request and the call's max_query_len and
 // group (which fix the rows sharing its warp), never on other requests. Warps own M tiles, not KV
@@ -46,6 +46,7 @@
 #include "adaptive_verify/attention/request_span.cuh"
 #include "adaptive_verify/attention/tensor_core.cuh"
 #include "adaptive_verify/dtype.h"
+#include "adaptive_verify/launch.h"
 
 namespace adaptive_verify {
 namespace attention {
@@ -384,7 +385,6 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   }
 }
 
-#if !defined(AV_CUDA_EMULATION)
 // The tensor-core kernel: partials then merge (kAttentionMma), or one launch whose last blocks merge
 // (kAttentionMmaFused: a memset of the arrival counters, then the partials kernel with an extra grid slice
 // for the padding tokens). Workspace split as attention_workspace_floats (params.h) lays it out.
@@ -399,17 +399,10 @@ inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_sp
     if (grid_x > 0x7fffffff || p.num_reqs + (fused ? 1 : 0) > 65535) return cudaErrorInvalidValue;
     auto* kernel = attention_partials_mma_kernel<T, D>;
     const int smem = Cfg::smem_bytes(shape.warps);
-    // Opt in to the largest block's dynamic shared memory once per device (a function attribute, not a
-    // stream operation, so also fine while a graph is being captured).
+    // Opt in to the largest block's dynamic shared memory once per device.
     static bool opted_in[64] = {};
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
+    cudaError_t err = opt_in_smem(kernel, Cfg::smem_bytes(Cfg::kMaxWarps), opted_in);
     if (err != cudaSuccess) return err;
-    if (device >= 64 || !opted_in[device]) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes(Cfg::kMaxWarps));
-      if (err != cudaSuccess) return err;
-      if (device < 64) opted_in[device] = true;
-    }
     int32_t* counters = nullptr;
     if (fused) {
       counters = reinterpret_cast<int32_t*>(ws_acc + p.num_tokens * p.num_q_heads * int64_t(num_splits) * D);
@@ -418,19 +411,19 @@ inline cudaError_t launch_attention_mma(const AttentionParams& p, int32_t num_sp
       if (err != cudaSuccess) return err;
     }
     const dim3 grid(unsigned(grid_x), unsigned(p.num_kv_heads), unsigned(p.num_reqs + (fused ? 1 : 0)));
-    kernel<<<grid, 32 * shape.warps, smem, stream>>>(p, num_splits, shape.chunks, vec_loads, ws_ml, ws_acc,
-                                                     counters);
+    err = launch_kernel(kernel, grid, dim3(unsigned(32 * shape.warps)), size_t(smem), stream, p, num_splits,
+                        shape.chunks, vec_loads, ws_ml, ws_acc, counters);
+    if (err != cudaSuccess) return err;
     // Fused: the merge kernel only when a request may have more splits than the partials launch merges.
     if (fused && num_splits <= kFusedMergeMaxSplits) return cudaSuccess;
   }
   const int64_t items = p.num_tokens * p.num_q_heads;
   const unsigned merge_blocks = unsigned((items + kMergeWarps - 1) / kMergeWarps);
   const int32_t after_fused = fused && p.num_reqs > 0 && shape.chunks > 0 ? kFusedMergeMaxSplits : 0;
-  attention_merge_kernel<T, D><<<merge_blocks, 32 * kMergeWarps, 0, stream>>>(p, num_splits, ws_ml, ws_acc,
-                                                                               after_fused);
-  return cudaSuccess;
+  return launch_kernel(attention_merge_kernel<T, D>, dim3(merge_blocks), dim3(32 * kMergeWarps), 0, stream, p,
+                       num_splits, ws_ml, ws_acc, after_fused);
 }
-#endif  // !AV_CUDA_EMULATION
+
 
 }  // namespace attention
 }  // namespace adaptive_verify

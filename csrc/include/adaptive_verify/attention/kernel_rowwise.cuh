@@ -10,17 +10,16 @@
 // Same split boundaries as the CPU kernel (kSplitTokens), so outputs are batch-invariant; the dot-product
 // order differs from the CPU's, so the two agree to fp32 rounding, not bit for bit.
 // NOTES: this is the SIMT baseline: each warp re-reads its split's K/V for every query row it owns. The
-// kernels are verbatim from commit 13e7f05 (renamed only); kernel_tiled.cuh holds the candidate
-// replacement, selected by AttentionParams::kernel.
+// kernels are those validated on the H200 (launched through launch_kernel since, so the host emulator runs
+// them too); kernel_mma.cuh holds the candidate replacement, selected by AttentionParams::kernel.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/attention/request_span.cuh"
 #include "adaptive_verify/dtype.h"
+#include "adaptive_verify/launch.h"
 
 namespace adaptive_verify {
 namespace attention {
@@ -124,12 +123,16 @@ __global__ void __launch_bounds__(128)
 
 // Both launches of the row-wise kernel; workspace split as in launch_verify_attention (kernel.cuh).
 template <typename T, int D>
-inline void launch_attention_rowwise(const AttentionParams& p, int32_t num_splits, float* ws_ml, float* ws_acc,
-                                     cudaStream_t stream) {
+inline cudaError_t launch_attention_rowwise(const AttentionParams& p, int32_t num_splits, float* ws_ml,
+                                            float* ws_acc, cudaStream_t stream) {
   const dim3 grid_partials(unsigned(num_splits), unsigned(p.num_kv_heads), unsigned(p.num_reqs > 0 ? p.num_reqs : 1));
-  if (p.num_reqs > 0)
-    attention_partials_rowwise_kernel<T, D><<<grid_partials, 128, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
-  attention_merge_rowwise_kernel<T, D><<<unsigned(p.num_tokens), 128, 0, stream>>>(p, num_splits, ws_ml, ws_acc);
+  if (p.num_reqs > 0) {
+    const cudaError_t err = launch_kernel(attention_partials_rowwise_kernel<T, D>, grid_partials, dim3(128), 0, stream,
+                                          p, num_splits, ws_ml, ws_acc);
+    if (err != cudaSuccess) return err;
+  }
+  return launch_kernel(attention_merge_rowwise_kernel<T, D>, dim3(unsigned(p.num_tokens)), dim3(128), 0, stream, p,
+                       num_splits, ws_ml, ws_acc);
 }
 
 }  // namespace attention

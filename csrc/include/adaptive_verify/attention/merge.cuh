@@ -1,4 +1,4 @@
-// Second launch of the tiled and tensor-core verify_attention kernels (kernel_tiled.cuh, kernel_mma.cuh):
+// Second launch of the tensor-core verify_attention kernel (kernel_mma.cuh):
 // merges each (token, q head)'s split partials by log-sum-exp, in split order, into out (and lse).
 // Host-compilable under AV_CUDA_EMULATION (tests/emu), so the CPU suite runs it too.
 #pragma once

@@ -12,13 +12,17 @@ namespace attention {
 // not depend on the rest of the batch (batch invariance); the CPU kernel uses the same boundaries.
 constexpr int32_t kSplitTokens = 512;
 
-// CUDA implementation of verify_attention (AttentionParams::kernel); the CPU kernel ignores it. All write
-// the same workspace and take the same arguments; other values make the CUDA launcher return
-// cudaErrorInvalidValue. Keep in sync with python/adaptive_verify/attention.py (_CUDA_KERNELS).
-constexpr int32_t kAttentionRowwise = 0;  // default: one warp per query row (validated on an H200)
-constexpr int32_t kAttentionTiled = 1;    // K/V tiles in shared memory (not yet run on a GPU)
-constexpr int32_t kAttentionMma = 2;      // tensor cores, GQA rows in the MMA M dimension (not yet run on a GPU)
-constexpr int32_t kAttentionMmaFused = 3; // kAttentionMma whose last block per row chunk merges (one launch)
+// Most query tokens per request: the anchor plus up to 63 drafts or tree nodes (a tree mask row is 64 bits;
+// the planner's chains stop at K + 1 = 33). Every kernel takes rows in chunks, so this is a host bound only.
+constexpr int32_t kMaxQueryLen = 64;
+
+// CUDA implementation of verify_attention (AttentionParams::kernel); the CPU kernel ignores it. Two kernels:
+// the one validated on hardware (the default) and one candidate in two variants (a template flag's worth of
+// difference). All write the same workspace; other values make the CUDA launcher return
+// cudaErrorInvalidValue. The bindings export the names (ATTENTION_KERNELS) to python/adaptive_verify/attention.
+constexpr int32_t kAttentionRowwise = 0;   // default: one warp per query row (validated on an H200)
+constexpr int32_t kAttentionMma = 1;       // candidate: tensor cores, GQA rows in the MMA M dimension
+constexpr int32_t kAttentionMmaFused = 2;  // kAttentionMma whose last block per row chunk merges (one launch)
 
 struct AttentionParams {
   const void* q = nullptr;  // [T, Hq, D] of `dtype`, strides (q_stride_t, q_stride_h, 1)
@@ -41,6 +45,7 @@ struct AttentionParams {
   float* lse = nullptr;  // [T, Hq] or null
   int32_t* error_counts = nullptr;
   int32_t kernel = kAttentionRowwise;  // kAttention* above (CUDA only)
+  float* workspace = nullptr;          // CUDA only: attention_workspace_floats(*this) floats
 };
 
 // Split-KV splits of a call: the block table's positions in kSplitTokens pieces (at least one). Host bounds

@@ -1,5 +1,5 @@
 // Device-side view of one request's lengths, shared by the verify_attention kernels (kernel_rowwise.cuh,
-// kernel_tiled.cuh, kernel_mma.cuh, merge.cuh).
+// kernel_mma.cuh, merge.cuh).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ __device__ __forceinline__ RequestSpan request_span(const AttentionParams& p, in
 }
 
 // What block (split s, row chunk `chunk` of `chunk_rows` rows, KV head h) of a chunked partials kernel
-// (kernel_tiled.cuh, kernel_mma.cuh) does for request r. Rows are the request's q_len x group query rows,
+// (kernel_mma.cuh) does for request r. Rows are the request's q_len x group query rows,
 // row = i * group + g (query token i, q head h * group + g).
 struct ChunkWork {
   bool active;             // false: nothing to write (invalid request, or rows / split past the request)

@@ -5,13 +5,13 @@
 // - confidence_from_logits and the statistics update: one thread per element.
 #pragma once
 
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "adaptive_verify/confidence/math.h"
 #include "adaptive_verify/confidence/params.h"
 #include "adaptive_verify/dtype.h"
+#include "adaptive_verify/launch.h"
 
 namespace adaptive_verify {
 namespace confidence {
@@ -202,18 +202,17 @@ inline cudaError_t launch_confidence(const ConfidenceParams& p, cudaStream_t str
     const int64_t bytes = sizeof(T);
     const bool vec = aligned16(p.hidden) && aligned16(p.weight) && (p.hidden_stride_r * bytes) % 16 == 0 &&
                      (p.hidden_stride_k * bytes) % 16 == 0;
-    const int threads = ConfidenceConfig::kWarps * 32;
-    if (vec)
-      confidence_kernel<T, true><<<p.num_reqs, threads, 0, stream>>>(p, slices);
-    else
-      confidence_kernel<T, false><<<p.num_reqs, threads, 0, stream>>>(p, slices);
+    const dim3 grid{unsigned(p.num_reqs)}, block{unsigned(ConfidenceConfig::kWarps * 32)};
+    return vec ? launch_kernel(confidence_kernel<T, true>, grid, block, 0, stream, p, slices)
+               : launch_kernel(confidence_kernel<T, false>, grid, block, 0, stream, p, slices);
   });
 }
 
 inline cudaError_t launch_from_logits(const LogitParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   return launch_for_dtype(p.dtype, [&](auto tag) {
-    from_logits_kernel<decltype(tag)><<<(p.num_reqs + 127) / 128, 128, 0, stream>>>(p);
+    return launch_kernel(from_logits_kernel<decltype(tag)>, dim3(unsigned((p.num_reqs + 127) / 128)), dim3(128), 0,
+                         stream, p);
   });
 }
 
@@ -225,18 +224,16 @@ inline cudaError_t launch_margin(const MarginParams& p, cudaStream_t stream) {
     using T = decltype(tag);
     const int64_t bytes = sizeof(T);
     const bool vec = aligned16(p.logits) && (p.stride_r * bytes) % 16 == 0 && (p.stride_k * bytes) % 16 == 0;
-    if (vec)
-      margin_kernel<T, true><<<unsigned(rows), MarginConfig::kThreads, 0, stream>>>(p);
-    else
-      margin_kernel<T, false><<<unsigned(rows), MarginConfig::kThreads, 0, stream>>>(p);
+    const dim3 grid{unsigned(rows)}, block{unsigned(MarginConfig::kThreads)};
+    return vec ? launch_kernel(margin_kernel<T, true>, grid, block, 0, stream, p)
+               : launch_kernel(margin_kernel<T, false>, grid, block, 0, stream, p);
   });
 }
 
 inline cudaError_t launch_stats(const StatsParams& p, cudaStream_t stream) {
   const int64_t n = int64_t(p.num_reqs) * p.max_drafts;
   if (n == 0) return cudaSuccess;
-  stats_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(stats_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, stream, p);
 }
 
 }  // namespace confidence

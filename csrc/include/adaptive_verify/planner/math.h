@@ -1,5 +1,5 @@
-// Arithmetic of the planner that must be bit-identical on the CPU and the GPU. Both kernels call
-// these functions, so the CPU tests exercise the same integer/float operations the GPU runs.
+// Arithmetic of the planner that must be bit-identical on the CPU and the GPU. The one algorithm
+// (algorithm.h) calls these functions on both, so the CPU tests exercise the operations the GPU runs.
 //
 // NOTES: determinism across devices rests on three choices:
 //  - Candidates are ranked by a 64-bit integer key, so sorting has no float comparisons and ties
@@ -65,42 +65,11 @@ struct ThetaEval {
   }
 };
 
-// Per-request candidate window: the first `cap` positions are candidates, the first `forced` of
-// them (<= cap) are forced. A NaN survival ends the window (never verified in any mode).
-struct RowWindow {
-  int32_t cap;
-  int32_t forced;
-  int32_t nan_count;
-  bool drafts_out_of_range;
-};
-
-// Walks request r's survivals once: emits (key) for every candidate via `emit(j, key)` and returns
-// the window. Survival is made non-increasing by a running minimum, so a row's keys ascend with j
-// and any first-B set is prefix-closed, even if the caller's survivals are not monotone.
-template <typename Emit>
-AV_HD RowWindow walk_row(const float* row, int32_t drafts, int32_t K, int32_t min_verify,
-                         int32_t max_verify, int32_t r, Emit&& emit) {
-  RowWindow w{0, 0, 0, false};
-  if (drafts < 0 || drafts > K) {
-    w.drafts_out_of_range = true;
-    drafts = drafts < 0 ? 0 : K;
-  }
-  const int32_t cap = drafts < max_verify ? drafts : max_verify;
-  float running = 1.f;
-  int32_t j = 0;
-  for (; j < cap; ++j) {
-    const float raw = row[j];
-    if (raw != raw) {  // NaN: stop here
-      w.nan_count = 1;
-      break;
-    }
-    const float s = sanitize(raw);
-    running = s < running ? s : running;
-    emit(j, candidate_key(j < min_verify, running, j, r));
-  }
-  w.cap = j;
-  w.forced = min_verify < j ? min_verify : j;
-  return w;
+// Theta's cost term as ThetaEval computes it (same float sum, same clamp of the table index).
+AV_HD float step_cost(const ThetaEval& theta, int64_t budget) {
+  int64_t n = theta.base_tokens + budget;
+  if (n > theta.verify_cost_len - 1) n = theta.verify_cost_len - 1;
+  return theta.draft_cost + theta.verify_cost[n];
 }
 
 // Slot of KV position `pos` of a request, or -1 when the block table cannot hold it.

@@ -1,6 +1,7 @@
 // Arguments of the verification planner, as raw pointers and sizes (no torch types), shared by the
-// C++ CPU kernel and the CUDA kernel. The Python layer (python/adaptive_verify/planner.py) validates
-// every tensor and fills this struct; nullable pointers mark optional inputs/outputs.
+// C++ CPU kernel and the CUDA kernel. The Python layer (python/adaptive_verify/planner/) validates every
+// tensor and fills this struct by field name (bindings export its layout); nullable pointers mark
+// optional inputs/outputs.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +17,6 @@ enum Mode : int32_t {
   kFixed = 2,   // budget given by the caller (host int or device 0-d tensor), clamped to [B_min, B_max]
   kAll = 3,     // B = B_max: verify every candidate (fixed-k baseline)
 };
-
-// Params::kernel values (planner.py PLANNER_KERNELS).
-constexpr int32_t kPlannerV1 = 0;
-constexpr int32_t kPlannerV2 = 1;
 
 struct Params {
   // ---- candidates ----
@@ -51,7 +48,8 @@ struct Params {
   int32_t max_blocks = 0;
   int32_t block_size = 0;
   const int32_t* anchor_tokens = nullptr;  // [R]
-  const int32_t* draft_tokens = nullptr;   // [R, K], row stride draft_tokens_stride
+  const int32_t* draft_tokens = nullptr;   // [R, >= max_verify], row stride draft_tokens_stride; a negative id
+                                           // (an invalidated draft) ends its request's candidates
   int64_t draft_tokens_stride = 0;
   int64_t token_offset = 0;
   int32_t num_reqs_padded = 0;    // R_pad >= R
@@ -73,12 +71,9 @@ struct Params {
   int32_t* input_ids = nullptr;        // [T_pad]       (needs anchor_tokens, draft_tokens)
   int32_t* error_counts = nullptr;     // [kNumErrorCounters] on the kernel's device
 
-  // CUDA only: which kernel runs the plan (the CPU kernel ignores it). 0: kernel.cuh (bitonic sort of every
-  // key, the validated default); 1: kernel_v2.cuh (histogram + bucket ranking, work spread over the block).
-  int32_t kernel = kPlannerV1;
-
-  // CUDA only: global scratch of next_pow2(R*K) uint64 keys when they do not fit shared memory.
-  uint64_t* workspace = nullptr;
+  // CUDA only: global scratch of plan_workspace_bytes() bytes when the workspace does not fit shared memory
+  // (null otherwise); the CPU kernel uses thread-local scratch.
+  void* workspace = nullptr;
 };
 
 // prefix_survival: a[r, j] = prod_{i<=j} clamp(conf[r, i], 0, 1) for j < drafts[r], else 0.

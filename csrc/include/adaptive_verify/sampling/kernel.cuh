@@ -10,12 +10,10 @@
 //    pass, and only the rows a request needs (up to its first rejection) are read at all.
 #pragma once
 
-#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
-#include <cuda_runtime.h>
-#endif
 
 #include <cstdint>
 
+#include "adaptive_verify/launch.h"
 #include "adaptive_verify/sampling/algorithm.h"
 
 namespace adaptive_verify {
@@ -34,8 +32,8 @@ struct BlockScratch {
   int64_t bcast_v;
 };
 
-// (score, id) argmax over the block under `better`; every thread gets the winner's id (-1 if none).
-__device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
+// (score, id) argmax over the warp under `better` (id < 0: none), every lane gets the warp's winner.
+__device__ __forceinline__ void warp_best(float& s, int64_t& v) {
   for (int off = 16; off > 0; off >>= 1) {
     const float os = __shfl_xor_sync(0xffffffffu, s, off);
     const int64_t ov = __shfl_xor_sync(0xffffffffu, v, off);
@@ -44,6 +42,11 @@ __device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
       v = ov;
     }
   }
+}
+
+// (score, id) argmax over the block under `better`; every thread gets the winner's id (-1 if none).
+__device__ int64_t block_best(float s, int64_t v, BlockScratch& sh) {
+  warp_best(s, v);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sh.s[warp] = s;
@@ -164,22 +167,21 @@ __global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const S
 }
 
 
-#if !defined(AV_CUDA_EMULATION)
 inline cudaError_t launch_rejection(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   return launch_for_dtype(p.dtype, [&](auto tag) {
-    rejection_kernel<decltype(tag)><<<p.num_reqs, SamplerConfig::kThreads, 0, stream>>>(p);
+    return launch_kernel(rejection_kernel<decltype(tag)>, dim3(unsigned(p.num_reqs)), dim3(SamplerConfig::kThreads),
+                         0, stream, p);
   });
 }
 
 inline cudaError_t launch_sample(const SampleParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   return launch_for_dtype(p.dtype, [&](auto tag) {
-    sample_kernel<decltype(tag)><<<p.num_rows, SamplerConfig::kThreads, 0, stream>>>(p);
+    return launch_kernel(sample_kernel<decltype(tag)>, dim3(unsigned(p.num_rows)), dim3(SamplerConfig::kThreads), 0,
+                         stream, p);
   });
 }
-
-#endif  // !AV_CUDA_EMULATION
 
 }  // namespace sampling
 }  // namespace adaptive_verify

@@ -42,9 +42,6 @@
 //    integers and error counts as the CPU kernel).
 #pragma once
 
-#if !defined(AV_CUDA_EMULATION)  // tests/emu runs the kernels on the host
-#include <cuda_runtime.h>
-#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -404,15 +401,8 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads, SplitVConfig::kMinBloc
   }
 
   // Block reduction under the same order as v1's block_best, plus the NaN count; thread 0 stores.
-  for (int off = 16; off > 0; off >>= 1) {
-    const float os = __shfl_xor_sync(0xffffffffu, key, off);
-    const int64_t ov = __shfl_xor_sync(0xffffffffu, id, off);
-    nan += __shfl_xor_sync(0xffffffffu, nan, off);
-    if (ov >= 0 && (id < 0 || better(os, ov, key, id))) {
-      key = os;
-      id = ov;
-    }
-  }
+  warp_best(key, id);
+  for (int off = 16; off > 0; off >>= 1) nan += __shfl_xor_sync(0xffffffffu, nan, off);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sh.s[warp] = key;
@@ -526,7 +516,6 @@ inline bool splitv_can_implement(const void* workspace, int64_t workspace_bytes,
          slots * s.num_chunks <= int64_t(INT32_MAX);
 }
 
-#if !defined(AV_CUDA_EMULATION)
 inline cudaError_t launch_rejection_splitv(const RejectionParams& p, cudaStream_t stream) {
   if (p.num_reqs == 0) return cudaSuccess;
   const int64_t slots = int64_t(p.num_reqs) * (p.max_drafts + 1);
@@ -534,9 +523,12 @@ inline cudaError_t launch_rejection_splitv(const RejectionParams& p, cudaStream_
   if (!splitv_can_implement(p.workspace, p.workspace_bytes, s, slots)) return cudaErrorInvalidValue;
   return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    splitv_partial_kernel<T><<<uint32_t(slots * s.num_chunks), SplitVConfig::kThreads, 0, stream>>>(
-        p, slots, int32_t(s.num_chunks), s.tiles_per_chunk);
-    splitv_rejection_merge_kernel<T><<<p.num_reqs, SplitVConfig::kThreads, 0, stream>>>(p, int32_t(s.num_chunks));
+    const cudaError_t err = launch_kernel(splitv_partial_kernel<T, RejectionParams>, dim3(uint32_t(slots * s.num_chunks)),
+                                          dim3(SplitVConfig::kThreads), 0, stream, p, slots, int32_t(s.num_chunks),
+                                          s.tiles_per_chunk);
+    if (err != cudaSuccess) return err;
+    return launch_kernel(splitv_rejection_merge_kernel<T>, dim3(unsigned(p.num_reqs)), dim3(SplitVConfig::kThreads), 0,
+                         stream, p, int32_t(s.num_chunks));
   });
 }
 
@@ -546,13 +538,31 @@ inline cudaError_t launch_sample_splitv(const SampleParams& p, cudaStream_t stre
   if (!splitv_can_implement(p.workspace, p.workspace_bytes, s, p.num_rows)) return cudaErrorInvalidValue;
   return launch_for_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    splitv_partial_kernel<T><<<uint32_t(int64_t(p.num_rows) * s.num_chunks), SplitVConfig::kThreads, 0, stream>>>(
-        p, int64_t(p.num_rows), int32_t(s.num_chunks), s.tiles_per_chunk);
-    splitv_sample_merge_kernel<T><<<p.num_rows, SplitVConfig::kThreads, 0, stream>>>(p, int32_t(s.num_chunks));
+    const cudaError_t err = launch_kernel(splitv_partial_kernel<T, SampleParams>,
+                                          dim3(uint32_t(int64_t(p.num_rows) * s.num_chunks)), dim3(SplitVConfig::kThreads),
+                                          0, stream, p, int64_t(p.num_rows), int32_t(s.num_chunks), s.tiles_per_chunk);
+    if (err != cudaSuccess) return err;
+    return launch_kernel(splitv_sample_merge_kernel<T>, dim3(unsigned(p.num_rows)), dim3(SplitVConfig::kThreads), 0,
+                         stream, p, int32_t(s.num_chunks));
   });
 }
 
-#endif  // !AV_CUDA_EMULATION
+// The sampler's entry points on CUDA: the kernel the params name (SamplerKernel).
+inline cudaError_t launch_rejection_sample(const RejectionParams& p, cudaStream_t stream) {
+  switch (p.kernel) {
+    case kSamplerV1: return launch_rejection(p, stream);
+    case kSamplerSplitV: return launch_rejection_splitv(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+inline cudaError_t launch_sample_rows(const SampleParams& p, cudaStream_t stream) {
+  switch (p.kernel) {
+    case kSamplerV1: return launch_sample(p, stream);
+    case kSamplerSplitV: return launch_sample_splitv(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 }  // namespace sampling
 }  // namespace adaptive_verify

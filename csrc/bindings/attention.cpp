@@ -1,0 +1,57 @@
+// adaptive_verify._C's attention ops: verify_attention and write_kv (python/adaptive_verify/attention.py).
+#include <string>
+
+#include "adaptive_verify/attention/can_implement.h"
+#include "adaptive_verify/attention/cpu.h"
+#include "adaptive_verify/cuda_api.h"
+#include "bindings/common.h"
+
+namespace adaptive_verify {
+namespace bindings {
+
+namespace {
+
+int verify_attention(uintptr_t params, bool on_cuda, uintptr_t stream) {
+  const attention::AttentionParams& p = params_at<attention::AttentionParams>(params);
+  // The kernels' own statement of what they support, before anything is read or launched.
+  if (const char* why = attention::can_implement(p, on_cuda))
+    throw py::value_error(std::string("adaptive_verify.verify_attention: ") + why);
+  if (on_cuda && p.workspace == nullptr && p.num_tokens > 0)
+    throw py::value_error("adaptive_verify.verify_attention: workspace is required on CUDA");
+  return run_on<attention::AttentionParams>(params, on_cuda, stream, attention::verify_attention_cpu,
+                                            AV_CUDA_FN(attention::verify_attention_cuda));
+}
+
+}  // namespace
+
+void register_attention(py::module_& m) {
+  using A = attention::AttentionParams;
+  using W = attention::WriteKvParams;
+  m.def("verify_attention", &verify_attention);
+  def_op<W>(m, "write_kv", attention::write_kv_cpu, AV_CUDA_FN(attention::write_kv_cuda));
+  // Floats of CUDA workspace a call needs, from the sizes already in its parameter struct.
+  m.def("attention_workspace_floats",
+        [](uintptr_t params) { return attention::attention_workspace_floats(params_at<A>(params)); });
+  py::dict kernels;
+  kernels["rowwise"] = int(attention::kAttentionRowwise);
+  kernels["mma"] = int(attention::kAttentionMma);
+  kernels["mma_fused"] = int(attention::kAttentionMmaFused);
+  m.attr("ATTENTION_KERNELS") = kernels;
+  m.attr("ATTENTION_SPLIT_TOKENS") = int(attention::kSplitTokens);
+  m.attr("ATTENTION_MAX_QUERY_LEN") = int(attention::kMaxQueryLen);
+  m.attr("ATTENTION_PARAMS") = struct_layout<A>({
+      AV_FIELD(A, q), AV_FIELD(A, q_stride_t), AV_FIELD(A, q_stride_h), AV_FIELD(A, k_cache), AV_FIELD(A, v_cache),
+      AV_FIELD(A, block_table), AV_FIELD(A, block_table_stride), AV_FIELD(A, max_blocks), AV_FIELD(A, seq_lens),
+      AV_FIELD(A, query_start_loc), AV_FIELD(A, dtype), AV_FIELD(A, num_reqs), AV_FIELD(A, num_tokens),
+      AV_FIELD(A, num_q_heads), AV_FIELD(A, num_kv_heads), AV_FIELD(A, head_dim), AV_FIELD(A, block_size),
+      AV_FIELD(A, num_blocks), AV_FIELD(A, max_query_len), AV_FIELD(A, scale), AV_FIELD(A, out), AV_FIELD(A, lse),
+      AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace)});
+  m.attr("WRITE_KV_PARAMS") = struct_layout<W>({
+      AV_FIELD(W, k), AV_FIELD(W, v), AV_FIELD(W, k_stride_t), AV_FIELD(W, k_stride_h), AV_FIELD(W, v_stride_t),
+      AV_FIELD(W, v_stride_h), AV_FIELD(W, k_cache), AV_FIELD(W, v_cache), AV_FIELD(W, slot_mapping),
+      AV_FIELD(W, num_tokens), AV_FIELD(W, num_kv_heads), AV_FIELD(W, head_dim), AV_FIELD(W, block_size),
+      AV_FIELD(W, num_blocks), AV_FIELD(W, elem_size), AV_FIELD(W, error_counts)});
+}
+
+}  // namespace bindings
+}  // namespace adaptive_verify

@@ -1,0 +1,687 @@
+// The verification planner, written once: walk -> buckets -> budget -> threshold -> allocation -> metadata.
+// The C++ CPU kernel (planner/cpu.cpp) and the CUDA kernel (planner/kernel.cuh) are thin instantiations of
+// plan<Backend>(): a Backend supplies this thread's index and the thread count (1 and 0 on the CPU, the
+// block's on CUDA), barriers, reductions that return the same value to every thread, atomics and the
+// in-bucket sort. Every loop below is strided over the threads, so on the CPU it is a plain loop and on
+// CUDA the whole block shares it; every decision is computed from shared data after a barrier, so all
+// threads take the same branches (required around barriers, and what makes the integers identical).
+//
+// The semantics (docs/design.md, "Planner") in terms of this file:
+//  - A request's candidates are positions j < cap(r) = min(drafts[r], max_verify, first negative draft
+//    token (an engine's invalidated draft), first NaN survival). Their survival is sanitised (clamped to
+//    [0, 1]) and made non-increasing by a running minimum (walk_row).
+//  - The canonical order is the ascending 64-bit candidate key (math.h candidate_key): forced first, then
+//    survival descending, position ascending, request ascending. The first B candidates are verified.
+//  - Ranking word u = bits(s) + kForcedTag if forced: a larger word ranks earlier, ties in u are broken by
+//    (position, request), which only the full key carries. u decides a candidate's bucket and its share of
+//    P(b); the key decides order inside a bucket.
+//  - Buckets are logarithmic in s (Buckets below): their counts and exact fixed-point survival sums give
+//    the rank of every bucket boundary and P there without ordering anything. Only buckets whose ranks a
+//    decision has to see are ordered ("materialised"): the global argmax prunes buckets whose Theta bound
+//    is below a Theta value attained at a boundary; greedy orders buckets as its scan reaches them.
+//  - P(b) is 32.32 fixed point (integer, associative: a parallel sum gives the loop's bits) and Theta is
+//    compared in double (math.h ThetaEval), so every backend chooses the same budget.
+//  - Verified drafts of request r: its candidates whose key is below the key at rank `budget` (count_before).
+#pragma once
+
+#include <cstdint>
+
+#include "adaptive_verify/planner/math.h"
+#include "adaptive_verify/planner/params.h"
+
+namespace adaptive_verify {
+namespace planner {
+
+// ---- ranking words ----
+constexpr int32_t kForcedTag = int32_t(1) << 30;  // above the bits of every s in [0, 1]
+constexpr uint32_t kOneBits = 0x3f800000u;          // bits of 1.0f
+constexpr int32_t kNoSlot = -1;                     // a slot that holds no candidate (below every word)
+static_assert(kOneBits < uint32_t(kForcedTag), "the forced tag must sit above every survival's bits");
+
+AV_HD float word_survival(int32_t u) { return bits_float(uint32_t(u) & uint32_t(kForcedTag - 1)); }
+AV_HD uint64_t word_fixed(int32_t u) { return to_fixed(word_survival(u)); }
+AV_HD uint64_t word_key(int32_t u, int32_t j, int32_t r) {
+  return candidate_key(u >= kForcedTag, word_survival(u), j, r);
+}
+// Key of the candidate in slot i = r * K + j.
+AV_HD uint64_t slot_key(int32_t u, int64_t slot, int32_t K) {
+  const int32_t r = int32_t(slot / K);
+  return word_key(u, int32_t(slot - int64_t(r) * K), r);
+}
+
+// ---- buckets ----
+// Within each half (forced first, then not forced), bucket = (kOneBits - bits(s)) >> shift: logarithmic in
+// s (2^(23 - shift) buckets per octave), so survival products, which spread over octaves, fill buckets
+// evenly. kOctaves octaves are resolved; smaller survivals share the last bucket of the half. The forced
+// half exists only when min_verify > 0.
+constexpr int kOctaves = 16;
+constexpr int kMinBucketBits = 5;   // 32 buckets per half: small problems are dominated by per-call constants
+constexpr int kMaxBucketBits = 11;  // 2048: beyond that clearing and scanning counters costs more than it saves
+constexpr int32_t kMaxBuckets = 2 << kMaxBucketBits;
+
+struct Buckets {
+  int shift = 0;          // bits of (kOneBits - bits(s)) dropped
+  int32_t per_half = 0;   // buckets per half
+  int32_t nf_offset = 0;  // first non-forced bucket (0 without forced candidates)
+  int32_t num = 0;        // total buckets
+
+  // At most a quarter as many buckets per half as slots (measured best at R=256, K=8 on the CPU: fewer
+  // buckets make the ordered buckets bigger, more make the prefix pass and the pruning longer).
+  AV_HD static Buckets make(int64_t n_slots, bool has_forced) {
+    Buckets b;
+    int bits = kMinBucketBits;
+    while (bits < kMaxBucketBits && (int64_t(1) << (bits + 1)) <= n_slots / 4) ++bits;
+    b.per_half = int32_t(1) << bits;
+    b.shift = 23 + 4 - bits;  // per_half << shift == kOctaves octaves of 2^23 bit patterns
+    b.nf_offset = has_forced ? b.per_half : 0;
+    b.num = b.nf_offset + b.per_half;
+    return b;
+  }
+  AV_HD int32_t of(int32_t u) const {
+    const uint32_t d = (kOneBits - (uint32_t(u) & uint32_t(kForcedTag - 1))) >> shift;
+    const int32_t b = d < uint32_t(per_half - 1) ? int32_t(d) : per_half - 1;
+    return (u >= kForcedTag ? 0 : nf_offset) + b;
+  }
+  // Largest and smallest word bucket k can hold.
+  AV_HD int32_t max_word(int32_t k) const {
+    const bool forced = k < nf_offset;
+    const uint32_t b = uint32_t(forced ? k : k - nf_offset);
+    return int32_t(kOneBits - (b << shift)) + (forced ? kForcedTag : 0);
+  }
+  AV_HD int32_t min_word(int32_t k) const {
+    const bool forced = k < nf_offset;
+    const uint32_t b = uint32_t(forced ? k : k - nf_offset);
+    const uint32_t d_hi = b + 1 == uint32_t(per_half) ? kOneBits : ((b + 1) << shift) - 1;
+    return int32_t(kOneBits - d_hi) + (forced ? kForcedTag : 0);
+  }
+};
+static_assert((1 << 4) == kOctaves, "Buckets::make's shift assumes 16 octaves");
+
+// ---- the workspace every backend gives the algorithm (shared memory / global memory on CUDA) ----
+struct Workspace {
+  int32_t* words;    // [n_slots rounded up to 16] ranking word of every slot, kNoSlot where no candidate (and in
+                     // the padding, so a backend may scan 16 words at a time)
+  int32_t* sorted;   // [n_slots] slot indices by rank; valid inside materialised buckets only
+  int32_t* tmp;      // [n_slots] scratch of the backend's sort (CUDA: rank-by-counting target)
+  int32_t* count;    // [num + 1] candidates per bucket, then the first rank of each bucket ("start")
+  uint64_t* sum;     // [num + 1] fixed-point survival sum per bucket, then P at each bucket's start
+  int32_t* fill;     // [num] gather cursors while materialising
+  uint8_t* ready;    // [num] 1 once the bucket's slots are in `sorted`, ordered
+  uint8_t* keep;     // [num] global search: 1 where a bucket may hold the first argmax
+  int32_t* lens;     // [R] verified drafts per request
+  int32_t* tile;     // [threads + 1] token offsets of a tile of requests
+};
+
+// Bytes of a Workspace for n_slots slots, num buckets, R requests and `threads` threads, and its carving.
+struct WorkspaceLayout {
+  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, bytes;
+};
+AV_HD int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
+AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, int32_t threads, bool with_tmp) {
+  WorkspaceLayout l{};
+  int64_t at = 0;
+  l.sum = at;    at = align16(at + int64_t(num + 1) * 8);
+  l.words = at;  at = align16(at + (n_slots + 15) / 16 * 16 * 4);
+  l.sorted = at; at = align16(at + n_slots * 4);
+  l.tmp = at;    at = align16(at + (with_tmp ? n_slots * 4 : 0));
+  l.count = at;  at = align16(at + int64_t(num + 1) * 4);
+  l.fill = at;   at = align16(at + int64_t(num) * 4);
+  l.lens = at;   at = align16(at + int64_t(R) * 4);
+  l.tile = at;   at = align16(at + int64_t(threads + 1) * 4);
+  l.ready = at;  at = align16(at + num);
+  l.keep = at;   at = align16(at + num);
+  l.bytes = at;
+  return l;
+}
+AV_HD Workspace carve_workspace(unsigned char* base, const WorkspaceLayout& l) {
+  return Workspace{reinterpret_cast<int32_t*>(base + l.words), reinterpret_cast<int32_t*>(base + l.sorted),
+                   reinterpret_cast<int32_t*>(base + l.tmp), reinterpret_cast<int32_t*>(base + l.count),
+                   reinterpret_cast<uint64_t*>(base + l.sum), reinterpret_cast<int32_t*>(base + l.fill),
+                   base + l.ready, base + l.keep, reinterpret_cast<int32_t*>(base + l.lens),
+                   reinterpret_cast<int32_t*>(base + l.tile)};
+}
+
+// ---- per-request pieces ----
+
+// Candidates of request r: writes its K slot words (kNoSlot past the window) and returns the window.
+struct RowWalk {
+  int32_t cap;      // candidates (the window)
+  bool nan;         // the window was cut by a NaN survival
+  bool bad_drafts;  // drafts[r] outside [0, K] (clamped)
+};
+AV_HD RowWalk walk_row(const Params& p, int32_t r, int32_t* words) {
+  const int32_t K = p.max_drafts;
+  int32_t drafts = p.drafts[r];
+  RowWalk w{0, false, drafts < 0 || drafts > K};
+  drafts = drafts < 0 ? 0 : (drafts > K ? K : drafts);
+  int32_t cap = drafts < p.max_verify ? drafts : p.max_verify;
+  if (p.draft_tokens != nullptr) {  // a draft the engine invalidated (id -1) ends its request's candidates
+    const int32_t* ids = p.draft_tokens + int64_t(r) * p.draft_tokens_stride;
+    for (int32_t j = 0; j < cap; ++j)
+      if (ids[j] < 0) {
+        cap = j;
+        break;
+      }
+  }
+  const float* row = p.survival + int64_t(r) * p.survival_stride;
+  float running = 1.f;
+  int32_t j = 0;
+  for (; j < cap; ++j) {
+    const float raw = row[j];
+    if (raw != raw) {  // NaN: the request's candidates end here
+      w.nan = true;
+      break;
+    }
+    const float s = sanitize(raw);
+    running = s < running ? s : running;
+    words[j] = int32_t(float_bits(running)) + (j < p.min_verify ? kForcedTag : 0);
+  }
+  w.cap = j;
+  for (; j < K; ++j) words[j] = kNoSlot;
+  return w;
+}
+
+// The candidate at rank `budget` as the fields of its key: a request's verified drafts are its candidates
+// whose key is below it. none: every candidate is verified. tie: some candidate ranked before it has the
+// same word (only then do position and request decide).
+struct Threshold {
+  int32_t u = 0, j = 0, r = 0;
+  bool none = true, tie = false;
+};
+AV_HD Threshold threshold_of(uint64_t key, bool tie) {
+  Threshold t;
+  t.tie = tie;
+  if (key == kNoCandidate) return t;
+  t.none = false;
+  t.u = int32_t(~uint32_t(key >> 31)) + ((key >> 63) == 0 ? kForcedTag : 0);
+  t.j = int32_t((key >> kReqBits) & uint64_t(kMaxDrafts - 1));
+  t.r = int32_t(key & ((uint64_t(1) << kReqBits) - 1));
+  return t;
+}
+// Candidates of request r (its K slot words) ranked before the threshold: a row's words never increase, so
+// this is the length of a prefix.
+AV_HD int32_t count_before(const Threshold& t, const int32_t* row, int32_t K, int32_t r, int32_t cap) {
+  if (t.none) return cap;
+  int32_t n = 0;
+  for (int32_t q = 0; q < K; ++q) n += row[q] > t.u || (t.tie && row[q] == t.u && (q < t.j || (q == t.j && r < t.r)));
+  return n;
+}
+
+// Writes token `tok` (local index) of request r, offset i within the request (0: the anchor).
+AV_HD bool write_token(const Params& p, int32_t r, int32_t i, int64_t tok) {
+  const int32_t ctx = p.context_lens != nullptr ? p.context_lens[r] : 0;
+  if (p.token_req != nullptr) p.token_req[tok] = r;
+  if (p.positions != nullptr) p.positions[tok] = ctx + i;
+  bool slot_ok = true;
+  if (p.slot_mapping != nullptr) {
+    const int64_t slot = slot_of(p.block_table + int64_t(r) * p.block_table_stride, p.max_blocks, p.block_size,
+                                 int64_t(ctx) + i);
+    slot_ok = slot >= 0;
+    p.slot_mapping[tok] = slot;
+  }
+  if (p.input_ids != nullptr)
+    p.input_ids[tok] = i == 0 ? p.anchor_tokens[r] : p.draft_tokens[int64_t(r) * p.draft_tokens_stride + i - 1];
+  return slot_ok;
+}
+
+// ---- the phases a backend may specialise (the CPU's SIMD versions compute exactly these) ----
+
+struct WalkTotals {
+  int64_t cand, forced, nan_rows, bad_drafts;
+};
+
+// Phases 1-2: every request's slot words (walk_row), then per bucket the candidates (count) and their fixed-point
+// survival sum (sum); the order's ready and keep flags cleared. Returns the totals (the same on every thread).
+template <typename Backend>
+AV_HD WalkTotals generic_walk_and_count(const Params& p, Backend& be, const Workspace& ws, const Buckets& bk) {
+  const int32_t R = p.num_reqs, K = p.max_drafts;
+  const int64_t n_slots = int64_t(R) * K;
+  for (int32_t k = be.tid(); k <= bk.num; k += be.threads()) {
+    ws.count[k] = 0;
+    ws.sum[k] = 0;
+    if (k < bk.num) ws.ready[k] = ws.keep[k] = 0;
+  }
+  uint64_t cand = 0, forced = 0, nan_rows = 0, bad = 0;
+  for (int32_t r = be.tid(); r < R; r += be.threads()) {
+    const RowWalk w = walk_row(p, r, ws.words + int64_t(r) * K);
+    cand += uint64_t(w.cap);
+    forced += uint64_t(p.min_verify < w.cap ? p.min_verify : w.cap);
+    nan_rows += w.nan;
+    bad += w.bad_drafts;
+  }
+  for (int64_t i = n_slots + be.tid(); i < (n_slots + 15) / 16 * 16; i += be.threads()) ws.words[i] = kNoSlot;
+  be.sync();
+  for (int64_t i = be.tid(); i < n_slots; i += be.threads()) {
+    const int32_t u = ws.words[i];
+    if (u < 0) continue;
+    const int32_t k = bk.of(u);
+    be.add(&ws.count[k], int32_t(1));
+    be.add(&ws.sum[k], word_fixed(u));
+  }
+  WalkTotals t;
+  t.cand = int64_t(be.sum(cand));
+  t.forced = int64_t(be.sum(forced));
+  t.nan_rows = int64_t(be.sum(nan_rows));
+  t.bad_drafts = int64_t(be.sum(bad));  // the reductions' barriers also publish the histogram
+  return t;
+}
+
+// Inside materialise: every slot whose word lies in [lo, hi] goes to the next rank of its bucket (fill cursors).
+template <typename Backend>
+AV_HD void generic_gather(Backend& be, const Workspace& ws, const Buckets& bk, int64_t n_slots, int32_t lo, int32_t hi) {
+  for (int64_t i = be.tid(); i < n_slots; i += be.threads()) {
+    const int32_t u = ws.words[i];
+    if (u >= lo && u <= hi) ws.sorted[be.fetch_add(&ws.fill[bk.of(u)], 1)] = int32_t(i);
+  }
+}
+
+// Phase 4: verified drafts per request (lens and verify_lens).
+template <typename Backend>
+AV_HD void generic_count_verified(const Params& p, Backend& be, const Workspace& ws, const Threshold& th) {
+  const int32_t K = p.max_drafts;
+  for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
+    const int32_t* row = ws.words + int64_t(r) * K;
+    int32_t cap = 0;
+    while (cap < K && row[cap] >= 0) ++cap;
+    const int32_t L = count_before(th, row, K, r, cap);
+    ws.lens[r] = L;
+    p.verify_lens[r] = L;
+  }
+}
+
+// Phase 5: query_start_loc, seq_lens and every token's outputs, requests in tiles of `threads` (one scan gives a
+// tile's token offsets). Returns (decode tokens written, positions the block table could not hold).
+struct MetadataTotals {
+  int64_t tokens, slot_errors;
+};
+template <typename Backend>
+AV_HD MetadataTotals generic_write_metadata(const Params& p, Backend& be, const Workspace& ws) {
+  const int32_t R = p.num_reqs;
+  int64_t tok_base = 0;  // local token index of the tile's first token
+  uint64_t slot_errors = 0;
+  for (int32_t r0 = 0; r0 < R; r0 += be.threads()) {
+    const int32_t r = r0 + be.tid();
+    const uint64_t q = r < R ? uint64_t(1 + ws.lens[r]) : 0;
+    uint64_t total;
+    const uint64_t ex = be.exclusive_scan(q, &total);
+    ws.tile[be.tid()] = int32_t(ex);
+    if (r < R) {
+      if (p.query_start_loc != nullptr) p.query_start_loc[r] = int32_t(p.token_offset + tok_base + int64_t(ex));
+      if (p.seq_lens != nullptr) p.seq_lens[r] = (p.context_lens != nullptr ? p.context_lens[r] : 0) + int32_t(q);
+    }
+    be.sync();
+    const int32_t rows = R - r0 < be.threads() ? R - r0 : be.threads();
+    for (int64_t t = be.tid(); t < int64_t(total); t += be.threads()) {
+      int32_t lo = 0, hi = rows - 1;  // last request of the tile whose first token is <= t
+      while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) >> 1;
+        if (ws.tile[mid] <= t) lo = mid; else hi = mid - 1;
+      }
+      slot_errors += !write_token(p, r0 + lo, int32_t(t - ws.tile[lo]), tok_base + t);
+    }
+    tok_base += int64_t(total);
+    be.sync();  // the tile offsets are rewritten by the next tile
+  }
+  for (int64_t t = tok_base + be.tid(); t < p.num_tokens_padded; t += be.threads()) {
+    if (p.token_req != nullptr) p.token_req[t] = -1;
+    if (p.positions != nullptr) p.positions[t] = 0;
+    if (p.slot_mapping != nullptr) p.slot_mapping[t] = -1;
+    if (p.input_ids != nullptr) p.input_ids[t] = 0;
+  }
+  return MetadataTotals{tok_base, int64_t(be.sum(slot_errors))};
+}
+
+// ---- the canonical order, materialised lazily by bucket ----
+template <typename Backend>
+struct Order {
+  Backend& be;
+  const Workspace& ws;
+  const Buckets& bk;
+  int32_t K;
+  int64_t n_slots;
+
+  AV_HD int64_t start(int32_t k) const { return ws.count[k]; }
+  AV_HD uint64_t psum(int32_t k) const { return ws.sum[k]; }
+  AV_HD int32_t word_at(int64_t rank) const { return ws.words[ws.sorted[rank]]; }
+
+  // Bucket holding rank i (i < n_cand): the last bucket whose start is <= i, at or after `hint`.
+  AV_HD int32_t bucket_of_rank(int64_t i, int32_t hint = 0) const {
+    int32_t lo = hint, hi = bk.num - 1;
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo + 1) / 2;
+      if (start(mid) <= i) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  // Orders buckets [k0, k1): gathers every slot whose word lies in their word range into its bucket's
+  // ranks, then sorts each bucket by key. Ready or empty buckets at either end are skipped; ready ones
+  // inside are simply redone (same result). Uniform: every thread calls it with the same arguments.
+  AV_HD void materialise(int32_t k0, int32_t k1) {
+    while (k0 < k1 && (ws.ready[k0] || start(k0) == start(k0 + 1))) ++k0;
+    while (k1 > k0 && (ws.ready[k1 - 1] || start(k1 - 1) == start(k1))) --k1;
+    if (k0 >= k1) return;
+    const int32_t lo = bk.min_word(k1 - 1), hi = bk.max_word(k0);
+    for (int32_t k = k0 + be.tid(); k < k1; k += be.threads()) ws.fill[k] = int32_t(start(k));
+    be.sync();
+    be.gather(ws, bk, n_slots, lo, hi);
+    be.sync();
+    be.sort_buckets(ws, bk, K, k0, k1);
+    for (int32_t k = k0 + be.tid(); k < k1; k += be.threads()) ws.ready[k] = 1;
+    be.sync();
+  }
+
+  // P(b) for b in [0, n_cand].
+  AV_HD uint64_t prefix(int64_t b) {
+    if (b <= 0) return 0;
+    const int32_t k = bucket_of_rank(b - 1);
+    if (start(k + 1) == b) return psum(k + 1);
+    materialise(k, k + 1);
+    uint64_t part = 0;
+    for (int64_t i = start(k) + be.tid(); i < b; i += be.threads()) part += word_fixed(word_at(i));
+    return psum(k) + be.sum(part);
+  }
+
+  // The threshold at rank b (n_cand: none): the key at rank b, or when b starts a bucket any key that sorts
+  // after every earlier rank and no later than rank b (so "key < threshold" selects exactly ranks [0, b)).
+  AV_HD Threshold threshold(int64_t b, int64_t n_cand) {
+    if (b >= n_cand) return Threshold{};
+    const int32_t k = bucket_of_rank(b);
+    // Every earlier rank lies in a bucket < k, whose words exceed max_word(k); position 0, request 0 puts
+    // this key at or before every key of bucket k.
+    if (start(k) == b) return threshold_of(word_key(bk.max_word(k), 0, 0), false);
+    materialise(k, k + 1);
+    const int32_t u = word_at(b);
+    return threshold_of(slot_key(u, ws.sorted[b], K), word_at(b - 1) == u);
+  }
+};
+
+// Runs `f(rank, P(rank + 1))` for every rank in [lo, hi) (ranks already ordered), P(lo) = p_lo; each thread
+// takes a contiguous run of ranks, its P from one block scan.
+template <typename Backend, typename F>
+AV_HD void for_ranks(Backend& be, Order<Backend>& order, int64_t lo, int64_t hi, uint64_t p_lo, F&& f) {
+  const int64_t n = hi > lo ? hi - lo : 0;
+  const int64_t per = (n + be.threads() - 1) / be.threads();
+  const int64_t r_lo = lo + (int64_t(be.tid()) * per < n ? int64_t(be.tid()) * per : n);
+  const int64_t r_hi = r_lo + per < hi ? r_lo + per : hi;
+  uint64_t local = 0;
+  for (int64_t i = r_lo; i < r_hi; ++i) local += word_fixed(order.word_at(i));
+  uint64_t total;
+  uint64_t p = p_lo + be.exclusive_scan(local, &total);
+  for (int64_t i = r_lo; i < r_hi; ++i) {
+    p += word_fixed(order.word_at(i));
+    f(i, p);
+  }
+}
+
+// (t, b) better than (best_t, best_b): larger Theta, ties to the smaller budget; NaN never wins.
+AV_HD void consider(double& best_t, int64_t& best_b, double t, int64_t b) {
+  if (t == t && (best_b < 0 || t > best_t || (t == best_t && b < best_b))) {
+    best_t = t;
+    best_b = b;
+  }
+}
+
+// Whether cost(b) is positive and non-decreasing on [b_lo, b_hi] (NaN fails): the condition under which the
+// global search may prune. Uniform (a block-wide "any").
+template <typename Backend>
+AV_HD bool cost_monotone_positive(Backend& be, const ThetaEval& theta, int64_t b_lo, int64_t b_hi) {
+  const int64_t last = theta.verify_cost_len - 1;
+  const int64_t n_lo = theta.base_tokens + b_lo < last ? theta.base_tokens + b_lo : last;
+  const int64_t n_hi = theta.base_tokens + b_hi < last ? theta.base_tokens + b_hi : last;
+  uint32_t bad = be.tid() == 0 && !(theta.draft_cost + theta.verify_cost[n_lo] > 0.f);
+  // A contiguous range per thread, accumulated rather than broken out of, so the loop vectorises on the CPU.
+  const int64_t per = (n_hi - n_lo + be.threads() - 1) / be.threads();
+  const int64_t lo = n_lo + int64_t(be.tid()) * per, hi = lo + per < n_hi ? lo + per : n_hi;
+  const float* v = theta.verify_cost;
+  for (int64_t n = lo; n < hi; ++n) bad |= uint32_t(!(v[n + 1] >= v[n]));
+  return be.sum(uint64_t(bad)) == 0;
+}
+
+// Candidates within this many ranks of each other are gathered by one scan of the words (a wide gap is
+// cheaper to skip with a second scan than to order).
+constexpr int64_t kBridge = 64;
+
+// First argmax of Theta over [b_min, b_max] for a positive non-decreasing cost (b_min < b_max, b_min the
+// start of the first non-forced bucket): the plain scan's answer, ties to the smallest b.
+// Correctness of the two-level L: any L attained at some b is a valid pruning bound; a pruned group or bucket
+// holds no b whose Theta reaches L, so the first argmax lies in a kept bucket, at a boundary (L's) or at b_min.
+// Why pruning is exact: let L be a Theta value attained at some b. For b in (lo, hi] of one bucket,
+// Theta(b) = fl(x_b / c_b) <= fl(x_hi / c_lo+1) because x is non-decreasing in b, c is non-decreasing and
+// positive, and correctly rounded division is monotone. If that bound is < L, no b there attains the
+// maximum M >= L, so none is the first argmax. The bound is tested as x_hi < L' * c with L' = L (1 - 2^-48):
+// both products round by at most 2^-53 relatively, so the test passing implies x_hi / c < L (1 - 2^-49),
+// whose rounding is below L. Every b in a kept bucket, every boundary and b_min are evaluated exactly.
+constexpr int32_t kGroup = 8;  // buckets per group of the global search's first, coarse pruning level
+constexpr uint8_t kKeepGroup = 2, kKeepBucket = 1;  // Workspace::keep bits
+
+template <typename Backend>
+AV_HD int64_t global_argmax(Backend& be, Order<Backend>& order, const ThetaEval& theta, int64_t b_min,
+                            int64_t b_max) {
+  const Buckets& bk = order.bk;
+  uint8_t* keep = order.ws.keep;
+  const uint64_t base = theta.base_fixed;
+  const int32_t k_first = bk.nf_offset;  // b_min is a boundary: the forced candidates fill the forced half
+  int32_t k_end;                         // buckets [k_first, k_end) hold the ranks r in [b_min, b_max)
+  {
+    int32_t lo = k_first, hi = bk.num;  // the first bucket whose start is >= b_max
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo) / 2;
+      if (order.start(mid) >= b_max) hi = mid; else lo = mid + 1;
+    }
+    k_end = lo;
+  }
+  // L, a Theta value attained at some boundary (the larger, the more pruning), in two levels: the ends of
+  // groups of kGroup buckets, which prune whole groups; then the bucket ends inside the groups left.
+  double t = 0.0, L;
+  int64_t b = -1, L_b;
+  if (be.tid() == 0) consider(t, b, theta(b_min, order.psum(k_first)), b_min);
+  for (int32_t g = k_first + kGroup * (1 + be.tid()); g < k_end + kGroup; g += kGroup * be.threads()) {
+    const int32_t e = g < k_end ? g : k_end;
+    const int64_t at = order.start(e) < b_max ? order.start(e) : b_max;
+    if (at == order.start(e)) consider(t, b, theta(at, order.psum(e)), at);
+  }
+  be.argmax(t, b, &L, &L_b);
+  // Bound test for the ranks [lo, hi) of buckets whose P at the end is p_hi: false when every Theta of a b in
+  // (lo, hi] is certainly below L.
+  auto may_hold = [&](int64_t lo, int64_t hi, uint64_t p_hi, double L_margin) {
+    return hi > lo && !(double(base + p_hi) < L_margin * double(step_cost(theta, lo + 1)));
+  };
+  double L_margin = L * (1.0 - 1.0 / 281474976710656.0);  // L (1 - 2^-48)
+  for (int32_t g = k_first + kGroup * be.tid(); g < k_end; g += kGroup * be.threads()) {
+    const int32_t e = g + kGroup < k_end ? g + kGroup : k_end;
+    const int64_t hi = order.start(e) < b_max ? order.start(e) : b_max;
+    keep[g] = may_hold(order.start(g), hi, order.psum(e), L_margin) ? kKeepGroup : 0;
+  }
+  be.sync();
+  t = L;
+  b = L_b;
+  for (int32_t g = k_first + kGroup * be.tid(); g < k_end; g += kGroup * be.threads()) {
+    if (!(keep[g] & kKeepGroup)) continue;
+    for (int32_t k = g + 1; k <= g + kGroup && k <= k_end; ++k) {  // the ends of the group's buckets
+      const int64_t at = order.start(k);
+      if (at > b_min && at <= b_max) consider(t, b, theta(at, order.psum(k)), at);
+    }
+  }
+  be.argmax(t, b, &L, &L_b);
+  L_margin = L * (1.0 - 1.0 / 281474976710656.0);
+  for (int32_t g = k_first + kGroup * be.tid(); g < k_end; g += kGroup * be.threads()) {
+    if (!(keep[g] & kKeepGroup)) continue;
+    for (int32_t k = g; k < g + kGroup && k < k_end; ++k) {
+      const int64_t hi = order.start(k + 1) < b_max ? order.start(k + 1) : b_max;
+      if (may_hold(order.start(k), hi, order.psum(k + 1), L_margin)) keep[k] = uint8_t(keep[k] | kKeepBucket);
+    }
+  }
+  be.sync();
+  for (int32_t k = k_first; k < k_end;) {  // runs of kept buckets, bridging small gaps: one gather each
+    if (!(keep[k] & kKeepBucket)) {
+      ++k;
+      continue;
+    }
+    int32_t e = k + 1, last = k;
+    for (; e < k_end; ++e) {
+      if (keep[e] & kKeepBucket) {
+        last = e;
+      } else if (order.start(e + 1) - order.start(last + 1) > kBridge) {
+        break;
+      }
+    }
+    order.materialise(k, last + 1);
+    k = last + 1;
+  }
+  // Exact Theta at every b of a kept bucket; L (a boundary's) and b_min are candidates too.
+  t = 0.0;
+  b = -1;
+  if (be.tid() == 0) {
+    consider(t, b, L, L_b);
+    consider(t, b, theta(b_min, order.psum(k_first)), b_min);
+  }
+  for (int32_t k = k_first; k < k_end; ++k) {
+    if (!(keep[k] & kKeepBucket)) continue;
+    const int64_t hi = order.start(k + 1) < b_max ? order.start(k + 1) : b_max;
+    for_ranks(be, order, order.start(k), hi, order.psum(k),
+              [&](int64_t r, uint64_t pr) { consider(t, b, theta(r + 1, pr), r + 1); });
+  }
+  double t_out;
+  int64_t b_out;
+  be.argmax(t, b, &t_out, &b_out);
+  return b_out;
+}
+
+// The plain scan over [b_min, b_max], ranks ordered as it reaches them (chunks that grow with the scan, so a
+// long scan costs a few gathers and a short one a single small one). greedy: Algorithm 1, the first b where
+// admitting rank b does not raise Theta (NaN stops it); else the first argmax, where a NaN Theta at b_min
+// keeps b_min (a sequential "if t > best" scan never leaves a NaN start).
+template <typename Backend>
+AV_HD int64_t scan_budget(Backend& be, Order<Backend>& order, const ThetaEval& theta, int64_t b_min, int64_t b_max,
+                          bool greedy) {
+  const Buckets& bk = order.bk;
+  uint64_t p = order.prefix(b_min);
+  const double t0 = theta(b_min, p);
+  double best_t = 0.0;
+  int64_t best_b = -1;
+  if (be.tid() == 0) consider(best_t, best_b, t0, b_min);
+  int64_t rank = b_min, ahead = Backend::kFirstScanChunk;
+  int32_t k = b_min < b_max ? order.bucket_of_rank(b_min) : 0;
+  while (rank < b_max) {
+    int32_t k1 = k + 1;
+    while (k1 < bk.num && order.start(k1) < rank + ahead) ++k1;
+    order.materialise(k, k1);
+    const int64_t hi = order.start(k1) < b_max ? order.start(k1) : b_max;
+    if (greedy) {
+      int64_t stop = INT64_MAX;
+      double prev = 0.0;
+      bool have_prev = false;
+      for_ranks(be, order, rank, hi, p, [&](int64_t r, uint64_t pr) {
+        if (stop != INT64_MAX) return;
+        // Theta(r) from the previous rank of this thread's run, else recomputed from P(r).
+        const double before = have_prev ? prev : theta(r, pr - word_fixed(order.word_at(r)));
+        const double after = theta(r + 1, pr);
+        if (!(after > before)) stop = r;
+        prev = after;
+        have_prev = true;
+      });
+      stop = be.min(stop);
+      if (stop != INT64_MAX) return stop;
+    } else {
+      for_ranks(be, order, rank, hi, p, [&](int64_t r, uint64_t pr) { consider(best_t, best_b, theta(r + 1, pr), r + 1); });
+    }
+    p = order.psum(k1) < p ? p : (hi == order.start(k1) ? order.psum(k1) : order.prefix(hi));
+    rank = hi;
+    k = k1;
+    ahead *= 2;
+  }
+  if (greedy) return b_max;
+  if (t0 != t0) return b_min;
+  double t_out;
+  int64_t b_out;
+  be.argmax(best_t, best_b, &t_out, &b_out);
+  return b_out;
+}
+
+// ---- the whole plan ----
+// Returns kOk, or on a strict backend (the CPU's) the first invalid input: drafts out of range before any
+// output is written, a block table too short after writing (the slot is -1 there, as on CUDA, which counts
+// both instead).
+template <typename Backend>
+AV_HD int plan(const Params& p, Backend& be, const Workspace& ws) {
+  const int32_t R = p.num_reqs, K = p.max_drafts;
+  const int64_t n_slots = int64_t(R) * K;
+  const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
+
+  // ---- 1-2. walk: a word per slot, then per bucket its candidates and their fixed-point survival sum ----
+  const WalkTotals totals = be.walk_and_count(p, ws, bk);
+  const int64_t n_cand = totals.cand, n_forced = totals.forced;
+  if (totals.bad_drafts && Backend::kStrict) return kErrDraftsOutOfRange;
+  if (be.tid() == 0) {
+    if (totals.nan_rows) be.count_error(p.error_counts, kCountNanSurvival, int32_t(totals.nan_rows));
+    if (totals.bad_drafts) be.count_error(p.error_counts, kCountDraftsOutOfRange, int32_t(totals.bad_drafts));
+  }
+  {  // exclusive scan over buckets: first rank of each bucket, and P there
+    const int32_t per = (bk.num + 1 + be.threads() - 1) / be.threads();
+    const int32_t k_lo = be.tid() * per < bk.num + 1 ? be.tid() * per : bk.num + 1;
+    const int32_t k_hi = k_lo + per < bk.num + 1 ? k_lo + per : bk.num + 1;
+    uint64_t c = 0, s = 0, c_total, s_total;
+    for (int32_t k = k_lo; k < k_hi; ++k) {
+      c += uint64_t(ws.count[k]);
+      s += ws.sum[k];
+    }
+    uint64_t rank = be.exclusive_scan(c, &c_total), psum = be.exclusive_scan(s, &s_total);
+    for (int32_t k = k_lo; k < k_hi; ++k) {
+      const uint64_t ck = uint64_t(ws.count[k]), sk = ws.sum[k];
+      ws.count[k] = int32_t(rank);
+      ws.sum[k] = psum;
+      rank += ck;
+      psum += sk;
+    }
+  }
+  be.sync();
+  Order<Backend> order{be, ws, bk, K, n_slots};
+
+  // ---- 3. budget ----
+  const int64_t b_max = n_cand < p.budget_cap ? n_cand : p.budget_cap;
+  const int64_t b_min = n_forced < b_max ? n_forced : b_max;
+  const ThetaEval theta{uint64_t(R + p.extra_emitting) << 32, R + p.extra_tokens, p.verify_cost, p.verify_cost_len,
+                        p.draft_cost};
+  int64_t budget = b_max;
+  if ((p.mode == kGreedy || p.mode == kGlobal) && b_min < b_max) {
+    if (p.mode == kGlobal && cost_monotone_positive(be, theta, b_min, b_max)) {
+      budget = global_argmax(be, order, theta, b_min, b_max);
+    } else {
+      budget = scan_budget(be, order, theta, b_min, b_max, p.mode == kGreedy);
+    }
+  } else if (p.mode == kFixed) {
+    const int64_t want = p.budget_in != nullptr ? int64_t(*p.budget_in) : p.fixed_budget;
+    budget = want < b_min ? b_min : (want > b_max ? b_max : want);
+  } else if (p.mode != kAll && p.mode != kGreedy && p.mode != kGlobal) {
+    return kErrBadArgument;
+  }
+  const uint64_t prefix = order.prefix(budget);
+  if (be.tid() == 0) {
+    *p.budget_out = int32_t(budget);
+    if (p.expected_tokens != nullptr) *p.expected_tokens = float(double((uint64_t(R) << 32) + prefix) / kFixedOne);
+  }
+  if (!p.write_plan) return kOk;  // choose_budget: budget only
+
+  // ---- 4. allocation: a request's verified drafts are its candidates ranked before the threshold ----
+  be.count_verified(p, ws, order.threshold(budget, n_cand));
+  be.sync();
+
+  // ---- 5. metadata, then the padding lanes: every element of every padded buffer is written ----
+  const MetadataTotals meta = be.write_metadata(p, ws);
+  const int32_t end_tok = int32_t(p.token_offset + meta.tokens);
+  for (int32_t r = R + be.tid(); r < p.num_reqs_padded; r += be.threads()) {
+    p.verify_lens[r] = 0;
+    if (p.query_start_loc != nullptr) p.query_start_loc[r] = end_tok;
+    if (p.seq_lens != nullptr) p.seq_lens[r] = 0;
+  }
+  if (be.tid() == 0) {
+    if (p.query_start_loc != nullptr) p.query_start_loc[p.num_reqs_padded] = end_tok;
+    if (p.num_tokens != nullptr) *p.num_tokens = end_tok;
+    if (meta.slot_errors) be.count_error(p.error_counts, kCountSlotOutOfRange, int32_t(meta.slot_errors));
+  }
+  return meta.slot_errors && Backend::kStrict ? kErrBlockTableTooShort : kOk;
+}
+
+}  // namespace planner
+}  // namespace adaptive_verify

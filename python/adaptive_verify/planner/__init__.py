@@ -1,0 +1,46 @@
+"""Verification planner: which drafts each request verifies this step, and the varlen metadata.
+
+Terms (docs/design.md, "Planner"):
+
+- survival a[r, j]: probability that drafts 0..j of request r all survive, non-increasing in j.
+- candidate (r, j): j < drafts[r] and j < max_verify. Forced candidates: j < min_verify.
+- canonical order: forced candidates first, then survival descending, position ascending, request
+  ascending. The first B candidates in this order are verified; they are prefix-closed per request.
+- Theta(B) = (R + extra_emitting + P(B)) / step_cost(R, R + extra_tokens + B), P(B) the survival sum of
+  the first B candidates: expected emitted tokens per millisecond.
+- budget modes: ``greedy`` (Algorithm 1, lossless), ``global`` (argmax of Theta: on an earlier step's
+  survivals the lagged mode's budget; on the live step's lossless with one-hot verification only),
+  ``fixed`` (caller's B, lossless when B does not depend on this step's drafts), ``all`` (every candidate).
+
+Decisions where the design is silent (also in the docstrings below):
+
+- Survival is sanitised before ranking: clamped to [0, 1], then made non-increasing along each row by
+  a running minimum, so the verified set is prefix-closed even for a caller's non-monotone input.
+- A NaN survival ends its request's candidates: that draft and every later one of the request are never
+  verified, in every mode (forced ones too), and each request so cut is counted once in
+  ``error_counts()["nan_survival"]`` (NaNs past max_verify or past drafts[r] are never looked at).
+- A negative draft token (when draft_tokens is given: an engine's invalidated draft) ends its request's
+  candidates the same way (not counted: it is the engine's normal signal).
+- Survival sums use 32.32 fixed point and Theta is compared in float64, so the CPU kernel, the CUDA
+  kernel and the torch reference choose the same budget bit for bit (and so do tensor-parallel ranks).
+- A ``fixed`` budget is clamped to [B_min, B_max] (an earlier step's budget may exceed this step's
+  candidates); the output ``budget`` is the clamped value, so ``verify_lens.sum() == budget`` always.
+- Capacity: B_max also respects ``num_tokens_padded - R`` (the token buffers must hold every token),
+  ``capacity - R - extra_tokens`` and ``cost_table.max_tokens - R - extra_tokens``. Capacity wins over
+  ``min_verify``: B_min = min(forced candidates, B_max), the forced candidates kept in canonical order.
+- Token-level outputs (token_req, positions, slot_mapping, input_ids) hold this step's decode tokens
+  starting at index 0; their global token index is ``token_offset + index``, which is what
+  query_start_loc holds. ``num_tokens`` is ``token_offset + sum(q_len)`` (the end of the decode tokens).
+
+Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``args.py`` validation and defaults (and their
+bounds), ``ops.py`` the public ops and their launch. The algorithm itself is written once, in
+csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel and the CUDA kernel instantiate it.
+"""
+from .args import MODES, PlanArgs, resolve_plan_args
+from .ops import VERIFICATIONS, choose_budget, plan_verification, prefix_survival
+from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
+from .._validate import MAX_DRAFTS
+from .._checks import INT32_MAX
+
+__all__ = ["INT32_MAX", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MODES", "PlanArgs", "VERIFICATIONS", "VerifyPlan", "choose_budget",
+           "plan_verification", "prefix_survival", "resolve_plan_args"]

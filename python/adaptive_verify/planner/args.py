@@ -1,0 +1,229 @@
+"""Validation and defaults of the planner's arguments (every message names the argument).
+
+Bounds (so that nothing narrows silently, nothing allocates without limit, and the kernels' int32/64-bit
+fields hold every value; docs/design.md "Planner"):
+- K in [1, 32] (5 position bits of the candidate key), R <= MAX_REQS (26 request bits);
+- extra_tokens, extra_emitting, capacity, token_offset in [0, 2^31 - 1]; num_reqs_padded in [R, MAX_REQS];
+  num_tokens_padded in [R, MAX_TOKENS] and token_offset + num_tokens_padded <= 2^31 - 1;
+- block_size in [1, 2^31 - 1]; a fixed budget is any int >= 0 (clamped to [B_min, B_max]);
+- greedy / global need the cost curve at every count up to R + extra_tokens + B_max: that must stay within
+  cost.MAX_TOKENS_LIMIT (2^24), else ValueError (the dense cost array would be unbounded).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from .._checks import INT32_MAX, check_int
+from .._validate import MAX_DRAFTS, check_device, check_tensor
+from ..cost import MAX_TOKENS_LIMIT, CostTable
+from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
+
+MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}  # planner/params.h Mode
+
+
+@dataclasses.dataclass
+class PlanArgs:
+    """Validated, defaulted planner arguments (host ints and checked tensors)."""
+
+    survival: torch.Tensor  # [R, K] float32
+    drafts: torch.Tensor  # [R] int32
+    R: int
+    K: int
+    device: torch.device
+    mode: str
+    fixed_budget: int
+    budget_in: Optional[torch.Tensor]  # 0-d int32
+    min_verify: int
+    max_verify: int
+    extra_tokens: int
+    extra_emitting: int
+    budget_cap: int  # most drafts that fit: min(R * max_verify, T_pad - R, capacity - R - extra_tokens)
+    verify_cost: Optional[torch.Tensor]  # [R + extra_tokens + budget_cap + 1] float32 (greedy/global)
+    draft_cost: float  # cost_table.fixed_cost(R): draft_ms(R) + request_ms * R (the kernels' name)
+    context_lens: Optional[torch.Tensor]
+    block_table: Optional[torch.Tensor]
+    block_size: int
+    anchor_tokens: Optional[torch.Tensor]
+    draft_tokens: Optional[torch.Tensor]
+    token_offset: int
+    num_reqs_padded: int
+    num_tokens_padded: int
+
+
+def _tensor(name, t, *, dtype, device, shape=None, ndim=None, inner_contiguous=False):
+    return check_tensor(name, t, dtypes=(dtype,), device=device, ndim=ndim, shape=shape,
+                        inner_contiguous=inner_contiguous)
+
+
+def int32_tensor(name, t, device, shape):
+    """int32 tensor, accepting int64 with a (documented) conversion."""
+    if isinstance(t, torch.Tensor) and t.dtype == torch.int64:
+        t = t.to(torch.int32)
+    return _tensor(name, t, dtype=torch.int32, device=device, shape=shape)
+
+
+def survival_and_drafts(survival, drafts, name="survival"):
+    """(R, K, device, drafts as int32) of a [R, K] float32 tensor and its [R] draft counts."""
+    if not isinstance(survival, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(survival).__name__}")
+    if survival.dim() != 2:
+        raise ValueError(f"{name} must have shape [R, K], got {tuple(survival.shape)}")
+    _tensor(name, survival, dtype=torch.float32, device=None, inner_contiguous=True)
+    R, K = survival.shape
+    if not 1 <= K <= MAX_DRAFTS:
+        raise ValueError(f"{name}.shape[1] (K, drafts per request) must be in [1, {MAX_DRAFTS}], got {K}")
+    if R > MAX_REQS:
+        raise ValueError(f"{name}.shape[0] (R, requests) must be <= {MAX_REQS}, got {R}")
+    device = check_device(name, survival)
+    return R, K, device, int32_tensor("drafts", drafts, device, (R,))
+
+
+def _table_costs(cost_table: CostTable, R: int, max_n: int, device, need_verify: bool):
+    # Theta's fixed term is the step's fixed cost: the drafter plus the per-request term (CostTable.fixed_cost).
+    return float(cost_table.fixed_cost(R)), cost_table.verify_array(max_n, device) if need_verify else None
+
+
+def resolve_plan_args(
+    survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
+    extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None, anchor_tokens=None,
+    draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None, allowed_modes=tuple(MODES),
+    costs=None,
+) -> PlanArgs:
+    """Validates every planner argument (errors name the argument) and fills the defaults. ``costs(cost_table,
+    R, max_n, device, need_verify) -> (draft_cost, verify_cost)`` looks the cost arrays up (the ops pass a
+    cached lookup; the default asks the table)."""
+    costs = costs or _table_costs
+    R, K, device, drafts = survival_and_drafts(survival, drafts)
+    if not isinstance(mode, str) or mode not in allowed_modes:
+        raise ValueError(f"mode must be one of {list(allowed_modes)}, got {mode!r}")
+    max_verify = K if max_verify is None else check_int("max_verify", max_verify, lo=0, hi=K)
+    min_verify = check_int("min_verify", min_verify, lo=0, hi=INT32_MAX)
+    if min_verify > max_verify:
+        raise ValueError(f"min_verify ({min_verify}) must be <= max_verify ({max_verify})")
+    extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=INT32_MAX)
+    extra_emitting = check_int("extra_emitting", extra_emitting, lo=0, hi=INT32_MAX)
+    token_offset = check_int("token_offset", token_offset, lo=0, hi=INT32_MAX)
+
+    fixed_budget, budget_in = 0, None
+    if mode == "fixed":
+        if budget is None:
+            raise ValueError("budget is required with mode='fixed' (a Python int or a 0-d int32 tensor)")
+        if isinstance(budget, torch.Tensor):
+            if budget.dtype == torch.int64:  # clamp first (no sync) so a huge int64 cannot wrap around
+                budget = budget.clamp(0, INT32_MAX).to(torch.int32)
+            budget_in = _tensor("budget", budget, dtype=torch.int32, device=device, shape=())
+        else:
+            # Clamped to [B_min, B_max] later anyway; capping here keeps huge ints in the kernel's int64 field.
+            fixed_budget = min(check_int("budget", budget, lo=0), INT32_MAX)
+    elif budget is not None:
+        raise ValueError(f"budget is only used with mode='fixed', not mode={mode!r}")
+
+    if cost_table is not None and not isinstance(cost_table, CostTable):
+        raise TypeError(f"cost_table must be an adaptive_verify.CostTable, got {type(cost_table).__name__}")
+    if cost_table is None and mode in ("greedy", "global"):
+        raise ValueError(f"cost_table is required with mode={mode!r}")
+
+    anchors = R + extra_tokens
+    limit = None
+    if cost_table is not None and cost_table.max_tokens is not None:
+        limit = cost_table.max_tokens
+    if capacity is not None:
+        check_int("capacity", capacity, lo=0, hi=INT32_MAX)
+        if limit is not None and capacity > limit:
+            raise ValueError(f"capacity ({capacity}) exceeds cost_table.max_tokens ({limit})")
+        limit = capacity
+    if limit is not None and limit < anchors:
+        raise ValueError(
+            f"capacity ({limit}) is below the R + extra_tokens = {anchors} anchor tokens that every step needs"
+        )
+    budget_cap = R * max_verify
+    if limit is not None:
+        budget_cap = min(budget_cap, limit - anchors)
+
+    num_reqs_padded = R if num_reqs_padded is None else check_int("num_reqs_padded", num_reqs_padded, lo=R,
+                                                                   hi=MAX_REQS)
+    if num_tokens_padded is None:
+        num_tokens_padded = R + budget_cap
+    num_tokens_padded = check_int("num_tokens_padded", num_tokens_padded, lo=R, hi=MAX_TOKENS)
+    budget_cap = min(budget_cap, num_tokens_padded - R)
+    if token_offset + num_tokens_padded > INT32_MAX:
+        raise ValueError(f"token_offset + num_tokens_padded must fit int32, got {token_offset + num_tokens_padded}")
+
+    need_verify = mode in ("greedy", "global")
+    if need_verify and anchors + budget_cap > MAX_TOKENS_LIMIT:
+        raise ValueError(f"extra_tokens ({extra_tokens}): R + extra_tokens + the largest budget = "
+                         f"{anchors + budget_cap} exceeds the cost curve's limit of {MAX_TOKENS_LIMIT} tokens "
+                         "(pass capacity= or a cost table with max_tokens)")
+    verify_cost, draft_cost = None, 0.0
+    if cost_table is not None:
+        draft_cost, verify_cost = costs(cost_table, R, anchors + budget_cap, device, need_verify)
+
+    if context_lens is not None:
+        context_lens = int32_tensor("context_lens", context_lens, device, (R,))
+    if block_table is not None:
+        if context_lens is None:
+            raise ValueError("block_table needs context_lens (positions decide the slots)")
+        if block_size is None:
+            raise ValueError("block_size is required with block_table")
+        check_int("block_size", block_size, lo=1, hi=INT32_MAX)
+        if isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int64:
+            block_table = block_table.to(torch.int32)
+        _tensor("block_table", block_table, dtype=torch.int32, device=device, ndim=2, inner_contiguous=True)
+        if block_table.shape[0] != R:
+            raise ValueError(f"block_table must have R = {R} rows, got shape {tuple(block_table.shape)}")
+        if block_table.shape[1] > INT32_MAX:
+            raise ValueError(f"block_table: at most {INT32_MAX} blocks per request, got {block_table.shape[1]}")
+    elif block_size is not None:
+        check_int("block_size", block_size, lo=1, hi=INT32_MAX)
+    if anchor_tokens is not None and draft_tokens is None:
+        raise ValueError("anchor_tokens needs draft_tokens (together they make input_ids)")
+    if anchor_tokens is not None:
+        anchor_tokens = int32_tensor("anchor_tokens", anchor_tokens, device, (R,))
+    if draft_tokens is not None:  # alone it still ends each request's candidates at its first invalid (-1) draft
+        if isinstance(draft_tokens, torch.Tensor) and draft_tokens.dtype == torch.int64:
+            draft_tokens = draft_tokens.to(torch.int32)
+        _tensor("draft_tokens", draft_tokens, dtype=torch.int32, device=device, ndim=2, inner_contiguous=True)
+        if draft_tokens.shape[0] != R or draft_tokens.shape[1] < max_verify:
+            raise ValueError(
+                f"draft_tokens must have shape [R, >= max_verify] = [{R}, >= {max_verify}], "
+                f"got {tuple(draft_tokens.shape)}"
+            )
+
+    return PlanArgs(
+        survival=survival, drafts=drafts, R=R, K=K, device=device, mode=mode, fixed_budget=fixed_budget,
+        budget_in=budget_in, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
+        extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost, draft_cost=draft_cost,
+        context_lens=context_lens, block_table=block_table, block_size=block_size or 0,
+        anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
+        num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
+    )
+
+
+def check_out(out, a: PlanArgs) -> VerifyPlan:
+    """out= must hold every buffer this call writes, with the right dtype, device and shape (contiguous)."""
+    if not isinstance(out, VerifyPlan):
+        raise TypeError(f"out must be a VerifyPlan (see VerifyPlan.allocate), got {type(out).__name__}")
+    i32, dev = torch.int32, a.device
+    Rp, Tp = a.num_reqs_padded, a.num_tokens_padded
+    _tensor("out.verify_lens", out.verify_lens, dtype=i32, device=dev, shape=(Rp,))
+    _tensor("out.budget", out.budget, dtype=i32, device=dev, shape=())
+    _tensor("out.expected_tokens", out.expected_tokens, dtype=torch.float32, device=dev, shape=())
+    _tensor("out.num_tokens", out.num_tokens, dtype=i32, device=dev, shape=())
+    _tensor("out.query_start_loc", out.query_start_loc, dtype=i32, device=dev, shape=(Rp + 1,))
+    _tensor("out.token_req", out.token_req, dtype=i32, device=dev, shape=(Tp,))
+    wanted = {
+        "seq_lens": (a.context_lens is not None, i32, (Rp,)),
+        "positions": (a.context_lens is not None, i32, (Tp,)),
+        "slot_mapping": (a.block_table is not None, torch.int64, (Tp,)),
+        "input_ids": (a.anchor_tokens is not None, i32, (Tp,)),
+    }
+    for name, (needed, dtype, shape) in wanted.items():
+        t = getattr(out, name)
+        if needed and t is None:
+            raise ValueError(f"out.{name} is None but this call produces it (allocate it in the VerifyPlan)")
+        if needed:
+            _tensor(f"out.{name}", t, dtype=dtype, device=dev, shape=shape)
+    return out

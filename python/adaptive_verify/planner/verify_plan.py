@@ -1,0 +1,75 @@
+"""VerifyPlan: the planner's outputs (docs/design.md, "Planner", outputs)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import torch
+
+from .._checks import check_int
+
+#: Most requests per step (the candidate key holds 26 request bits; planner/math.h kMaxReqs).
+MAX_REQS = (1 << 26) - 2
+#: Most tokens a plan's padded buffers may hold (its int32 offsets, and a bound on host allocation).
+MAX_TOKENS = 1 << 30
+
+
+@dataclasses.dataclass
+class VerifyPlan:
+    """Outputs of :func:`adaptive_verify.plan_verification` (device tensors; int32 unless noted).
+
+    verify_lens [R_pad]: drafts verified per request (0 for padding rows).
+    budget (0-d): total verified drafts, == verify_lens.sum().
+    expected_tokens (0-d float32): expected tokens emitted by the R requests, R + P(budget).
+    num_tokens (0-d): token_offset + sum of q_len = 1 + verify_lens over the R requests.
+    query_start_loc [R_pad + 1]: token_offset + exclusive cumsum of q_len; padding rows repeat the end.
+    seq_lens [R_pad]: context_lens + q_len (KV length after this step); 0 for padding. Needs context_lens.
+    token_req [T_pad]: request of each decode token, -1 for padding tokens.
+    positions [T_pad]: context_lens[r] + offset within the request; 0 for padding. Needs context_lens.
+    slot_mapping [T_pad] int64: KV-cache slot of each token via block_table; -1 for padding.
+    input_ids [T_pad]: anchor token then the verified drafts; 0 for padding. Needs anchor/draft_tokens.
+
+    Pass a preallocated plan as ``out=`` (see :meth:`allocate`) so CUDA-graph replays keep addresses.
+    """
+
+    verify_lens: torch.Tensor
+    budget: torch.Tensor
+    expected_tokens: torch.Tensor
+    num_tokens: torch.Tensor
+    query_start_loc: torch.Tensor
+    token_req: torch.Tensor
+    seq_lens: Optional[torch.Tensor] = None
+    positions: Optional[torch.Tensor] = None
+    slot_mapping: Optional[torch.Tensor] = None
+    input_ids: Optional[torch.Tensor] = None
+
+    @classmethod
+    def allocate(
+        cls,
+        num_reqs_padded: int,
+        num_tokens_padded: int,
+        device: Union[str, torch.device] = "cpu",
+        *,
+        positions: bool = False,
+        slot_mapping: bool = False,
+        input_ids: bool = False,
+    ) -> "VerifyPlan":
+        """Buffers for ``out=``: R_pad requests (<= MAX_REQS) and T_pad tokens (<= MAX_TOKENS).
+        ``positions=True`` also allocates seq_lens and positions (needed when context_lens is passed),
+        ``slot_mapping=True`` the slots (block_table), ``input_ids=True`` the token ids (anchor_tokens,
+        draft_tokens)."""
+        num_reqs_padded = check_int("num_reqs_padded", num_reqs_padded, lo=0, hi=MAX_REQS)
+        num_tokens_padded = check_int("num_tokens_padded", num_tokens_padded, lo=0, hi=MAX_TOKENS)
+        i32 = dict(dtype=torch.int32, device=device)
+        return cls(
+            verify_lens=torch.empty(num_reqs_padded, **i32),
+            budget=torch.empty((), **i32),
+            expected_tokens=torch.empty((), dtype=torch.float32, device=device),
+            num_tokens=torch.empty((), **i32),
+            query_start_loc=torch.empty(num_reqs_padded + 1, **i32),
+            token_req=torch.empty(num_tokens_padded, **i32),
+            seq_lens=torch.empty(num_reqs_padded, **i32) if positions else None,
+            positions=torch.empty(num_tokens_padded, **i32) if positions else None,
+            slot_mapping=torch.empty(num_tokens_padded, dtype=torch.int64, device=device) if slot_mapping else None,
+            input_ids=torch.empty(num_tokens_padded, **i32) if input_ids else None,
+        )

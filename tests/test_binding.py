@@ -1,0 +1,208 @@
+"""The named parameter structs across the binding (python/adaptive_verify/_binding.py, csrc/bindings/).
+
+Every op passes the extension the address of a C struct filled by field name. These tests check that (1) the
+ctypes mirrors have exactly the C layout (the extension exports each field's name, offset and size), and
+(2) every op's wrapper puts each value in the field of that name: each op is called with sizes, strides and
+scalars that all differ, the extension call is intercepted, and every field is read back by name. Two fields
+swapped anywhere between the wrapper and the struct make a value land under the other name and fail here.
+"""
+import ctypes
+import importlib
+
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import _binding
+from adaptive_verify._ext import _C
+
+STRUCTS = {name: getattr(_binding, name) for name in (
+    "SurvivalParams", "PlannerParams", "ConfidenceParams", "LogitParams", "MarginParams", "StatsParams",
+    "RejectionParams", "SampleParams", "AttentionParams", "WriteKvParams")}
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTS))
+def test_ctypes_mirror_has_the_c_layout(name):
+    cls = STRUCTS[name]
+    layout = getattr(_C, cls.__name__)
+    fields, size = layout
+    assert ctypes.sizeof(cls) == size
+    assert [f[0] for f in sorted(fields, key=lambda f: f[1])] == list(_binding.fields_of(cls))
+    for f_name, offset, f_size, _ in fields:
+        assert getattr(cls, f_name).offset == offset and getattr(cls, f_name).size == f_size, f_name
+    assert len({f[0] for f in fields}) == len(fields), "a field exported twice"
+
+
+def test_struct_type_rejects_a_missing_field():
+    """A field left out of the bindings' export shifts the offsets after it: caught at import."""
+    fields, size = _C.PLANNER_PARAMS
+    with pytest.raises(ImportError, match="PLANNER_PARAMS"):
+        _binding.struct_type("PLANNER_PARAMS", ([f for f in fields if f[0] != "min_verify"], size))
+
+
+class _Capture:
+    """Stands in for adaptive_verify._C in a module: records a copy of the struct each op receives (the
+    wrapper's own struct is gone once the call returns) and returns success, so no kernel runs."""
+
+    def __init__(self, real, struct):
+        self._real, self._struct, self.seen = real, struct, {}
+
+    def __getattr__(self, name):
+        real = getattr(self._real, name)
+        if name.isupper() or name in ("attention_workspace_floats", "plan_workspace_bytes", "error_string",
+                                      "sampler_splitv_workspace_bytes"):
+            return real
+
+        def op(address, on_cuda, stream):
+            copy = self._struct()
+            ctypes.memmove(ctypes.addressof(copy), address, ctypes.sizeof(copy))
+            self.seen[name] = (copy, on_cuda, stream)
+            return 0
+        return op
+
+
+def _captured(monkeypatch, module_name, struct, call):
+    module = importlib.import_module(module_name)
+    cap = _Capture(module._C, struct)
+    monkeypatch.setattr(module, "_C", cap)
+    keep = call()  # keeps the struct's tensors alive while it is read
+    (copy, on_cuda, stream), = cap.seen.values()
+    assert on_cuda is False and stream == 0
+    return copy, keep
+
+
+def _fields(p, cls):
+    return {name: getattr(p, name) for name in _binding.fields_of(cls)}
+
+
+def test_planner_fields_by_name(monkeypatch):
+    R, K = 5, 7
+    survival = torch.rand(R, 9)[:, :K]  # row stride 9
+    drafts = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32)
+    ctx = torch.arange(R, dtype=torch.int32) + 100
+    bt = torch.zeros(R, 13, dtype=torch.int32)
+    anchors = torch.arange(R, dtype=torch.int32)
+    tokens = torch.zeros(R, 11, dtype=torch.int32)[:, :8]  # row stride 11
+    ct = av.CostTable.from_points({1: 1.0, 512: 3.0}, draft_ms=0.25)
+    budget = torch.tensor(6, dtype=torch.int32)
+    kw = dict(mode="fixed", budget=budget, min_verify=2, max_verify=6, extra_tokens=17, extra_emitting=19,
+              capacity=300, context_lens=ctx, block_table=bt, block_size=23, anchor_tokens=anchors, draft_tokens=tokens,
+              token_offset=29, num_reqs_padded=31, num_tokens_padded=61)
+    p, plan = _captured(monkeypatch, "adaptive_verify.planner.ops", _binding.PlannerParams,
+                        lambda: (av.plan_verification(survival, drafts, ct, **kw), survival, drafts))
+    f = _fields(p, _binding.PlannerParams)
+    plan = plan[0]
+    want = dict(survival=survival.data_ptr(), survival_stride=9, drafts=drafts.data_ptr(), num_reqs=R, max_drafts=K,
+                mode=2, fixed_budget=0, budget_in=budget.data_ptr(), min_verify=2, max_verify=6, extra_tokens=17,
+                extra_emitting=19, budget_cap=min(R * 6, 300 - R - 17, 61 - R), verify_cost=None, verify_cost_len=0,
+                context_lens=ctx.data_ptr(), block_table=bt.data_ptr(), block_table_stride=13, max_blocks=13,
+                block_size=23, anchor_tokens=anchors.data_ptr(), draft_tokens=tokens.data_ptr(), draft_tokens_stride=11,
+                token_offset=29, num_reqs_padded=31, num_tokens_padded=61, write_plan=1,
+                verify_lens=plan.verify_lens.data_ptr(), budget_out=plan.budget.data_ptr(),
+                expected_tokens=plan.expected_tokens.data_ptr(), num_tokens=plan.num_tokens.data_ptr(),
+                query_start_loc=plan.query_start_loc.data_ptr(), seq_lens=plan.seq_lens.data_ptr(),
+                token_req=plan.token_req.data_ptr(), positions=plan.positions.data_ptr(),
+                slot_mapping=plan.slot_mapping.data_ptr(), input_ids=plan.input_ids.data_ptr(), workspace=None)
+    assert f.pop("draft_cost") == pytest.approx(0.25)
+    assert f.pop("error_counts") == av.errors.error_buffer("cpu").data_ptr()
+    assert f == want
+
+
+def test_survival_fields_by_name(monkeypatch):
+    conf = torch.rand(6, 10)[:, :4]
+    drafts = torch.tensor([4, 3, 2, 1, 0, 4], dtype=torch.int32)
+    p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.ops", _binding.SurvivalParams,
+                             lambda: (av.prefix_survival(conf, drafts), conf, drafts))
+    assert _fields(p, _binding.SurvivalParams) == dict(
+        conf=conf.data_ptr(), conf_stride=10, drafts=drafts.data_ptr(), num_reqs=6, max_drafts=4, survival=out.data_ptr(),
+        error_counts=av.errors.error_buffer("cpu").data_ptr())
+
+
+def test_rejection_and_sample_fields_by_name(monkeypatch):
+    R, K, V, T = 3, 4, 13, 9
+    logits = torch.randn(T, 17)[:, :V]
+    qsl = torch.tensor([0, 2, 5, 9], dtype=torch.int32)
+    drafts = torch.zeros(R, 6, dtype=torch.int64)[:, :K]
+    probs = torch.rand(R, 5, 20)[:, :K, :V]
+    probs = probs.contiguous()
+    temperature = torch.full((R,), 0.5)
+    seeds = torch.arange(R, dtype=torch.int64) + 7
+    p, (tokens, emitted) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.RejectionParams, lambda: av.rejection_sample(
+        logits, qsl, drafts, draft_probs=probs, temperature=temperature, seeds=seeds, offset=41))
+    assert _fields(p, _binding.RejectionParams) == dict(
+        logits=logits.data_ptr(), logits_stride=17, dtype=0, num_tokens=T, vocab=V, query_start_loc=qsl.data_ptr(),
+        draft_tokens=drafts.data_ptr(), draft_tokens_stride=6, draft_tokens_int64=1, draft_probs=probs.data_ptr(),
+        draft_probs_stride_r=K * V, draft_probs_stride_k=V, temperature=temperature.data_ptr(),
+        seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R, max_drafts=K,
+        output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(),
+        error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None, workspace_bytes=0)
+    p, out = _captured(monkeypatch, "adaptive_verify.sampling", _binding.SampleParams,
+                       lambda: av.sample(logits, temperature.repeat(3), seeds.repeat(3), 43))
+    assert _fields(p, _binding.SampleParams)["logits_stride"] == 17
+    f = _fields(p, _binding.SampleParams)
+    assert (f["vocab"], f["num_rows"], f["offset"], f["tokens"]) == (V, T, 43, out.data_ptr())
+
+
+def test_attention_and_write_kv_fields_by_name(monkeypatch):
+    T, Hq, Hkv, D, bs, blocks, R = 5, 8, 2, 64, 16, 7, 2
+    q = torch.randn(T, Hq + 1, D).to(torch.bfloat16)[:, :Hq]  # head stride D, token stride (Hq + 1) D
+    kc, vc = (torch.randn(blocks, bs, Hkv, D).to(torch.bfloat16) for _ in range(2))
+    bt = torch.zeros(R, 3, dtype=torch.int32)
+    seq = torch.tensor([20, 3], dtype=torch.int32)
+    qsl = torch.tensor([0, 3, 5], dtype=torch.int32)
+    p, (out, lse) = _captured(monkeypatch, "adaptive_verify.attention", _binding.AttentionParams,
+                              lambda: av.verify_attention(q, kc, vc, bt, seq, qsl, 4, scale=0.375, return_lse=True))
+    want = dict(q=q.data_ptr(), q_stride_t=(Hq + 1) * D, q_stride_h=D, k_cache=kc.data_ptr(), v_cache=vc.data_ptr(),
+                block_table=bt.data_ptr(), block_table_stride=3, max_blocks=3, seq_lens=seq.data_ptr(),
+                query_start_loc=qsl.data_ptr(), dtype=2, num_reqs=R, num_tokens=T, num_q_heads=Hq, num_kv_heads=Hkv,
+                head_dim=D, block_size=bs, num_blocks=blocks, max_query_len=4, scale=0.375, out=out.data_ptr(),
+                lse=lse.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None)
+    assert _fields(p, _binding.AttentionParams) == want
+    k = torch.randn(T, Hkv + 1, D).to(torch.bfloat16)[:, :Hkv]
+    v = torch.randn(T, Hkv, D + 64).to(torch.bfloat16)[:, :, :D]
+    slots = torch.arange(T, dtype=torch.int64)
+    p, _ = _captured(monkeypatch, "adaptive_verify.attention", _binding.WriteKvParams,
+                     lambda: av.write_kv(k, v, kc, vc, slots))
+    assert _fields(p, _binding.WriteKvParams) == dict(
+        k=k.data_ptr(), v=v.data_ptr(), k_stride_t=(Hkv + 1) * D, k_stride_h=D, v_stride_t=Hkv * (D + 64),
+        v_stride_h=D + 64, k_cache=kc.data_ptr(), v_cache=vc.data_ptr(), slot_mapping=slots.data_ptr(), num_tokens=T,
+        num_kv_heads=Hkv, head_dim=D, block_size=bs, num_blocks=blocks, elem_size=2,
+        error_counts=av.errors.error_buffer("cpu").data_ptr())
+
+
+def test_confidence_area_fields_by_name(monkeypatch):
+    R, K, H, Q = 3, 5, 16, 4
+    hidden = torch.randn(R, K + 1, H + 8).to(torch.bfloat16)[:, :K, :H]
+    markov = torch.randn(R, K, Q + 2).to(torch.bfloat16)[:, :, :Q]
+    weight = torch.randn(H + Q)
+    temperature = torch.full((K,), 2.0)
+    p, out = _captured(monkeypatch, "adaptive_verify.confidence", _binding.ConfidenceParams, lambda: av.confidence(
+        hidden, weight, bias=0.125, markov=markov, temperature=temperature, survival=True))
+    f = _fields(p, _binding.ConfidenceParams)
+    assert f.pop("weight") != 0 and f.pop("temperature") != 0  # converted copies
+    assert f == dict(hidden=hidden.data_ptr(), hidden_stride_r=(K + 1) * (H + 8), hidden_stride_k=H + 8,
+                     markov=markov.data_ptr(), markov_stride_r=K * (Q + 2), markov_stride_k=Q + 2, dtype=2, bias=0.125,
+                     bias_ptr=None, num_reqs=R, max_drafts=K, hidden_size=H, markov_size=Q, survival=1,
+                     out=out.data_ptr())
+    logits = torch.randn(R, K + 3)[:, :K]
+    p, out = _captured(monkeypatch, "adaptive_verify.confidence", _binding.LogitParams,
+                       lambda: av.confidence_from_logits(logits))
+    assert _fields(p, _binding.LogitParams) == dict(logits=logits.data_ptr(), logits_stride=K + 3, dtype=0,
+                                                    temperature=None, num_reqs=R, max_drafts=K, survival=0,
+                                                    out=out.data_ptr())
+    dl = torch.randn(R, K + 1, 30)[:, :K, :]
+    p, out = _captured(monkeypatch, "adaptive_verify.confidence", _binding.MarginParams, lambda: av.draft_margin(dl))
+    assert _fields(p, _binding.MarginParams) == dict(logits=dl.data_ptr(), stride_r=(K + 1) * 30, stride_k=30, dtype=0,
+                                                     num_reqs=R, max_drafts=K, vocab=30, out=out.data_ptr(),
+                                                     error_counts=av.errors.error_buffer("cpu").data_ptr())
+    stats = av.AcceptanceStats(6, num_bins=9)
+    conf = torch.rand(R, 8)[:, :K]
+    vl = torch.tensor([1, 2, 3], dtype=torch.int32)
+    na = torch.tensor([0, 1, 2], dtype=torch.int32)
+    p, _ = _captured(monkeypatch, "adaptive_verify.stats", _binding.StatsParams,
+                     lambda: stats.update(conf, vl, na))
+    f = _fields(p, _binding.StatsParams)
+    assert (f["conf"], f["conf_stride"], f["verify_lens"], f["num_accepted"], f["num_reqs"], f["max_drafts"],
+            f["num_positions"], f["num_bins"], f["trials"], f["survivals"]) == (
+        conf.data_ptr(), 8, vl.data_ptr(), na.data_ptr(), R, K, 6, 9, stats.trials.data_ptr(),
+        stats.survivals.data_ptr())
