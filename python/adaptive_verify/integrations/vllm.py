@@ -485,7 +485,9 @@ def patch_manager(manager):
       is unspecified; then vLLM's ``cu_num_logits`` and ``query_start_loc`` buffers are written from it.
 
     Everything else (profiling, ``set_cost_curves``, ``record_confidences``, ``add_request`` and its prior of
-    1.0, ``compact_batch``) stays vLLM's. Idempotent. Checked against vLLM 0.33.0 (TESTED_VLLM_VERSION): a
+    1.0, ``compact_batch``) stays vLLM's. Drafts are counted as vLLM counts them (the length of each request's
+    scheduled list); their ids are not read, since under async scheduling those lists hold ``-1`` placeholders,
+    which the planner would take for invalidated drafts. Idempotent. Checked against vLLM 0.33.0 (TESTED_VLLM_VERSION): a
     manager lacking an attribute the patch uses raises ValueError naming it. The CUDA-event paths (vLLM's
     ``record_confidences``, the admitted-count copy to the host) run only on a GPU; the tests exercise the rest
     on the CPU (tests/integration/test_peer_vllm_manager.py).
