@@ -88,11 +88,12 @@ def test_planner_fields_by_name(monkeypatch):
     kw = dict(mode="fixed", budget=budget, min_verify=2, max_verify=6, extra_tokens=17, extra_emitting=19,
               capacity=300, context_lens=ctx, block_table=bt, block_size=23, anchor_tokens=anchors, draft_tokens=tokens,
               token_offset=29, num_reqs_padded=31, num_tokens_padded=61)
-    p, plan = _captured(monkeypatch, "adaptive_verify.planner.ops", _binding.PlannerParams,
+    p, plan = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
                         lambda: (av.plan_verification(survival, drafts, ct, **kw), survival, drafts))
     f = _fields(p, _binding.PlannerParams)
     plan = plan[0]
     want = dict(survival=survival.data_ptr(), survival_stride=9, drafts=drafts.data_ptr(), num_reqs=R, max_drafts=K,
+                conf=None, conf_stride=0, survival_out=None,
                 mode=2, fixed_budget=0, budget_in=budget.data_ptr(), min_verify=2, max_verify=6, extra_tokens=17,
                 extra_emitting=19, budget_cap=min(R * 6, 300 - R - 17, 61 - R), verify_cost=None, verify_cost_len=0,
                 context_lens=ctx.data_ptr(), block_table=bt.data_ptr(), block_table_stride=13, max_blocks=13,
@@ -108,10 +109,24 @@ def test_planner_fields_by_name(monkeypatch):
     assert f == want
 
 
+def test_planner_confidence_fields_by_name(monkeypatch):
+    """plan_verification(conf=...): the kernel reads the confidences and writes survival_out, which is also the
+    survival it plans on (contiguous, stride K)."""
+    R, K = 5, 7
+    conf = torch.rand(R, 12)[:, :K]  # row stride 12
+    drafts = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32)
+    buf = torch.empty(R, K)
+    p, _ = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                     lambda: (av.plan_verification(None, drafts, mode="all", conf=conf, survival_out=buf), conf))
+    f = _fields(p, _binding.PlannerParams)
+    assert (f["conf"], f["conf_stride"], f["survival_out"]) == (conf.data_ptr(), 12, buf.data_ptr())
+    assert (f["survival"], f["survival_stride"]) == (buf.data_ptr(), K)
+
+
 def test_survival_fields_by_name(monkeypatch):
     conf = torch.rand(6, 10)[:, :4]
     drafts = torch.tensor([4, 3, 2, 1, 0, 4], dtype=torch.int32)
-    p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.ops", _binding.SurvivalParams,
+    p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.survival", _binding.SurvivalParams,
                              lambda: (av.prefix_survival(conf, drafts), conf, drafts))
     assert _fields(p, _binding.SurvivalParams) == dict(
         conf=conf.data_ptr(), conf_stride=10, drafts=drafts.data_ptr(), num_reqs=6, max_drafts=4, survival=out.data_ptr(),

@@ -196,37 +196,38 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     token_req[:total] = tr
     offset = torch.arange(total, device=dev) - (qsl[tr].long() - a.token_offset)  # 0 = anchor
 
-    plan = VerifyPlan(
-        verify_lens=verify_lens,
-        budget=torch.tensor(budget, **i32),
-        expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
-        num_tokens=torch.tensor(a.token_offset + total, **i32),
-        query_start_loc=qsl,
-        token_req=token_req,
-    )
+    extra = {}  # the optional outputs
     if a.context_lens is not None:
         ctx = a.context_lens.long()
-        plan.seq_lens = torch.zeros(Rp, **i32)
-        plan.seq_lens[:R] = (ctx + q_len).to(torch.int32)
+        extra["seq_lens"] = torch.zeros(Rp, **i32)
+        extra["seq_lens"][:R] = (ctx + q_len).to(torch.int32)
         p = ctx[tr] + offset
-        plan.positions = torch.zeros(Tp, **i32)
-        plan.positions[:total] = p.to(torch.int32)
+        extra["positions"] = torch.zeros(Tp, **i32)
+        extra["positions"][:total] = p.to(torch.int32)
         if a.block_table is not None:
             blk = p // a.block_size
             ok = (p >= 0) & (blk < a.block_table.shape[1])
             if not bool(ok.all()):
                 raise ValueError("block_table: too few blocks per request for context_lens + q_len positions")
             slot = a.block_table.long()[tr, blk.clamp(0, a.block_table.shape[1] - 1)] * a.block_size + p % a.block_size
-            plan.slot_mapping = torch.full((Tp,), -1, dtype=torch.int64, device=dev)
-            plan.slot_mapping[:total] = slot
+            extra["slot_mapping"] = torch.full((Tp,), -1, dtype=torch.int64, device=dev)
+            extra["slot_mapping"][:total] = slot
     if a.anchor_tokens is not None:
         if a.draft_tokens.shape[1] > 0:
             drafted = a.draft_tokens.long()[tr, (offset - 1).clamp(min=0)]
         else:  # max_verify = 0: every token is an anchor
             drafted = torch.zeros_like(offset)
-        plan.input_ids = torch.zeros(Tp, **i32)
-        plan.input_ids[:total] = torch.where(offset == 0, a.anchor_tokens.long()[tr], drafted).to(torch.int32)
-    return plan
+        extra["input_ids"] = torch.zeros(Tp, **i32)
+        extra["input_ids"][:total] = torch.where(offset == 0, a.anchor_tokens.long()[tr], drafted).to(torch.int32)
+    return VerifyPlan(
+        verify_lens=verify_lens,
+        budget=torch.tensor(budget, **i32),
+        expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
+        num_tokens=torch.tensor(a.token_offset + total, **i32),
+        query_start_loc=qsl,
+        token_req=token_req,
+        **extra,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
