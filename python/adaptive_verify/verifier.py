@@ -25,7 +25,7 @@ Decisions (docs/design.md, "What engines rely on every step"):
 - A request with no history (a new slot: :meth:`add_request`) enters with ``prior`` as the confidence of each
   of its drafts (default 1.0, so survival 1.0, as vLLM does) until its first confidences are recorded.
 - The lagged budget is priced entirely at the CURRENT step: its requests, their drafts, its prompt tokens
-  (``extra_tokens``: the verify cost at R + extra_tokens + B), capacity and graph sizes; only each request's survivals come from
+  (``cost_table.shifted(extra_tokens)``), capacity and graph sizes; only each request's survivals come from
   its last recorded step. So a request that joins can never push the step past its CUDA graph.
 - "greedy" and "global" decide the budget on the device from the live survivals; the host only knows
   B <= B_max, so ``plan_budget`` returns B_max and the padded size for it. "global" (argmax of Theta on the
@@ -293,9 +293,9 @@ class AdaptiveVerifier:
         conf, d, conf_np, d_np = self._lag_inputs(idx.shape[0])
         self._stale(idx, out=conf_np)
         np.minimum(drafts, self.max_drafts, out=d_np, casting="unsafe")
-        # extra_tokens prices the prompt chunk (verify cost at R + extra_tokens + B), as cost_table.shifted would.
-        planner.choose_budget(None, d, self.cost_table, conf=conf, mode="global", min_verify=self.min_verify,
-                              extra_tokens=extra_tokens, capacity=self.capacity, out=self._lag_budget)
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
+        planner.choose_budget(None, d, table, conf=conf, mode="global", min_verify=self.min_verify,
+                              capacity=self.capacity - extra_tokens, out=self._lag_budget)
         return min(max(int(self._lag_budget), b_min), b_max)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None) -> None:
@@ -383,7 +383,7 @@ class AdaptiveVerifier:
         rounded to a graph size, with extra_tokens counted).
         CUDA graphs: capture this call once per (R, padded size) and replay it with new inputs copied into
         the captured tensors and the budget as a 0-d tensor. Host values are frozen at capture: keep
-        extra_tokens (hence the priced token counts and the capacity) the same for a captured key, and
+        extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
         after a replay tell the verifier which plan ran (``verifier.last_plan = plan``) before observe().
         """
         if not isinstance(conf, torch.Tensor) or conf.dim() != 2:
@@ -408,17 +408,17 @@ class AdaptiveVerifier:
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
         key = (R, padded_tokens) + wants
         out = self._plan_buffers(key, wants)
-        # One call: the kernel computes the survival from conf, then plans (extra_tokens prices the prompt chunk).
+        # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
+        # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
                   draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
-                  capacity=self.capacity, extra_tokens=extra_tokens, conf=conf,
-                  survival_out=self._survival_buffer(R, conf.shape[1]))
+                  capacity=self.capacity - extra_tokens, conf=conf, survival_out=self._survival_buffer(R, conf.shape[1]))
         if self.mode in ("greedy", "global"):
-            plan = planner.plan_verification(None, drafts, self.cost_table, mode=self.mode,
-                                             verification=self.verification, **kw)
+            plan = planner.plan_verification(None, drafts, table, mode=self.mode, verification=self.verification, **kw)
         else:
-            plan = planner.plan_verification(None, drafts, self.cost_table, mode="fixed", budget=budget, **kw)
+            plan = planner.plan_verification(None, drafts, table, mode="fixed", budget=budget, **kw)
         self._last_plan = plan
         return plan
 

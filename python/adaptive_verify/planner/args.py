@@ -133,14 +133,6 @@ def resolve_plan_args(
     elif budget is not None:
         raise ValueError(f"budget is only used with mode='fixed', not mode={mode!r}")
 
-    if cost_table is not None and not isinstance(cost_table, CostTable):
-        raise TypeError(f"cost_table must be an adaptive_verify.CostTable, got {type(cost_table).__name__}")
-    if cost_table is None and mode in ("greedy", "global"):
-        raise ValueError(f"cost_table is required with mode={mode!r}")
-    if capacity is not None:
-        check_int("capacity", capacity, lo=0, hi=INT32_MAX)
-        if cost_table is not None and cost_table.max_tokens is not None and capacity > cost_table.max_tokens:
-            raise ValueError(f"capacity ({capacity}) exceeds cost_table.max_tokens ({cost_table.max_tokens})")
     num_reqs_padded = R if num_reqs_padded is None else check_int("num_reqs_padded", num_reqs_padded, lo=R,
                                                                    hi=MAX_REQS)
 
@@ -190,10 +182,19 @@ def resolve_plan_args(
 
 def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *, budget, extra_tokens,
                  extra_emitting, token_offset) -> None:
-    """Fills a's per-step fields: the ones a decode loop changes every step (a host budget, a prompt chunk's
-    size, the token offset) and what they decide (B_max, the default T_pad, the cost arrays). The rest of
-    ``a`` is already validated; the ops' call cache re-runs only this when just these change."""
+    """Fills a's per-step fields: the ones a decode loop may change every step (the cost table, e.g. a shifted
+    view per prompt chunk, the capacity, a host budget, the prompt chunk's size, the token offset) and what they
+    decide (B_max, the default T_pad, the cost arrays). The rest of ``a`` is already validated; the ops'
+    remembered calls re-run only this when just these change."""
     R = a.R
+    if cost_table is not None and not isinstance(cost_table, CostTable):
+        raise TypeError(f"cost_table must be an adaptive_verify.CostTable, got {type(cost_table).__name__}")
+    if cost_table is None and a.mode in ("greedy", "global"):
+        raise ValueError(f"cost_table is required with mode={a.mode!r}")
+    if capacity is not None:
+        check_int("capacity", capacity, lo=0, hi=INT32_MAX)
+        if cost_table is not None and cost_table.max_tokens is not None and capacity > cost_table.max_tokens:
+            raise ValueError(f"capacity ({capacity}) exceeds cost_table.max_tokens ({cost_table.max_tokens})")
     extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=INT32_MAX)
     extra_emitting = check_int("extra_emitting", extra_emitting, lo=0, hi=INT32_MAX)
     token_offset = check_int("token_offset", token_offset, lo=0, hi=INT32_MAX)

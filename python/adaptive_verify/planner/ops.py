@@ -2,7 +2,8 @@
 
 Host path (docs/design.md, "Host overhead"): a call repeating an earlier call's argument objects (a decode loop's
 persistent buffers and settings) reuses its validation and its filled kernel struct (_callcache.py); what a loop
-changes every step (a host budget, a prompt chunk's size, the token offset) is re-derived by resolve_step alone.
+may change every step (the cost table, e.g. a shifted view per prompt chunk, the capacity, a host budget, the
+prompt chunk's size, the token offset) is re-derived by resolve_step alone.
 """
 from __future__ import annotations
 
@@ -58,23 +59,24 @@ def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need
 class _Call:
     """A validated call: its arguments, its filled struct, and what it returns."""
 
-    __slots__ = ("a", "params", "addr", "on_cuda", "result", "step", "statics", "workspace", "expected", "op")
+    __slots__ = ("a", "params", "addr", "on_cuda", "result", "step", "table", "padded", "workspace", "expected",
+                 "op")
 
-    def __init__(self, a: PlanArgs, params, result, step, statics, workspace, expected, op):
-        self.a, self.params, self.result, self.step, self.statics = a, params, result, step, statics
+    def __init__(self, a: PlanArgs, params, result, step, table, padded, workspace, expected, op):
+        self.a, self.params, self.result, self.step, self.table, self.padded = a, params, result, step, table, padded
         self.addr, self.on_cuda = ctypes.addressof(params), a.device.type == "cuda"
         self.workspace, self.expected, self.op = workspace, expected, op  # workspace/expected: kept alive
 
     def restep(self, step, cost_table) -> bool:
-        """Re-derives the per-step fields for new (budget, extra_tokens, extra_emitting, token_offset); False
-        when they change the padded token count (the outputs must then be checked again: the caller
-        revalidates, and this entry is re-stepped on every use until it is replaced)."""
-        capacity, num_tokens_padded = self.statics
-        budget, extra_tokens, extra_emitting, token_offset = step
+        """Re-derives the per-step fields for a new step = (id(cost_table), capacity, budget, extra_tokens,
+        extra_emitting, token_offset); False when they change the padded token count (the outputs must then be
+        checked again: the caller revalidates, and this entry is re-stepped on every use until replaced)."""
+        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step
         padded = self.a.num_tokens_padded
-        resolve_step(self.a, cost_table, capacity, num_tokens_padded, _costs, budget=budget,
-                     extra_tokens=extra_tokens, extra_emitting=extra_emitting, token_offset=token_offset)
+        resolve_step(self.a, cost_table, capacity, self.padded, _costs, budget=budget, extra_tokens=extra_tokens,
+                     extra_emitting=extra_emitting, token_offset=token_offset)
         fill_step(self.params, self.a)
+        self.table = cost_table  # held: its id is in self.step
         if self.a.num_tokens_padded != padded:
             self.step = None
             return False
@@ -85,7 +87,8 @@ class _Call:
         """A copy writing the budget into ``budget_out`` (choose_budget without out=)."""
         params = type(self.params).from_buffer_copy(self.params)
         params.budget_out = budget_out.data_ptr()
-        return _Call(self.a, params, budget_out, self.step, self.statics, self.workspace, self.expected, self.op)
+        return _Call(self.a, params, budget_out, self.step, self.table, self.padded, self.workspace, self.expected,
+                     self.op)
 
     def run(self) -> None:
         launch_at(self.addr, self.on_cuda, self.a.device, self.op)
@@ -101,10 +104,11 @@ def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
                    out.token_req, out.seq_lens, out.positions, out.slot_mapping, out.input_ids)
 
 
-def _call(op: str, cost_table, tensors: tuple, statics: tuple, step: tuple, out, kw: dict):
-    """The remembered call for these argument objects (re-stepped if the per-step scalars changed), or None."""
+def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
+    """The remembered call for these argument objects (re-stepped if the per-step arguments changed), or
+    (key, None)."""
     try:
-        key = (op, id(cost_table), id(out), *map(id, tensors), *statics)
+        key = (op, id(out), *map(id, tensors), *statics)
         call = _CALLS.get(key)
     except TypeError:  # an unhashable scalar: the validating path names it
         return None, None
@@ -191,12 +195,12 @@ def choose_budget(
     call. ``out``: a 0-d int32 tensor to write the budget into (returned).
     """
     tensors = (survival, conf, drafts, draft_tokens, out)
-    statics = (mode, min_verify, max_verify, capacity)
-    step = (None, extra_tokens, extra_emitting, 0)
+    statics = (mode, min_verify, max_verify)
+    step = (id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
     compiling = torch.compiler.is_compiling()
     key = None
     if not compiling:
-        key, call = _call("choose_budget", cost_table, tensors, statics, step, None, {})
+        key, call = _call("choose_budget", tensors, statics, step, cost_table, None)
         if call is not None:
             if out is None:  # a fresh result each call: a copy of the struct, so threads never share one
                 out = torch.empty((), dtype=torch.int32, device=call.a.device)
@@ -220,8 +224,8 @@ def choose_budget(
     p.workspace = 0 if ws is None else ws.data_ptr()
     launch(p, a.device, "choose_budget")
     if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
-        _CALLS.put(key, (cost_table, *tensors), _signature_tensors(tensors, None),
-                   _Call(a, p, out, step, (capacity, None), ws, expected, "choose_budget"))
+        _CALLS.put(key, tensors, _signature_tensors(tensors, None),
+                   _Call(a, p, out, step, cost_table, None, ws, expected, "choose_budget"))
     return out
 
 
@@ -290,9 +294,10 @@ def plan_verification(
             the survival exactly as :func:`prefix_survival` does (NaNs counted as there) and plans on it.
             survival_out: [R, K] float32 contiguous buffer for that survival (scratch when None).
 
-    Host cost: a call that repeats an earlier call's objects (same tensors, same ``out``, same settings; budget,
-    extra_tokens, extra_emitting and token_offset may change) skips validation and launches the remembered
-    kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that path.
+    Host cost: a call that repeats an earlier call's objects (same tensors, same ``out``, same settings; the cost
+    table, capacity, budget, extra_tokens, extra_emitting and token_offset may change) skips validation and
+    launches the remembered kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that
+    path (docs/design.md, "Host overhead").
     """
     if verification not in VERIFICATIONS:
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
@@ -301,12 +306,13 @@ def plan_verification(
     budget_tensor = budget if isinstance(budget, torch.Tensor) else None
     tensors = (survival, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget_tensor,
                survival_out)
-    statics = (mode, min_verify, max_verify, capacity, block_size, num_reqs_padded, num_tokens_padded)
-    step = (None if budget_tensor is not None else budget, extra_tokens, extra_emitting, token_offset)
+    statics = (mode, min_verify, max_verify, block_size, num_reqs_padded, num_tokens_padded)
+    step = (id(cost_table), capacity, None if budget_tensor is not None else budget, extra_tokens, extra_emitting,
+            token_offset)
     compiling = torch.compiler.is_compiling()
     key = None
     if isinstance(out, VerifyPlan) and not compiling:
-        key, call = _call("plan", cost_table, tensors, statics, step, out, {})
+        key, call = _call("plan", tensors, statics, step, cost_table, out)
         if call is not None:
             call.run()
             return call.result
@@ -332,6 +338,6 @@ def plan_verification(
     launch(p, a.device, "plan_verification")
     result = _present(out, a)
     if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
-        _CALLS.put(key, (cost_table, out, *tensors), _signature_tensors(tensors, out),
-                   _Call(a, p, result, step, (capacity, num_tokens_padded), ws, None, "plan_verification"))
+        _CALLS.put(key, (out, *tensors), _signature_tensors(tensors, out),
+                   _Call(a, p, result, step, cost_table, num_tokens_padded, ws, None, "plan_verification"))
     return result
