@@ -148,14 +148,28 @@ def test_rejection_and_sample_fields_by_name(monkeypatch):
         logits=logits.data_ptr(), logits_stride=17, dtype=0, num_tokens=T, vocab=V, query_start_loc=qsl.data_ptr(),
         draft_tokens=drafts.data_ptr(), draft_tokens_stride=6, draft_tokens_int64=1, draft_probs=probs.data_ptr(),
         draft_probs_stride_r=K * V, draft_probs_stride_k=V, temperature=temperature.data_ptr(),
-        seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R, max_drafts=K,
-        output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(),
+        seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R, max_drafts=K, top_k=None, top_p=None,
+        min_p=None, output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(), logprobs=None,
         error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None, workspace_bytes=0)
+    top_k, top_p, min_p = torch.tensor([1, 0, 3], dtype=torch.int32), torch.full((R,), 0.5), torch.zeros(R)
+    p, (_, _, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.RejectionParams,
+                               lambda: av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds,
+                                                           top_k=top_k, top_p=top_p, min_p=min_p, logprobs=True))
+    f = _fields(p, _binding.RejectionParams)
+    assert (f["top_k"], f["top_p"], f["min_p"], f["logprobs"]) == (top_k.data_ptr(), top_p.data_ptr(),
+                                                                   min_p.data_ptr(), lps.data_ptr())
     p, out = _captured(monkeypatch, "adaptive_verify.sampling", _binding.SampleParams,
                        lambda: av.sample(logits, temperature.repeat(3), seeds.repeat(3), 43))
     assert _fields(p, _binding.SampleParams)["logits_stride"] == 17
     f = _fields(p, _binding.SampleParams)
     assert (f["vocab"], f["num_rows"], f["offset"], f["tokens"]) == (V, T, 43, out.data_ptr())
+    k9, p9, m9 = torch.full((T,), 2, dtype=torch.int32), torch.full((T,), 0.9), torch.full((T,), 0.1)
+    p, (out, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.SampleParams,
+                              lambda: av.sample(logits, temperature.repeat(3), seeds.repeat(3), 43, top_k=k9,
+                                                top_p=p9, min_p=m9, logprobs=True))
+    f = _fields(p, _binding.SampleParams)
+    assert (f["top_k"], f["top_p"], f["min_p"], f["tokens"], f["logprobs"]) == (
+        k9.data_ptr(), p9.data_ptr(), m9.data_ptr(), out.data_ptr(), lps.data_ptr())
 
 
 def test_attention_and_write_kv_fields_by_name(monkeypatch):
