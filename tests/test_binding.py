@@ -88,11 +88,12 @@ def test_planner_fields_by_name(monkeypatch):
     kw = dict(mode="fixed", budget=budget, min_verify=2, max_verify=6, extra_tokens=17, extra_emitting=19,
               capacity=300, context_lens=ctx, block_table=bt, block_size=23, anchor_tokens=anchors, draft_tokens=tokens,
               token_offset=29, num_reqs_padded=31, num_tokens_padded=61)
-    p, plan = _captured(monkeypatch, "adaptive_verify.planner.ops", _binding.PlannerParams,
+    p, plan = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
                         lambda: (av.plan_verification(survival, drafts, ct, **kw), survival, drafts))
     f = _fields(p, _binding.PlannerParams)
     plan = plan[0]
     want = dict(survival=survival.data_ptr(), survival_stride=9, drafts=drafts.data_ptr(), num_reqs=R, max_drafts=K,
+                conf=None, conf_stride=0, survival_out=None,
                 mode=2, fixed_budget=0, budget_in=budget.data_ptr(), min_verify=2, max_verify=6, extra_tokens=17,
                 extra_emitting=19, budget_cap=min(R * 6, 300 - R - 17, 61 - R), verify_cost=None, verify_cost_len=0,
                 context_lens=ctx.data_ptr(), block_table=bt.data_ptr(), block_table_stride=13, max_blocks=13,
@@ -108,10 +109,24 @@ def test_planner_fields_by_name(monkeypatch):
     assert f == want
 
 
+def test_planner_confidence_fields_by_name(monkeypatch):
+    """plan_verification(conf=...): the kernel reads the confidences and writes survival_out, which is also the
+    survival it plans on (contiguous, stride K)."""
+    R, K = 5, 7
+    conf = torch.rand(R, 12)[:, :K]  # row stride 12
+    drafts = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32)
+    buf = torch.empty(R, K)
+    p, _ = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                     lambda: (av.plan_verification(None, drafts, mode="all", conf=conf, survival_out=buf), conf))
+    f = _fields(p, _binding.PlannerParams)
+    assert (f["conf"], f["conf_stride"], f["survival_out"]) == (conf.data_ptr(), 12, buf.data_ptr())
+    assert (f["survival"], f["survival_stride"]) == (buf.data_ptr(), K)
+
+
 def test_survival_fields_by_name(monkeypatch):
     conf = torch.rand(6, 10)[:, :4]
     drafts = torch.tensor([4, 3, 2, 1, 0, 4], dtype=torch.int32)
-    p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.ops", _binding.SurvivalParams,
+    p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.survival", _binding.SurvivalParams,
                              lambda: (av.prefix_survival(conf, drafts), conf, drafts))
     assert _fields(p, _binding.SurvivalParams) == dict(
         conf=conf.data_ptr(), conf_stride=10, drafts=drafts.data_ptr(), num_reqs=6, max_drafts=4, survival=out.data_ptr(),
@@ -133,14 +148,28 @@ def test_rejection_and_sample_fields_by_name(monkeypatch):
         logits=logits.data_ptr(), logits_stride=17, dtype=0, num_tokens=T, vocab=V, query_start_loc=qsl.data_ptr(),
         draft_tokens=drafts.data_ptr(), draft_tokens_stride=6, draft_tokens_int64=1, draft_probs=probs.data_ptr(),
         draft_probs_stride_r=K * V, draft_probs_stride_k=V, temperature=temperature.data_ptr(),
-        seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R, max_drafts=K,
-        output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(),
+        seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R, max_drafts=K, top_k=None, top_p=None,
+        min_p=None, output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(), logprobs=None,
         error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None, workspace_bytes=0)
+    top_k, top_p, min_p = torch.tensor([1, 0, 3], dtype=torch.int32), torch.full((R,), 0.5), torch.zeros(R)
+    p, (_, _, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.RejectionParams,
+                               lambda: av.rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds,
+                                                           top_k=top_k, top_p=top_p, min_p=min_p, logprobs=True))
+    f = _fields(p, _binding.RejectionParams)
+    assert (f["top_k"], f["top_p"], f["min_p"], f["logprobs"]) == (top_k.data_ptr(), top_p.data_ptr(),
+                                                                   min_p.data_ptr(), lps.data_ptr())
     p, out = _captured(monkeypatch, "adaptive_verify.sampling", _binding.SampleParams,
                        lambda: av.sample(logits, temperature.repeat(3), seeds.repeat(3), 43))
     assert _fields(p, _binding.SampleParams)["logits_stride"] == 17
     f = _fields(p, _binding.SampleParams)
     assert (f["vocab"], f["num_rows"], f["offset"], f["tokens"]) == (V, T, 43, out.data_ptr())
+    k9, p9, m9 = torch.full((T,), 2, dtype=torch.int32), torch.full((T,), 0.9), torch.full((T,), 0.1)
+    p, (out, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.SampleParams,
+                              lambda: av.sample(logits, temperature.repeat(3), seeds.repeat(3), 43, top_k=k9,
+                                                top_p=p9, min_p=m9, logprobs=True))
+    f = _fields(p, _binding.SampleParams)
+    assert (f["top_k"], f["top_p"], f["min_p"], f["tokens"], f["logprobs"]) == (
+        k9.data_ptr(), p9.data_ptr(), m9.data_ptr(), out.data_ptr(), lps.data_ptr())
 
 
 def test_attention_and_write_kv_fields_by_name(monkeypatch):

@@ -11,6 +11,7 @@ Three layers:
   registration (opcheck) and torch.compile.
 """
 
+import dataclasses
 import math
 import warnings
 
@@ -24,7 +25,8 @@ import adaptive_verify as av
 from adaptive_verify import errors as av_errors
 from adaptive_verify import reference as ref
 from adaptive_verify.planner import VerifyPlan, resolve_plan_args
-from adaptive_verify.planner.ops import _present, _warned_global, pack_plan_args
+from adaptive_verify.planner.launch import pack_plan_args
+from adaptive_verify.planner.ops import _present, _warned_global
 
 FIXED_ONE = 2**32
 SENTINEL = 12345
@@ -788,12 +790,12 @@ def test_bad_out_buffers(field, shape):
     out = VerifyPlan.allocate(2, 8, positions=True, slot_mapping=True, input_ids=True)  # default T_pad = 8
     _plan(out=out, **kwargs)  # the good buffers work
     bad = getattr(out, field)
-    setattr(out, field, torch.zeros(shape, dtype=bad.dtype))
     with pytest.raises(ValueError, match=rf"out\.{field}"):
-        _plan(out=out, **kwargs)
-    setattr(out, field, bad.to(torch.float64))
+        _plan(out=dataclasses.replace(out, **{field: torch.zeros(shape, dtype=bad.dtype)}), **kwargs)
     with pytest.raises(TypeError, match=rf"out\.{field}"):
-        _plan(out=out, **kwargs)
+        _plan(out=dataclasses.replace(out, **{field: bad.to(torch.float64)}), **kwargs)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # a plan's buffers are fixed: the planner relies on it
+        setattr(out, field, bad)
 
 
 def test_out_missing_buffers_and_wrong_type():

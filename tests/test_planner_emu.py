@@ -10,11 +10,14 @@ import importlib
 import warnings
 
 import pytest
+import torch
 
+import adaptive_verify as av
 import emu_build
+from adaptive_verify import errors as av_errors
 from test_planner_cuda import _assert_same, _cost_table, _plan, matches_cpu_cases, stress_cases
 
-ops_module = importlib.import_module("adaptive_verify.planner.ops")
+ops_module = importlib.import_module("adaptive_verify.planner.launch")  # every planner launch passes there
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +62,28 @@ def test_emulated_kernel_matches_cpu_stress(kind, R, K, mode, emulated):
     """Survivals that stress the buckets (one value everywhere, a tight cluster, values outside [0, 1]), with
     min/max verify and a capacity."""
     _compare(_cost_table(), stress_cases(kind, R, K, mode), emulated)
+
+
+@pytest.mark.parametrize("R,K", [(1, 1), (83, 7), (256, 8), (1200, 16)])
+@pytest.mark.parametrize("mode", ["greedy", "fixed"])
+def test_emulated_kernel_plans_from_confidences(R, K, mode, emulated):
+    """plan_verification(conf=...): the kernel's survival prologue (the block's threads write rows, then a barrier
+    before the walk reads them) gives the CPU kernel's survival bits, plan and NaN counts."""
+    g = torch.Generator().manual_seed(R * 31 + K)
+    conf = torch.rand(R, K, generator=g) * 0.6 + 0.4
+    conf[torch.rand(R, K, generator=g) < 0.03] = float("nan")
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    kw = dict(mode=mode, min_verify=1, extra_tokens=3)
+    if mode == "fixed":
+        kw["budget"] = R * K // 3
+    ct = _cost_table()
+    results = []
+    for runner in (lambda fn: fn(), emulated):
+        av_errors.reset_error_counts()
+        survival = torch.full((R, K), -1.0)
+        plan = runner(lambda: av.plan_verification(None, drafts, ct, conf=conf, survival_out=survival, **kw))
+        results.append((plan, survival, av_errors.error_counts()))
+    (cpu, cpu_s, cpu_err), (emu, emu_s, emu_err) = results
+    _assert_same(cpu, emu, "conf=")
+    assert torch.equal(cpu_s, emu_s) and cpu_err == emu_err
+    av_errors.reset_error_counts()

@@ -923,6 +923,16 @@ def test_sampling_custom_ops_pass_opcheck():
     out = (torch.empty(3, 5, dtype=torch.int32), torch.empty(3, dtype=torch.int32))
     for probs, offset in ((None, None), (q, torch.tensor(5, dtype=torch.int64))):
         torch.library.opcheck(torch.ops.adaptive_verify.rejection_sample_into.default,
-                              (logits, qsl, drafts, probs, temperature, seeds, offset, out[0], out[1], err, 3, 0))
+                              (logits, qsl, drafts, probs, temperature, seeds, offset, None, None, None, out[0], out[1],
+                               None, err, 3, 0))
+    trunc = (torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([1.0, 0.5, 0.9]), torch.tensor([0.0, 0.1, 0.0]))
+    torch.library.opcheck(torch.ops.adaptive_verify.rejection_sample_into.default,
+                          (logits, qsl, drafts, q, temperature, seeds, None, *trunc, out[0], out[1],
+                           torch.empty(3, 5), err, 3, 0))
     torch.library.opcheck(torch.ops.adaptive_verify.sample_into.default,
-                          (logits, torch.ones(9), torch.arange(9), None, torch.empty(9, dtype=torch.int32), err, 0, 0))
+                          (logits, torch.ones(9), torch.arange(9), None, None, None, None, torch.empty(9, dtype=torch.int32),
+                           None, err, 0, 0))
+    torch.library.opcheck(torch.ops.adaptive_verify.sample_into.default,
+                          (logits, torch.ones(9), torch.arange(9), None, torch.full((9,), 3, dtype=torch.int32),
+                           torch.full((9,), 0.8), torch.full((9,), 0.05), torch.empty(9, dtype=torch.int32),
+                           torch.empty(9), err, 0, 0))

@@ -159,6 +159,34 @@ def test_rejection_sample_in_a_cuda_graph_with_device_offset(kernel):
         assert torch.equal(out[0].cpu(), want[0]) and torch.equal(out[1].cpu(), want[1])
 
 
+@cuda_test
+@pytest.mark.parametrize("V", [7, 32003, 151936])
+@pytest.mark.parametrize("probs", [False, True])
+def test_rejection_sample_cuda_truncation_and_logprobs(kernel, V, probs):
+    """top_k / top_p / min_p (valid values; the CPU checks them) and logprobs: CUDA == CPU, both cuda_kernel names
+    (truncation runs v1 whatever was chosen), then in a CUDA graph."""
+    R, K = 24, 4
+    logits, qsl, drafts, q, temperature, seeds = _batch(R, K, V, torch.bfloat16, V + 7 * probs, probs)
+    g = torch.Generator().manual_seed(V)
+    kw = dict(draft_probs=q, temperature=temperature, seeds=seeds, offset=9, logprobs=True,
+              top_k=torch.tensor([0, 1, 5, 50])[torch.randint(0, 4, (R,), generator=g)].to(torch.int32),
+              top_p=torch.tensor([1.0, 0.95, 0.6, 0.1])[torch.randint(0, 4, (R,), generator=g)],
+              min_p=torch.tensor([0.0, 0.05, 0.3])[torch.randint(0, 3, (R,), generator=g)])
+    cpu = av.rejection_sample(logits, qsl, drafts, **kw)
+    gpu = av.rejection_sample(logits.cuda(), qsl.cuda(), drafts.cuda(), **_cuda(kw))
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(a, b.cpu())
+    dev = _cuda(dict(logits=logits, qsl=qsl, drafts=drafts, **kw))
+    out = tuple(torch.empty_like(t) for t in gpu)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        av.rejection_sample(dev.pop("logits"), dev.pop("qsl"), dev.pop("drafts"), out=out, **dev)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(cpu, out):
+        assert torch.equal(a, b.cpu())
+
+
 @pytest.mark.parametrize("value", ["v3", "", "V2", 1])
 def test_bad_sampler_kernel_names_the_argument(monkeypatch, value):
     logits = torch.randn(3, 10)

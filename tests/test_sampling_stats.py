@@ -13,6 +13,7 @@ import torch
 from scipy import stats
 
 import adaptive_verify as av
+from adaptive_verify import reference as ref
 
 ALPHA = 1e-3  # a lossless sampler must give a chi-square p-value above this
 N = 2**17  # draws per case (131072 >= 10^5)
@@ -27,6 +28,9 @@ def _chi2_pvalue(tokens, p):
     """Chi-square p-value of integer `tokens` against probabilities `p` [C] (bins expecting < 5 merged)."""
     counts = torch.bincount(tokens, minlength=p.numel()).double()
     expected = p * tokens.numel()
+    if bool((counts[p == 0] > 0).any()):  # a token the law never emits: as far from it as can be
+        return 0.0
+    counts, expected = counts[p > 0], expected[p > 0]
     small = expected < 5
     if bool(small.any()):
         counts = torch.cat([counts[~small], counts[small].sum().reshape(1)])
@@ -40,13 +44,14 @@ def _tv(tokens, p):
     return 0.5 * (freq - p).abs().sum().item()
 
 
-def _case(V, K, T, L, probs, seed, next_depends_on_draft=False):
+def _case(V, K, T, L, probs, seed, next_depends_on_draft=False, trunc=None):
     """Runs N requests; request r verifies L[r] drafts.
 
     Row j of request r has logits P[j] (float32 [V]), except that with next_depends_on_draft row 1 has
     logits P1[x0], x0 = the request's draft 0 (the target's next-token law after x0). Draft j ~ Q[j], or
     ~ Q1[x0] for j = 1 with next_depends_on_draft. probs: "full" passes draft_probs (the law each draft was
     sampled from), "one-hot" passes none (drafts taken without a distribution).
+    trunc: sampling parameters (top_k / top_p / min_p: one value for every request).
     Returns (output_tokens, num_emitted, drafts, tables).
     """
     g = torch.Generator().manual_seed(seed)
@@ -71,9 +76,11 @@ def _case(V, K, T, L, probs, seed, next_depends_on_draft=False):
         draft_probs = Q.expand(N, K, V).clone()
         if next_depends_on_draft:
             draft_probs[:, 1] = Q1[drafts[:, 0]]
+    per_request = {k: torch.full((N,), v, dtype=torch.int32 if k == "top_k" else torch.float32)
+                   for k, v in (trunc or {}).items()}
     tokens, emitted = av.rejection_sample(
         logits, qsl, drafts.to(torch.int32), draft_probs=draft_probs, temperature=torch.full((N,), float(T)),
-        seeds=torch.arange(N, dtype=torch.int64) * 7919 + seed, offset=OFFSET)
+        seeds=torch.arange(N, dtype=torch.int64) * 7919 + seed, offset=OFFSET, **per_request)
     assert bool((emitted >= 1).all()) and bool((emitted <= q_len).all())
     return tokens, emitted, drafts, dict(P=P, Q=Q, P1=P1, Q1=Q1)
 
@@ -192,3 +199,59 @@ def test_identical_unseeded_requests_draw_independent_streams(probs):
     torch.manual_seed(99)
     b = av.rejection_sample(logits, qsl, drafts, draft_probs=draft_probs, temperature=torch.ones(R))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# ------------------------------------------------------------------------------------------------------
+# sampling parameters: the target is the truncated, renormalised softmax
+# ------------------------------------------------------------------------------------------------------
+
+TRUNCATIONS = [dict(top_k=5), dict(top_p=0.7), dict(min_p=0.25), dict(top_k=8, top_p=0.8),
+               dict(top_p=0.9, min_p=0.1), dict(top_k=6, top_p=0.85, min_p=0.05)]
+
+
+def _truncated_probs(logits, T, trunc):
+    keep = ref.kept_tokens(logits.float() / T, **trunc)
+    p = torch.where(keep, _probs(logits, T), torch.zeros((), dtype=torch.float64))
+    return p / p.sum(), keep
+
+
+@pytest.mark.parametrize("probs", ["one-hot", "full"])
+@pytest.mark.parametrize("trunc", TRUNCATIONS, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+def test_first_token_follows_the_truncated_target(probs, trunc):
+    """Drafts come from a law that also proposes tokens outside the kept set; the first emitted token follows
+    softmax restricted to the kept set, renormalised, and never leaves it."""
+    V, K, T = 24, 1, 2.0  # a flat enough target that every filter keeps several tokens
+    tokens, emitted, drafts, t = _case(V, K, T, torch.ones(N, dtype=torch.int32), probs, seed=40 + len(trunc),
+                                       trunc=trunc)
+    p, keep = _truncated_probs(t["P"][0], T, trunc)
+    assert 1 < int(keep.sum()) < V, "the case must truncate"
+    first = tokens[:, 0].long()
+    assert bool(keep[first].all())
+    assert _chi2_pvalue(first, p) > ALPHA
+    assert _chi2_pvalue(first, _probs(t["P"][0], T)) < 1e-9  # power: the untruncated target fails
+
+
+def test_second_token_and_bonus_follow_the_truncated_target():
+    V, K, T = 20, 2, 1.0
+    trunc = dict(top_k=7, top_p=0.9)
+    L = torch.randint(0, K + 1, (N,), generator=torch.Generator().manual_seed(50)).int()
+    tokens, emitted, drafts, t = _case(V, K, T, L, "full", seed=51, trunc=trunc)
+    p0, _ = _truncated_probs(t["P"][0], T, trunc)
+    p1, _ = _truncated_probs(t["P"][1], T, trunc)
+    assert _chi2_pvalue(tokens[:, 0].long(), p0) > ALPHA  # accepted, recovered or bonus (L = 0)
+    second = (L >= 1) & (emitted >= 2)
+    assert int(second.sum()) > 10000
+    assert _chi2_pvalue(tokens[second, 1].long(), p1) > ALPHA
+
+
+def test_sample_follows_the_truncated_target():
+    V, T = 30, 1.3
+    g = torch.Generator().manual_seed(60)
+    row = torch.randn(V, generator=g) * 1.5
+    for trunc in TRUNCATIONS[:3]:
+        per_row = {k: torch.full((N,), v, dtype=torch.int32 if k == "top_k" else torch.float32)
+                   for k, v in trunc.items()}
+        tokens = av.sample(row.expand(N, V).contiguous(), torch.full((N,), T), torch.arange(N, dtype=torch.int64) + 3,
+                           **per_row)
+        p, _ = _truncated_probs(row, T, trunc)
+        assert _chi2_pvalue(tokens.long(), p) > ALPHA, trunc

@@ -183,6 +183,36 @@ def test_modes(mode):
             assert torch.equal(plan.verify_lens, ref.verify_lens) and budget == drafts.sum()
 
 
+@pytest.mark.parametrize("mode", ["greedy", "global", "lagged"])
+def test_prompt_tokens_are_priced_through_the_shifted_curve(mode):
+    """A prompt chunk in the step prices drafts at their marginal time, cost_table.shifted(extra), not by
+    putting the prompt's time into Theta (extra_tokens=extra), in the live modes and in the lagged budget. The
+    curve makes the two differ, so the test can tell them apart."""
+    ct = av.CostTable.from_points({1: 2.0, 128: 4.0, 256: 40.0}, draft_ms=0.5, max_tokens=256)
+    rng = np.random.default_rng(9)
+    R, extra = 12, 70
+    v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16, mode=mode, verification="onehot")
+    conf, drafts = step_inputs(rng, R)
+    drafts[:] = K
+    budget, _ = v.plan_budget(R, drafts, extra)
+    v.record_confidence(conf)
+    d = torch.from_numpy(drafts.astype(np.int32))
+    plan = v.plan(conf, d, budget=budget, extra_tokens=extra)
+    s = av.prefix_survival(conf, d)
+    shifted = av.plan_verification(s, d, ct.shifted(extra), mode="global" if mode == "lagged" else mode,
+                                   capacity=256 - extra, verification="onehot")
+    diluted = av.plan_verification(s, d, ct, mode="global" if mode == "lagged" else mode, extra_tokens=extra,
+                                   capacity=256, verification="onehot")
+    assert int(shifted.budget) != int(diluted.budget)
+    if mode != "lagged":
+        assert torch.equal(plan.verify_lens[:R], shifted.verify_lens)
+    else:  # the first step's lagged budget ranks the prior (survival 1): every candidate that fits
+        assert budget == lagged_reference(ct, torch.ones(R, K), drafts, extra=extra)
+        conf2, _ = step_inputs(rng, R)
+        b2, _ = v.plan_budget(R, drafts, extra)
+        assert b2 == lagged_reference(ct, conf, drafts, extra=extra)
+
+
 def test_metrics_against_a_slow_recomputation():
     ct = table()
     v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)

@@ -25,13 +25,15 @@ void register_sampling(py::module_& m) {
       AV_FIELD(J, query_start_loc), AV_FIELD(J, draft_tokens), AV_FIELD(J, draft_tokens_stride),
       AV_FIELD(J, draft_tokens_int64), AV_FIELD(J, draft_probs), AV_FIELD(J, draft_probs_stride_r),
       AV_FIELD(J, draft_probs_stride_k), AV_FIELD(J, temperature), AV_FIELD(J, seeds), AV_FIELD(J, offset),
-      AV_FIELD(J, offset_ptr), AV_FIELD(J, num_reqs), AV_FIELD(J, max_drafts), AV_FIELD(J, output_tokens),
-      AV_FIELD(J, num_emitted), AV_FIELD(J, error_counts), AV_FIELD(J, kernel), AV_FIELD(J, workspace),
+      AV_FIELD(J, offset_ptr), AV_FIELD(J, num_reqs), AV_FIELD(J, max_drafts), AV_FIELD(J, top_k),
+      AV_FIELD(J, top_p), AV_FIELD(J, min_p), AV_FIELD(J, output_tokens), AV_FIELD(J, num_emitted),
+      AV_FIELD(J, logprobs), AV_FIELD(J, error_counts), AV_FIELD(J, kernel), AV_FIELD(J, workspace),
       AV_FIELD(J, workspace_bytes)});
   m.attr("SAMPLE_PARAMS") = struct_layout<S>({
       AV_FIELD(S, logits), AV_FIELD(S, logits_stride), AV_FIELD(S, dtype), AV_FIELD(S, vocab), AV_FIELD(S, num_rows),
-      AV_FIELD(S, temperature), AV_FIELD(S, seeds), AV_FIELD(S, offset), AV_FIELD(S, offset_ptr), AV_FIELD(S, tokens),
-      AV_FIELD(S, error_counts), AV_FIELD(S, kernel), AV_FIELD(S, workspace), AV_FIELD(S, workspace_bytes)});
+      AV_FIELD(S, temperature), AV_FIELD(S, seeds), AV_FIELD(S, offset), AV_FIELD(S, offset_ptr), AV_FIELD(S, top_k),
+      AV_FIELD(S, top_p), AV_FIELD(S, min_p), AV_FIELD(S, tokens), AV_FIELD(S, logprobs), AV_FIELD(S, error_counts),
+      AV_FIELD(S, kernel), AV_FIELD(S, workspace), AV_FIELD(S, workspace_bytes)});
 }
 
 }  // namespace bindings

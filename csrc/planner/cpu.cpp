@@ -36,23 +36,12 @@ namespace adaptive_verify {
 namespace planner {
 
 int prefix_survival_cpu(const SurvivalParams& p) {
+  for (int32_t r = 0; r < p.num_reqs; ++r)
+    if (p.drafts[r] < 0 || p.drafts[r] > p.max_drafts) return kErrDraftsOutOfRange;  // before any output
   int32_t nan_count = 0;
-  for (int32_t r = 0; r < p.num_reqs; ++r) {
-    const int32_t d = p.drafts[r];
-    if (d < 0 || d > p.max_drafts) return kErrDraftsOutOfRange;
-    const float* row = p.conf + int64_t(r) * p.conf_stride;
-    float* out = p.survival + int64_t(r) * p.max_drafts;
-    float a = 1.f;
-    for (int32_t j = 0; j < p.max_drafts; ++j) {
-      if (j < d) {
-        if (row[j] != row[j]) ++nan_count;
-        a = a * sanitize(row[j]);
-        out[j] = a;
-      } else {
-        out[j] = 0.f;
-      }
-    }
-  }
+  for (int32_t r = 0; r < p.num_reqs; ++r)
+    nan_count += survival_row(p.conf + int64_t(r) * p.conf_stride, p.drafts[r], p.max_drafts,
+                              p.survival + int64_t(r) * p.max_drafts);
   if (nan_count && p.error_counts) p.error_counts[kCountNanSurvival] += nan_count;
   return kOk;
 }

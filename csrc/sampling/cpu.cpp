@@ -24,38 +24,69 @@ struct CpuRows {
     return best.id < 0 ? 0 : best.id;
   }
 
-  float max_scaled(const T* row, int64_t V, float temp) const {
+  float max_scaled(const T* row, int64_t V, float temp, bool count) const {
     ScaledMax mx;
     for (int64_t v = 0; v < V; ++v) mx.push(fdiv(to_float(row[v]), temp));
-    count_nan(mx.nan);
+    if (count) count_nan(mx.nan);
     return mx.m;
   }
 
-  int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) const {
-    RaceBest best{max_scaled(row, V, temp) - kRaceWindow, RaceUniforms{rng, j, stream}};
+  int64_t race(const T* row, int64_t V, float temp, float m, const Rng& rng, int32_t j, uint32_t stream,
+               uint64_t limit) const {
+    RaceBest best{m - kRaceWindow, RaceUniforms{rng, j, stream}, limit};
     for (int64_t v = 0; v < V; ++v) best.push(fdiv(to_float(row[v]), temp), v);
     return best.id < 0 ? 0 : best.id;
   }
 
-  SoftmaxStats softmax_stats(const T* row, int64_t V, float temp) const {
-    const float m = max_scaled(row, V, temp);
+  int64_t sampled(const T* row, int64_t V, float temp, const Truncation& t, const Rng& rng, int32_t j,
+                  uint32_t stream) {
+    return truncated_race<T>(*this, row, V, temp, t, rng, j, stream);
+  }
+
+  // One level of a selection (algorithm.h, RankHist).
+  const RankHist& rank_histogram(const T* row, int64_t V, float temp, float m, uint64_t limit, uint64_t prefix,
+                                 int shift, bool with_mass) {
+    for (int b = 0; b < 256; ++b) {
+      hist.count[b] = 0;
+      hist.mass[b] = 0;
+      hist.lo[b] = ~0ull;
+      hist.hi[b] = 0;
+    }
+    for (int64_t v = 0; v < V; ++v) {
+      uint64_t key, mass;
+      const int b = rank_bucket(fdiv(to_float(row[v]), temp), v, m, limit, prefix, shift, with_mass, &key, &mass);
+      if (b < 0) continue;
+      hist.count[b] += 1;
+      hist.mass[b] += mass;
+      hist.lo[b] = key < hist.lo[b] ? key : hist.lo[b];
+      hist.hi[b] = key > hist.hi[b] ? key : hist.hi[b];
+    }
+    return hist;
+  }
+
+  // Softmax max (given) and the canonical sum over the kept tokens.
+  SoftmaxStats softmax_stats(const T* row, int64_t V, float temp, float m, uint64_t limit) const {
     float lanes[kLanes] = {};
-    for (int64_t v = 0; v < V; ++v)  // lane v % kLanes adds its terms in increasing v: the canonical order
-      lanes[v % kLanes] = fadd(lanes[v % kLanes], av_exp(fsub(fdiv(to_float(row[v]), temp), m)));
+    for (int64_t v = 0; v < V; ++v) {  // lane v % kLanes adds its terms in increasing v: the canonical order
+      const float z = fdiv(to_float(row[v]), temp);
+      if (kept(z, v, limit)) lanes[v % kLanes] = fadd(lanes[v % kLanes], av_exp(fsub(z, m)));
+    }
     for (int s = kLanes / 2; s >= 1; s /= 2)
       for (int l = 0; l < s; ++l) lanes[l] = fadd(lanes[l], lanes[l + s]);
     return SoftmaxStats{m, lanes[0]};
   }
 
-  // argmax_v max(p_v - q_v, 0) / E_v; when every weight is 0, argmax_v p_v / E_v.
+  // argmax_v max(p_v - q_v, 0) / E_v over the kept tokens; when every weight is 0, argmax_v p_v / E_v.
   int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
-                        const Rng& rng, int32_t j) const {
+                        const Rng& rng, int32_t j, uint64_t limit) const {
     if (!(st.max > -INFINITY)) return 0;
     ResidualBest best;
     RaceUniforms u{rng, j, kRace};
-    for (int64_t v = 0; v < V; ++v) best.push(to_float(row[v]), q[v], temp, st, u, v);
+    for (int64_t v = 0; v < V; ++v) best.push(to_float(row[v]), q[v], temp, st, u, v, limit);
     return best.id_w >= 0 ? best.id_w : (best.id_p >= 0 ? best.id_p : 0);
   }
+
+  RankHist hist;
 };
 
 template <typename Fn>
@@ -68,7 +99,7 @@ int dispatch(int32_t dtype, Fn&& fn) {
 int rejection_sample_cpu(const RejectionParams& p) {
   return dispatch(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    CpuRows<T> rows{p.error_counts};
+    CpuRows<T> rows{p.error_counts, {}};
     for (int32_t r = 0; r < p.num_reqs; ++r) rejection_request<T>(p, r, rows, true);
   });
 }
@@ -76,14 +107,8 @@ int rejection_sample_cpu(const RejectionParams& p) {
 int sample_cpu(const SampleParams& p) {
   return dispatch(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    CpuRows<T> rows{p.error_counts};
-    const uint64_t offset = p.offset_ptr != nullptr ? uint64_t(*p.offset_ptr) : p.offset;
-    for (int32_t i = 0; i < p.num_rows; ++i) {
-      const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
-      const float temp = p.temperature != nullptr ? p.temperature[i] : 0.f;
-      const Rng rng{p.seeds != nullptr ? uint64_t(p.seeds[i]) : 0ull, offset};
-      p.tokens[i] = int32_t(temp > 0.f ? rows.race(row, p.vocab, temp, rng, 0, kSample) : rows.argmax(row, p.vocab));
-    }
+    CpuRows<T> rows{p.error_counts, {}};
+    for (int32_t i = 0; i < p.num_rows; ++i) sample_row<T>(p, i, rows, true);
   });
 }
 

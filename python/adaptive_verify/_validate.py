@@ -52,8 +52,18 @@ def run_op(custom_op, launch, *args) -> None:
         launch(*args)
 
 
+# The current stream's raw handle in one C call (what torch.compile's generated code uses); CPU builds lack it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_of(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    """The current CUDA stream of ``device`` as an integer handle (0 on CPU)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def ptr(t) -> int:

@@ -2,6 +2,7 @@
 
     adaptive-verify bench planner [options]     planner microbenchmark (CPU; CUDA too when available)
     adaptive-verify bench confidence [options]  confidence-head microbenchmark
+    adaptive-verify bench overhead [options]    host time per call: public op vs raw extension call vs torch
     adaptive-verify bench sampling [options]    rejection-sampling microbenchmark
     adaptive-verify bench attention [options]   verification attention (CPU kernel for now) vs padded SDPA
     adaptive-verify bench verifier [options]    AdaptiveVerifier host cost per step, lagged-budget regret
@@ -23,6 +24,7 @@ from typing import Optional
 BENCHMARKS = {
     "attention": "adaptive_verify.bench.attention",
     "confidence": "adaptive_verify.bench.confidence",
+    "overhead": "adaptive_verify.bench.overhead",
     "planner": "adaptive_verify.bench.planner",
     "sampling": "adaptive_verify.bench.sampling",
     "verifier": "adaptive_verify.bench.verifier",

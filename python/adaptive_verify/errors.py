@@ -30,6 +30,9 @@ COUNTER_NAMES = (
     # rejection_sample: q_len < 0 or rows past T (padding), q_len > K + 1 (clamped); verify_attention on CUDA:
     # a request whose lengths are invalid (q_len > max_query_len, seq_lens < q_len, ...) is made padding.
     "query_len_out_of_range",
+    # rejection_sample / sample on CUDA: top_k < 0, top_p outside (0, 1] or min_p outside [0, 1] (or NaN): that
+    # filter is off for the request (the CPU raises ValueError).
+    "sampling_param_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

@@ -196,37 +196,38 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     token_req[:total] = tr
     offset = torch.arange(total, device=dev) - (qsl[tr].long() - a.token_offset)  # 0 = anchor
 
-    plan = VerifyPlan(
-        verify_lens=verify_lens,
-        budget=torch.tensor(budget, **i32),
-        expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
-        num_tokens=torch.tensor(a.token_offset + total, **i32),
-        query_start_loc=qsl,
-        token_req=token_req,
-    )
+    extra = {}  # the optional outputs
     if a.context_lens is not None:
         ctx = a.context_lens.long()
-        plan.seq_lens = torch.zeros(Rp, **i32)
-        plan.seq_lens[:R] = (ctx + q_len).to(torch.int32)
+        extra["seq_lens"] = torch.zeros(Rp, **i32)
+        extra["seq_lens"][:R] = (ctx + q_len).to(torch.int32)
         p = ctx[tr] + offset
-        plan.positions = torch.zeros(Tp, **i32)
-        plan.positions[:total] = p.to(torch.int32)
+        extra["positions"] = torch.zeros(Tp, **i32)
+        extra["positions"][:total] = p.to(torch.int32)
         if a.block_table is not None:
             blk = p // a.block_size
             ok = (p >= 0) & (blk < a.block_table.shape[1])
             if not bool(ok.all()):
                 raise ValueError("block_table: too few blocks per request for context_lens + q_len positions")
             slot = a.block_table.long()[tr, blk.clamp(0, a.block_table.shape[1] - 1)] * a.block_size + p % a.block_size
-            plan.slot_mapping = torch.full((Tp,), -1, dtype=torch.int64, device=dev)
-            plan.slot_mapping[:total] = slot
+            extra["slot_mapping"] = torch.full((Tp,), -1, dtype=torch.int64, device=dev)
+            extra["slot_mapping"][:total] = slot
     if a.anchor_tokens is not None:
         if a.draft_tokens.shape[1] > 0:
             drafted = a.draft_tokens.long()[tr, (offset - 1).clamp(min=0)]
         else:  # max_verify = 0: every token is an anchor
             drafted = torch.zeros_like(offset)
-        plan.input_ids = torch.zeros(Tp, **i32)
-        plan.input_ids[:total] = torch.where(offset == 0, a.anchor_tokens.long()[tr], drafted).to(torch.int32)
-    return plan
+        extra["input_ids"] = torch.zeros(Tp, **i32)
+        extra["input_ids"][:total] = torch.where(offset == 0, a.anchor_tokens.long()[tr], drafted).to(torch.int32)
+    return VerifyPlan(
+        verify_lens=verify_lens,
+        budget=torch.tensor(budget, **i32),
+        expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
+        num_tokens=torch.tensor(a.token_offset + total, **i32),
+        query_start_loc=qsl,
+        token_req=token_req,
+        **extra,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -424,19 +425,80 @@ def _argmax(x: torch.Tensor) -> int:
     return int(torch.argmax(torch.where(torch.isnan(x), _c(float("-inf")), x)))
 
 
-def _race(z: torch.Tensor, seed, offset, j: int, stream: int) -> int:
-    """Gumbel-max sample of softmax(z): argmax_v z_v - av_log(E_v), E_v = -av_log(u_v)."""
+_FLT_MIN = 1.17549435e-38  # min_p below the smallest normal float is off
+
+
+def kept_tokens(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """bool [V]: the tokens a row keeps under min-p, then top-k, then top-p (vLLM's order), z = logits / T.
+
+    Read by sorting: rank the tokens by z descending, then id ascending (a stable sort of the descending z); NaN
+    is never kept. min-p keeps z_v >= max z + av_log(min_p); top-k the first k of what is left; top-p the
+    first tokens of that up to and including the one where the cumulative mass reaches top_p * M, masses
+    floor(av_exp(z_v - max z) * 2^32) and M their sum (M = 0: top-p keeps everything)."""
+    V = z.numel()
+    # Out-of-range values turn their filter off (what the CUDA kernel does; the CPU path rejects them).
+    top_k = top_k if top_k > 0 else 0
+    top_p = top_p if 0.0 < top_p <= 1.0 else 1.0
+    min_p = min_p if 0.0 <= min_p <= 1.0 else 0.0
+    valid = ~torch.isnan(z)
+    if not bool(valid.any()):
+        return valid
+    m = z[valid].max()
+    if not bool(m > float("-inf")):
+        return valid
+    keep = valid.clone()
+    if min_p >= _FLT_MIN:
+        keep &= z >= _fadd(m, av_log(torch.tensor(min_p, dtype=torch.float32)))
+    zz = torch.where(z == 0, _c(0.0), z)  # -0 ranks as +0
+    order = torch.sort(torch.where(valid, zz, _c(float("-inf"))), descending=True, stable=True).indices
+    ranked = order[keep[order]]
+    if 0 < top_k < V:
+        ranked = ranked[:top_k]
+    if top_p < 1.0:
+        mass = (av_exp(_fsub(z[ranked], m)) * 4294967296.0).to(torch.int64)  # exact scale, truncated
+        total = int(mass.sum())
+        if total > 0:
+            target = float(top_p) * float(total)  # one double rounding, as the kernels
+            before = torch.cumsum(mass, 0) - mass
+            take = before.to(torch.float64) < target
+            take[0] = True
+            ranked = ranked[take]
+    out = torch.zeros(V, dtype=torch.bool)
+    out[ranked] = True
+    return out
+
+
+def _race(z: torch.Tensor, seed, offset, j: int, stream: int, keep=None) -> int:
+    """Gumbel-max sample of softmax(z) over the kept tokens: argmax_v z_v - av_log(E_v), E_v = -av_log(u_v)."""
     E = -av_log(uniforms(seed, offset, j, stream, torch.arange(z.numel())))
-    return _argmax(_fsub(z, av_log(E)))
+    score = _fsub(z, av_log(E))
+    if keep is not None:
+        score = torch.where(keep, score, _c(float("-inf")))
+    return _argmax(score)
 
 
-def _judge_with_probs(z, q, x, seed, offset, j):
-    """(accepted, recovered token) for draft x ~ q judged by logits z / T (float32 [V])."""
+def token_logprob(z: torch.Tensor, tok: int) -> float:
+    """log softmax(z)[tok], untruncated: (z_tok - max z) - av_log(canonical sum of av_exp(z_v - max z))."""
+    valid = ~torch.isnan(z)
+    if not bool(valid.any()):
+        return float("-inf")
+    m = z[valid].max()
+    if not bool(m > float("-inf")):
+        return float("-inf")
+    e = torch.where(valid, av_exp(_fsub(z, m)), _c(0.0))
+    return float(_fsub(_fsub(z[tok], m), av_log(canonical_sum(e))))
+
+
+def _judge_with_probs(z, q, x, seed, offset, j, keep=None):
+    """(accepted, recovered token) for draft x ~ q judged by logits z / T (float32 [V]), the target restricted to
+    the kept tokens."""
     V = z.numel()
     m = torch.where(torch.isnan(z), _c(float("-inf")), z).max()
     if not bool(torch.isfinite(m)):  # no finite logit, or a +inf one: p is 0/0; reject and emit id 0
         return False, 0
-    e = av_exp(_fsub(z, m))
+    if keep is None:
+        keep = ~torch.isnan(z)
+    e = torch.where(keep, av_exp(_fsub(z, m)), _c(0.0))
     p = _fdiv(e, canonical_sum(e))
     if 0 <= x < V and float(q[x]) > 0.0:  # q(x) == 0 (or not a probability) rejects
         u = uniforms(seed, offset, j, _ACCEPT, torch.tensor(0))
@@ -460,16 +522,22 @@ def _seeds_or_fresh(seeds, temperature, n, device):
     return torch.randint(-2**63, 2**63 - 1, (n,), dtype=torch.int64, device=device).cpu()
 
 
+def _param(values, r, default):
+    return default if values is None else values[r]
+
+
 def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_probs=None, temperature=None,
-                     seeds=None, offset=0):
+                     seeds=None, offset=0, top_k=None, top_p=None, min_p=None, logprobs=False):
     """Reference of adaptive_verify.rejection_sample (same arguments, ``out`` excepted).
 
     Request r judges its L[r] = q_len[r] - 1 drafts with rows query_start_loc[r] + j (q_len 0: padding,
     nothing emitted). Greedy (T = 0): accept iff the draft is the argmax. Without draft_probs: one race
-    per row, accept iff it picks the draft, else emit its winner. With draft_probs: accept iff
-    u * q(x) < p(x) (x in [0, V) and q(x) > 0), else emit the residual race argmax max(p - q, 0) / E. Bonus after L accepted drafts:
+    per row over the kept tokens (:func:`kept_tokens`), accept iff it picks the draft, else emit its winner.
+    With draft_probs: p is softmax(z) restricted to the kept tokens; accept iff u * q(x) < p(x) (x in [0, V)
+    and q(x) > 0), else emit the residual race argmax max(p - q, 0) / E. Bonus after L accepted drafts:
     argmax or race of row L. A row with no finite logit emits id 0 (greedy, race and residual alike).
-    Returns (output_tokens [R, K + 1] int32 padded with -1, num_emitted [R] int32).
+    Returns (output_tokens [R, K + 1] int32 padded with -1, num_emitted [R] int32[, logprobs [R, K + 1]
+    float32: :func:`token_logprob` of each emitted token at T (1 when greedy), -inf past num_emitted]).
     """
     R, K = draft_tokens.shape
     logits = target_logits.detach().cpu().to(torch.float32)
@@ -477,15 +545,20 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
     drafts = draft_tokens.cpu().long()
     probs = None if draft_probs is None else draft_probs.detach().cpu().to(torch.float32)
     temps = torch.zeros(R) if temperature is None else temperature.cpu().to(torch.float32)
+    ks = None if top_k is None else top_k.cpu().tolist()
+    ps = None if top_p is None else top_p.cpu().to(torch.float32).tolist()
+    mps = None if min_p is None else min_p.cpu().to(torch.float32).tolist()
     seeds = _seeds_or_fresh(seeds, temperature, R, target_logits.device)
     offset = int(offset)
     out = torch.full((R, K + 1), -1, dtype=torch.int32)
     emitted = torch.zeros(R, dtype=torch.int32)
+    lps = torch.full((R, K + 1), float("-inf"), dtype=torch.float32)
     for r in range(R):
         q_len = qsl[r + 1] - qsl[r]
         if q_len == 0:
             continue
         T, seed = temps[r], seeds[r]
+        trunc = (_param(ks, r, 0), _param(ps, r, 1.0), _param(mps, r, 0.0))
         n = 0
         for j in range(q_len):
             row = logits[qsl[r] + j]
@@ -494,30 +567,50 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
             if float(T) == 0.0:
                 y = _argmax(row)
                 accepted = y == x
-            elif bonus or probs is None:
-                y = _race(_fdiv(row, T), seed, offset, j, _RACE)
-                accepted = y == x
             else:
-                accepted, y = _judge_with_probs(_fdiv(row, T), probs[r, j], x, seed, offset, j)
+                z = _fdiv(row, T)
+                keep = kept_tokens(z, *trunc)
+                if bonus or probs is None:
+                    y = _race(z, seed, offset, j, _RACE, keep)
+                    accepted = y == x
+                else:
+                    accepted, y = _judge_with_probs(z, probs[r, j], x, seed, offset, j, keep)
             out[r, n] = y
+            lps[r, n] = token_logprob(row if float(T) == 0.0 else _fdiv(row, T), y)
             n += 1
             if not accepted:
                 break
         emitted[r] = n
     dev = target_logits.device
+    if logprobs:
+        return out.to(dev), emitted.to(dev), lps.to(dev)
     return out.to(dev), emitted.to(dev)
 
 
-def sample(logits, temperature=None, seeds=None, offset=0):
-    """Reference of adaptive_verify.sample: argmax (T = 0) or a race on stream 2, position 0, per row."""
+def sample(logits, temperature=None, seeds=None, offset=0, *, top_k=None, top_p=None, min_p=None, logprobs=False):
+    """Reference of adaptive_verify.sample: argmax (T = 0) or a race over the kept tokens on stream 2,
+    position 0, per row; with ``logprobs`` also each token's :func:`token_logprob`."""
     N = logits.shape[0]
     x = logits.detach().cpu().to(torch.float32)
     temps = torch.zeros(N) if temperature is None else temperature.cpu().to(torch.float32)
+    ks = None if top_k is None else top_k.cpu().tolist()
+    ps = None if top_p is None else top_p.cpu().to(torch.float32).tolist()
+    mps = None if min_p is None else min_p.cpu().to(torch.float32).tolist()
     seeds = _seeds_or_fresh(seeds, temperature, N, logits.device)
     out = torch.empty(N, dtype=torch.int32)
+    lps = torch.empty(N, dtype=torch.float32)
     for n in range(N):
         T = temps[n]
-        out[n] = _argmax(x[n]) if float(T) == 0.0 else _race(_fdiv(x[n], T), seeds[n], int(offset), 0, _SAMPLE)
+        if float(T) == 0.0:
+            out[n] = _argmax(x[n])
+            lps[n] = token_logprob(x[n], int(out[n]))
+        else:
+            z = _fdiv(x[n], T)
+            keep = kept_tokens(z, _param(ks, n, 0), _param(ps, n, 1.0), _param(mps, n, 0.0))
+            out[n] = _race(z, seeds[n], int(offset), 0, _SAMPLE, keep)
+            lps[n] = token_logprob(z, int(out[n]))
+    if logprobs:
+        return out.to(logits.device), lps.to(logits.device)
     return out.to(logits.device)
 
 

@@ -23,12 +23,27 @@ Random numbers come from Philox4x32-10 keyed by (seed[r], offset, position), not
 batch, so results are reproducible, batch-invariant and CUDA-graph safe (pass ``offset`` as a 0-d int64 device
 tensor and advance it in place between replays).
 
+Sampling parameters (per request, as engines pass them every step): ``top_k`` [R] int32 (0 = off), ``top_p``
+[R] float32 (1.0 = off), ``min_p`` [R] float32 (0 = off). The target is softmax(logits / T) restricted to the
+kept tokens and renormalised, and every emitted token is lossless with respect to it. Filters apply in vLLM's
+order: min-p (p_v >= min_p * p_max), then top-k, then top-p on the top-k set renormalised (the smallest
+prefix whose mass reaches top_p). Ranking is logit descending, then id ascending, so ties at a threshold keep
+the lower ids and top-k keeps exactly k tokens. top-p masses are summed in 32.32 fixed point (exact in any
+order: the CPU and CUDA kernels keep the same set); terms below 2^-32 of the top token's weigh 0. No sort of
+the vocabulary and no probability tensor: each filter is a threshold found by exact histograms over the rank
+key, one pass over the row per 8 bits resolved (csrc/include/adaptive_verify/sampling/algorithm.h). Greedy
+requests ignore them (the argmax is always kept); top_k = 1 at any temperature gives the greedy tokens.
+``logprobs=True`` also returns the log-probability of every emitted token under softmax(logits / T),
+untruncated (T = 1 for greedy requests: the raw logits), -inf past num_emitted. Calls with sampling
+parameters or logprobs run the "v1" CUDA kernel whatever ``cuda_kernel`` says.
+
 Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
 draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
 is clamped to K drafts and q_len < 0 or rows past T make a padding row (``query_len_out_of_range``); NaN
 logits never win (``nan_logits``, once per row read for a decision); a row without any finite logit emits
-id 0. The CPU path raises ValueError for negative
-temperatures; on CUDA a negative or NaN temperature means greedy.
+id 0. The CPU path raises ValueError for negative temperatures and for sampling parameters out of range; on
+CUDA a negative or NaN temperature means greedy, and top_k < 0, top_p outside (0, 1] or min_p outside [0, 1]
+(NaN included) turn that filter off for the request (``sampling_param_out_of_range``).
 """
 from __future__ import annotations
 
@@ -106,6 +121,40 @@ def _check_temperature_values(temperature):
             raise ValueError(f"temperature must be >= 0 (0 = greedy) and not NaN, got {temperature.tolist()}")
 
 
+#: Largest vocabulary with top_p: the fixed-point mass of a row (< V * 2^32) must stay exact in a double.
+MAX_VOCAB_TOP_P = 1 << 21
+
+
+class _Truncation:
+    """Validated per-request sampling parameters (tensors on the device, or None)."""
+
+    __slots__ = ("top_k", "top_p", "min_p")
+
+    def __init__(self, top_k, top_p, min_p):
+        self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
+
+    def any(self) -> bool:
+        return self.top_k is not None or self.top_p is not None or self.min_p is not None
+
+
+def _truncation(top_k, top_p, min_p, n: int, V: int, device) -> _Truncation:
+    if isinstance(top_k, torch.Tensor) and top_k.dtype == torch.int64:
+        top_k = top_k.clamp(-1, 2**31 - 1).to(torch.int32)  # clamp first: no wrap-around into range
+    top_k = _per_request("top_k", top_k, n, device, torch.int32)
+    top_p = _per_request("top_p", top_p, n, device, torch.float32)
+    min_p = _per_request("min_p", min_p, n, device, torch.float32)
+    if top_p is not None and V > MAX_VOCAB_TOP_P:
+        raise ValueError(f"top_p needs a vocabulary of at most {MAX_VOCAB_TOP_P} tokens, got V = {V}")
+    if device.type == "cpu" and not torch.compiler.is_compiling():  # host values: check them (CUDA: counted)
+        if top_k is not None and bool((top_k < 0).any()):
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k.tolist()}")
+        if top_p is not None and not bool(((top_p > 0) & (top_p <= 1)).all()):
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p.tolist()}")
+        if min_p is not None and not bool(((min_p >= 0) & (min_p <= 1)).all()):
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p.tolist()}")
+    return _Truncation(top_k, top_p, min_p)
+
+
 def rejection_sample(
     target_logits: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -115,9 +164,13 @@ def rejection_sample(
     temperature: Optional[torch.Tensor] = None,
     seeds: Optional[torch.Tensor] = None,
     offset: Union[int, torch.Tensor] = 0,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
+    logprobs: bool = False,
     out: Optional[tuple] = None,
     cuda_kernel: Optional[str] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple:
     """Accepts a prefix of each request's verified drafts and emits one more token, losslessly.
 
     Args:
@@ -134,11 +187,15 @@ def rejection_sample(
             unseeded requests passes seeds for all, drawing the unseeded ones' afresh each step (e.g.
             ``torch.randint``), as engines do.
         offset: int or 0-d int64 tensor, advanced by the engine every step.
-        out: (output_tokens [R, K + 1] int32, num_emitted [R] int32) to write into.
+        top_k: [R] int32 (int64 is converted), 0 = off; top_p: [R] float32 in (0, 1], 1 = off; min_p: [R]
+            float32 in [0, 1], 0 = off (module docstring: the truncated target).
+        logprobs: also return logprobs [R, K + 1] float32 (module docstring).
+        out: (output_tokens [R, K + 1] int32, num_emitted [R] int32[, logprobs [R, K + 1] float32]) to write
+            into.
         cuda_kernel: "v1" or "splitv" (see SAMPLER_KERNELS); None takes ``adaptive_verify.sampling.CUDA_KERNEL``.
     Returns:
         output_tokens [R, K + 1] int32 (accepted drafts then the recovered/bonus token, -1 padded) and
-        num_emitted [R] int32.
+        num_emitted [R] int32, then logprobs [R, K + 1] float32 when ``logprobs``.
     """
     kernel = _kernel_id(cuda_kernel)
     device, T, V = logits_shape("target_logits", target_logits)
@@ -150,17 +207,28 @@ def rejection_sample(
         check_tensor("draft_probs", draft_probs, dtypes=(torch.float32,), device=device, shape=(R, K, V))
     temperature = _per_request("temperature", temperature, R, device, torch.float32)
     _check_temperature_values(temperature)
+    trunc = _truncation(top_k, top_p, min_p, R, V, device)
+    if not isinstance(logprobs, bool):
+        raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
+    if trunc.any() or logprobs:
+        kernel = 0  # only the v1 kernel implements them (module docstring)
     seeds = _seeds(seeds, temperature, R, device)
     host_offset, offset_t = _offset(offset, device)
+    n_out = 3 if logprobs else 2
     if out is None:
         out = (torch.empty(R, K + 1, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device))
+        if logprobs:
+            out += (torch.empty(R, K + 1, dtype=torch.float32, device=device),)
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError("out must be a tuple (output_tokens, num_emitted)")
+        if not isinstance(out, (tuple, list)) or len(out) != n_out:
+            raise TypeError("out must be a tuple (output_tokens, num_emitted" + (", logprobs)" if logprobs else ")"))
         check_tensor("out[0] (output_tokens)", out[0], dtypes=(torch.int32,), device=device, shape=(R, K + 1),
                      inner_contiguous=False)
         check_tensor("out[1] (num_emitted)", out[1], dtypes=(torch.int32,), device=device, shape=(R,),
                      inner_contiguous=False)
+        if logprobs:
+            check_tensor("out[2] (logprobs)", out[2], dtypes=(torch.float32,), device=device, shape=(R, K + 1),
+                         inner_contiguous=False)
     if device.type == "cpu" and R > 0 and not torch.compiler.is_compiling():  # (traced: the kernel's safe handling)
         qsl = query_start_loc
         if int(qsl[0]) < 0 or int(qsl[-1]) > T or bool((qsl[1:] < qsl[:-1]).any()):
@@ -168,14 +236,14 @@ def rejection_sample(
         if bool(((qsl[1:] - qsl[:-1]) > K + 1).any()):
             raise ValueError(f"query_start_loc: a request has more than K + 1 = {K + 1} rows")
     err = errors.error_buffer(device)
-    args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, out[0], out[1],
-            err, host_offset, kernel)
+    args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, trunc.top_k,
+            trunc.top_p, trunc.min_p, out[0], out[1], out[2] if logprobs else None, err, host_offset, kernel)
     run_op(_rejection_sample_into, _launch_rejection, *args)
-    return out[0], out[1]
+    return tuple(out)
 
 
 def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t,
-                      output_tokens, num_emitted, err, host_offset, kernel):
+                      top_k, top_p, min_p, output_tokens, num_emitted, logprobs, err, host_offset, kernel):
     p = RejectionParams()
     p.num_tokens, p.vocab = target_logits.shape
     p.num_reqs, p.max_drafts = draft_tokens.shape
@@ -190,20 +258,23 @@ def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs,
         p.draft_probs, p.draft_probs_stride_r, p.draft_probs_stride_k = (draft_probs.data_ptr(), draft_probs.stride(0),
                                                                          draft_probs.stride(1))
     p.temperature, p.seeds, p.offset, p.offset_ptr = ptr(temperature), ptr(seeds), host_offset, ptr(offset_t)
+    p.top_k, p.top_p, p.min_p = ptr(top_k), ptr(top_p), ptr(min_p)
     p.output_tokens, p.num_emitted, p.error_counts = output_tokens.data_ptr(), num_emitted.data_ptr(), err.data_ptr()
+    p.logprobs = ptr(logprobs)
     p.kernel, p.workspace, p.workspace_bytes = kernel, ptr(ws), ws_bytes
     check_status(call(_C.rejection_sample, p, target_logits.is_cuda, stream_of(target_logits.device)),
                  "rejection_sample", target_logits.device)
 
 
 @torch.library.custom_op("adaptive_verify::rejection_sample_into",
-                         mutates_args=("output_tokens", "num_emitted", "error_counts"))
+                         mutates_args=("output_tokens", "num_emitted", "logprobs", "error_counts"))
 def _rejection_sample_into(target_logits: Tensor, query_start_loc: Tensor, draft_tokens: Tensor,
                            draft_probs: Optional[Tensor], temperature: Optional[Tensor], seeds: Optional[Tensor],
-                           offset: Optional[Tensor], output_tokens: Tensor, num_emitted: Tensor, error_counts: Tensor,
-                           host_offset: int, kernel: int) -> None:
-    _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset,
-                      output_tokens, num_emitted, error_counts, host_offset, kernel)
+                           offset: Optional[Tensor], top_k: Optional[Tensor], top_p: Optional[Tensor],
+                           min_p: Optional[Tensor], output_tokens: Tensor, num_emitted: Tensor,
+                           logprobs: Optional[Tensor], error_counts: Tensor, host_offset: int, kernel: int) -> None:
+    _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset, top_k,
+                      top_p, min_p, output_tokens, num_emitted, logprobs, error_counts, host_offset, kernel)
 
 
 @_rejection_sample_into.register_fake
@@ -217,44 +288,69 @@ def sample(
     seeds: Optional[torch.Tensor] = None,
     offset: Union[int, torch.Tensor] = 0,
     *,
-    out: Optional[torch.Tensor] = None,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
+    logprobs: bool = False,
+    out=None,
     cuda_kernel: Optional[str] = None,
-) -> torch.Tensor:
+):
     """One token per row of logits [N, V] (rows without drafts, e.g. prefill completions): argmax where
-    temperature is 0 (or None), else an exponential race on the same generator as rejection_sample
-    (its own stream, so the two never share random numbers). ``seeds`` as in :func:`rejection_sample`
-    (None: unseeded, an independent stream per row). Returns tokens [N] int32."""
+    temperature is 0 (or None), else an exponential race over the row's kept tokens on the same generator as
+    rejection_sample (its own stream, so the two never share random numbers). ``seeds`` as in
+    :func:`rejection_sample` (None: unseeded, an independent stream per row); ``top_k``, ``top_p``, ``min_p``
+    [N] and ``logprobs`` as there. Returns tokens [N] int32, or (tokens, logprobs [N] float32) with
+    ``logprobs``; ``out`` is tokens, or the pair with ``logprobs``."""
     kernel = _kernel_id(cuda_kernel)
     device, N, V = logits_shape("logits", logits)
     temperature = _per_request("temperature", temperature, N, device, torch.float32)
     _check_temperature_values(temperature)
+    trunc = _truncation(top_k, top_p, min_p, N, V, device)
+    if not isinstance(logprobs, bool):
+        raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
+    if trunc.any() or logprobs:
+        kernel = 0
     seeds = _seeds(seeds, temperature, N, device)
     host_offset, offset_t = _offset(offset, device)
     if out is None:
-        out = torch.empty(N, dtype=torch.int32, device=device)
+        tokens = torch.empty(N, dtype=torch.int32, device=device)
+        lp = torch.empty(N, dtype=torch.float32, device=device) if logprobs else None
+    elif logprobs:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError("out must be a tuple (tokens, logprobs) with logprobs=True")
+        tokens, lp = out
+        check_tensor("out[1] (logprobs)", lp, dtypes=(torch.float32,), device=device, shape=(N,),
+                     inner_contiguous=False)
     else:
-        check_tensor("out", out, dtypes=(torch.int32,), device=device, shape=(N,), inner_contiguous=False)
+        tokens, lp = out, None
+    check_tensor("out" if not logprobs else "out[0] (tokens)", tokens, dtypes=(torch.int32,), device=device,
+                 shape=(N,), inner_contiguous=False)
     err = errors.error_buffer(device)
-    run_op(_sample_into, _launch_sample, logits, temperature, seeds, offset_t, out, err, host_offset, kernel)
-    return out
+    run_op(_sample_into, _launch_sample, logits, temperature, seeds, offset_t, trunc.top_k, trunc.top_p, trunc.min_p,
+           tokens, lp, err, host_offset, kernel)
+    return (tokens, lp) if logprobs else tokens
 
 
-def _launch_sample(logits, temperature, seeds, offset_t, out, err, host_offset, kernel):
+def _launch_sample(logits, temperature, seeds, offset_t, top_k, top_p, min_p, out, logprobs, err, host_offset,
+                   kernel):
     p = SampleParams()
     p.num_rows, p.vocab = logits.shape
     p.dtype = DTYPE_CODES[logits.dtype]
     ws, ws_bytes = _workspace(kernel, logits.device, p.dtype, p.vocab, p.num_rows, 0)
     p.logits, p.logits_stride = logits.data_ptr(), logits.stride(0)
     p.temperature, p.seeds, p.offset, p.offset_ptr = ptr(temperature), ptr(seeds), host_offset, ptr(offset_t)
-    p.tokens, p.error_counts = out.data_ptr(), err.data_ptr()
+    p.top_k, p.top_p, p.min_p = ptr(top_k), ptr(top_p), ptr(min_p)
+    p.tokens, p.logprobs, p.error_counts = out.data_ptr(), ptr(logprobs), err.data_ptr()
     p.kernel, p.workspace, p.workspace_bytes = kernel, ptr(ws), ws_bytes
     check_status(call(_C.sample, p, logits.is_cuda, stream_of(logits.device)), "sample", logits.device)
 
 
-@torch.library.custom_op("adaptive_verify::sample_into", mutates_args=("out", "error_counts"))
+@torch.library.custom_op("adaptive_verify::sample_into", mutates_args=("out", "logprobs", "error_counts"))
 def _sample_into(logits: Tensor, temperature: Optional[Tensor], seeds: Optional[Tensor], offset: Optional[Tensor],
-                 out: Tensor, error_counts: Tensor, host_offset: int, kernel: int) -> None:
-    _launch_sample(logits, temperature, seeds, offset, out, error_counts, host_offset, kernel)
+                 top_k: Optional[Tensor], top_p: Optional[Tensor], min_p: Optional[Tensor], out: Tensor,
+                 logprobs: Optional[Tensor], error_counts: Tensor, host_offset: int, kernel: int) -> None:
+    _launch_sample(logits, temperature, seeds, offset, top_k, top_p, min_p, out, logprobs, error_counts, host_offset,
+                   kernel)
 
 
 @_sample_into.register_fake

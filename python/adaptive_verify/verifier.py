@@ -154,6 +154,12 @@ class AdaptiveVerifier:
         self._plans_pinned: dict[tuple, VerifyPlan] = {}
         self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
         self._survival_views: dict[tuple, torch.Tensor] = {}
+        # The lagged budget's host inputs, persistent so that choose_budget sees the same tensors each step
+        # (its remembered call: microseconds of host time): [R, K] stale confidences and [R] drafts per R.
+        self._lag_conf = torch.empty(self.max_reqs * K, dtype=torch.float32)
+        self._lag_drafts = torch.empty(self.max_reqs, dtype=torch.int32)
+        self._lag_budget = torch.empty((), dtype=torch.int32)
+        self._lag_views: dict[int, tuple] = {}
         self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
         self.stats = AcceptanceStats(K, device=self.device)
@@ -260,26 +266,37 @@ class AdaptiveVerifier:
         idx = _host_ints("req_indices", req_indices, None)
         return self._stale(self._indices(idx, idx.shape[0]))
 
-    def _stale(self, idx: np.ndarray) -> np.ndarray:
+    def _stale(self, idx: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        if out is None:
+            out = np.empty((idx.shape[0], self.max_drafts), dtype=np.float32)
         if not self._recorded:
-            return np.full((idx.shape[0], self.max_drafts), self.prior, dtype=np.float32)
+            out.fill(self.prior)
+            return out
         prev = 1 - self._slot  # the slot the last record_confidence wrote
         if self._snap_events[prev] is not None:
             self._snap_events[prev].synchronize()
-        stale = self._snap_np[prev][idx]  # [R, K] (fancy indexing copies)
+        np.take(self._snap_np[prev], idx, axis=0, out=out)  # [R, K]
         new = self._snap_gen[prev][idx] != self._gen[idx]
         if new.any():
-            stale[new] = self.prior
-        return stale
+            out[new] = self.prior
+        return out
+
+    def _lag_inputs(self, R: int) -> tuple:
+        views = self._lag_views.get(R)
+        if views is None:
+            K = self.max_drafts
+            conf, drafts = self._lag_conf[:R * K].view(R, K), self._lag_drafts[:R]
+            views = self._lag_views[R] = (conf, drafts, conf.numpy(), drafts.numpy())
+        return views
 
     def _lagged_budget(self, idx: np.ndarray, drafts: np.ndarray, extra_tokens: int, b_min: int, b_max: int) -> int:
-        stale = torch.from_numpy(self._stale(idx))
-        d = torch.from_numpy(np.minimum(drafts, self.max_drafts).astype(np.int32))
-        survival = planner.prefix_survival(stale, d)
+        conf, d, conf_np, d_np = self._lag_inputs(idx.shape[0])
+        self._stale(idx, out=conf_np)
+        np.minimum(drafts, self.max_drafts, out=d_np, casting="unsafe")
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
-        b = int(planner.choose_budget(survival, d, table, mode="global", min_verify=self.min_verify,
-                                      capacity=self.capacity - extra_tokens))
-        return min(max(b, b_min), b_max)
+        planner.choose_budget(None, d, table, conf=conf, mode="global", min_verify=self.min_verify,
+                              capacity=self.capacity - extra_tokens, out=self._lag_budget)
+        return min(max(int(self._lag_budget), b_min), b_max)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None) -> None:
         """Starts the copy of this step's conf [R, K'] (float32, K' <= K) to pinned host memory for the
@@ -391,17 +408,17 @@ class AdaptiveVerifier:
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
         key = (R, padded_tokens) + wants
         out = self._plan_buffers(key, wants)
-        survival = planner.prefix_survival(conf, drafts, out=self._survival_buffer(R, conf.shape[1]))
+        # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
+        # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
                   draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
-                  capacity=self.capacity - extra_tokens)
+                  capacity=self.capacity - extra_tokens, conf=conf, survival_out=self._survival_buffer(R, conf.shape[1]))
         if self.mode in ("greedy", "global"):
-            plan = planner.plan_verification(survival, drafts, table, mode=self.mode,
-                                             verification=self.verification, **kw)
+            plan = planner.plan_verification(None, drafts, table, mode=self.mode, verification=self.verification, **kw)
         else:
-            plan = planner.plan_verification(survival, drafts, table, mode="fixed", budget=budget, **kw)
+            plan = planner.plan_verification(None, drafts, table, mode="fixed", budget=budget, **kw)
         self._last_plan = plan
         return plan
 

@@ -43,6 +43,7 @@ enum ErrorCounter : int {
   kCountNanConfidence = 4,      // NaN confidences skipped by AcceptanceStats.update
   kCountDraftIdOutOfRange = 5,  // rejection_sample: draft id outside [0, V) (rejected, never an index)
   kCountQueryLenOutOfRange = 6, // rejection_sample: q_len < 0, > K + 1 or rows past T (clamped / padding)
+  kCountSamplingParamOutOfRange = 7,  // top_k < 0, top_p or min_p NaN / outside their range: that filter is off
   kNumErrorCounters = 16,
 };
 

@@ -5,7 +5,9 @@ torch baseline that materialises probabilities the way engines commonly do (soft
 row, gather p(draft), uniforms, residual distributions with the draft zeroed, multinomial for every row,
 first-rejection bookkeeping). Greedy and probabilistic (temperature 1, one-hot drafts). Drafts equal the
 target's argmax with probability 0.75 (greedy) / are the target's most likely token (probabilistic), so
-acceptance is realistic and rows past each request's first rejection need not be read.
+acceptance is realistic and rows past each request's first rejection need not be read. A third mode adds
+the sampling parameters engines pass most (top_k = 50, top_p = 0.9, every request): ours finds each row's kept
+set by exact histograms (no sort); the baseline sorts every verified row, as engines' torch fallbacks do.
 
 The figure that matters: achieved GB/s over the logit bytes that must be read (the rows of each request up
 to and including its last emitted token, once), against a plain copy's bandwidth in the same process.
@@ -72,15 +74,43 @@ def torch_baseline(logits, qsl, drafts, temperature, greedy: bool):
     return out, accepted + 1
 
 
-def bench_one(R, V, greedy, device, min_time_s) -> dict:
+TOP_K, TOP_P = 50, 0.9  # the "top-k/top-p" mode
+
+
+def top_k_top_p_logits(rows, top_k: int, top_p: float):
+    """Engine-style torch truncation: sort each row, mask past the k-th and past the top-p prefix, unsort."""
+    srt, idx = torch.sort(rows.float(), -1, descending=True)
+    srt[..., top_k:] = float("-inf")
+    cum = torch.softmax(srt, -1).cumsum(-1)
+    srt[(cum - torch.softmax(srt, -1)) >= top_p] = float("-inf")
+    return torch.full_like(srt, float("-inf")).scatter(-1, idx, srt)
+
+
+def bench_one(R, V, mode, device, min_time_s) -> dict:
+    greedy, truncated = mode == "greedy", mode == "top-k/top-p"
     logits, qsl, drafts, temperature, seeds = make_inputs(R, V, device, greedy)
     out = (torch.empty(R, K + 1, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device))
-    def ours(kernel="v1"):
-        return rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, out=out, cuda_kernel=kernel)
+    trunc = {}
+    if truncated:
+        trunc = dict(top_k=torch.full((R,), TOP_K, dtype=torch.int32, device=device),
+                     top_p=torch.full((R,), TOP_P, device=device))
 
-    base = lambda: torch_baseline(logits, qsl, drafts, temperature, greedy)  # noqa: E731
+    def ours(kernel="v1"):
+        return rejection_sample(logits, qsl, drafts, temperature=temperature, seeds=seeds, out=out, cuda_kernel=kernel,
+                                **trunc)
+
+    if truncated:
+        base = lambda: torch_baseline(top_k_top_p_logits(logits, TOP_K, TOP_P), qsl, drafts, temperature,  # noqa: E731
+                                      False)
+    else:
+        base = lambda: torch_baseline(logits, qsl, drafts, temperature, greedy)  # noqa: E731
     t_v2, v2_agrees = float("nan"), ""
-    if device.type == "cuda":
+    if device.type == "cuda" and truncated:  # splitv does not implement truncation: v1 runs for both names
+        t_ours = cuda_graph_time_us(ours, calls_per_graph=10, replays=10)
+        from .timing import cuda_time_us
+
+        t_base = cuda_time_us(base, iters=5, warmup=2)
+    elif device.type == "cuda":
         t_ours = cuda_graph_time_us(ours, calls_per_graph=10, replays=10)
         t_v2 = cuda_graph_time_us(lambda: ours("splitv"), calls_per_graph=10, replays=10)
         want = ours()
@@ -100,7 +130,7 @@ def bench_one(R, V, greedy, device, min_time_s) -> dict:
     _, emitted = ours()
     rows_read = int(emitted.sum())
     nbytes = rows_read * V * logits.element_size()
-    return dict(R=R, K=K, V=V, mode="greedy" if greedy else "T=1", mean_emitted=rows_read / R, ours_us=t_ours,
+    return dict(R=R, K=K, V=V, mode=mode, mean_emitted=rows_read / R, ours_us=t_ours,
                 baseline_us=t_base, speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9, mbytes=nbytes / 1e6,
                 v2_us=t_v2, v2_speedup=t_ours / t_v2, v2_gbps=nbytes / (t_v2 * 1e-6) / 1e9, v2_agrees=v2_agrees)
 
@@ -114,7 +144,8 @@ COLUMNS = [("R", "R"), ("K", "K"), ("V", "V"), ("mode", "mode"), ("mean_emitted"
 def run(r_values=R_VALUES, v_values=V_VALUES, *, device: str = "auto", min_time_s: float = 0.2) -> dict:
     dev = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     copy = copy_bandwidth_gbps(dev, nbytes=(1 << 30) if dev.type == "cuda" else (1 << 28))
-    rows = [bench_one(R, V, greedy, dev, min_time_s) for greedy in (True, False) for R in r_values for V in v_values]
+    rows = [bench_one(R, V, mode, dev, min_time_s) for mode in ("greedy", "T=1", "top-k/top-p") for R in r_values
+            for V in v_values]
     for r in rows:
         r["pct_copy"] = 100 * r["gbps"] / copy
         r["v2_pct_copy"] = 100 * r["v2_gbps"] / copy

@@ -33,11 +33,13 @@ Decisions where the design is silent (also in the docstrings below):
   query_start_loc holds. ``num_tokens`` is ``token_offset + sum(q_len)`` (the end of the decode tokens).
 
 Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``args.py`` validation and defaults (and their
-bounds), ``ops.py`` the public ops and their launch. The algorithm itself is written once, in
+bounds), ``survival.py`` prefix_survival, ``ops.py`` choose_budget and plan_verification with their remembered
+calls, ``launch.py`` the kernel struct and the custom op torch.compile traces. The algorithm itself is written once, in
 csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel and the CUDA kernel instantiate it.
 """
 from .args import MODES, PlanArgs, resolve_plan_args
-from .ops import VERIFICATIONS, choose_budget, plan_verification, prefix_survival
+from .ops import VERIFICATIONS, choose_budget, plan_verification
+from .survival import prefix_survival
 from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
 from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX

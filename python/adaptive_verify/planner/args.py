@@ -51,6 +51,7 @@ class PlanArgs:
     token_offset: int
     num_reqs_padded: int
     num_tokens_padded: int
+    conf: Optional[torch.Tensor] = None  # [R, K] float32 confidences: the kernel writes survival from them
 
 
 def _tensor(name, t, *, dtype, device, shape=None, ndim=None, inner_contiguous=False):
@@ -90,24 +91,38 @@ def resolve_plan_args(
     survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
     extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None, anchor_tokens=None,
     draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None, allowed_modes=tuple(MODES),
-    costs=None,
+    costs=None, conf=None, survival_out=None,
 ) -> PlanArgs:
     """Validates every planner argument (errors name the argument) and fills the defaults. ``costs(cost_table,
     R, max_n, device, need_verify) -> (draft_cost, verify_cost)`` looks the cost arrays up (the ops pass a
-    cached lookup; the default asks the table)."""
-    costs = costs or _table_costs
-    R, K, device, drafts = survival_and_drafts(survival, drafts)
+    cached lookup; the default asks the table).
+
+    With ``conf`` ([R, K] confidences) instead of ``survival`` (which must then be None), the kernel computes
+    the survival itself into ``survival_out`` ([R, K] float32 contiguous, allocated when None): PlanArgs.survival
+    is that buffer and PlanArgs.conf the confidences."""
+    if conf is not None:
+        if survival is not None:
+            raise ValueError("pass either survival or conf (confidences), not both")
+        R, K, device, drafts = survival_and_drafts(conf, drafts, name="conf")
+        if survival_out is None:
+            survival_out = torch.empty(R, K, dtype=torch.float32, device=device)
+        else:
+            _tensor("survival_out", survival_out, dtype=torch.float32, device=device, shape=(R, K))
+        survival = survival_out
+    else:
+        if survival is None:
+            raise ValueError("survival is required (or pass conf= to compute it in the same call)")
+        if survival_out is not None:
+            raise ValueError("survival_out is only written with conf= (survival is then computed from it)")
+        R, K, device, drafts = survival_and_drafts(survival, drafts)
     if not isinstance(mode, str) or mode not in allowed_modes:
         raise ValueError(f"mode must be one of {list(allowed_modes)}, got {mode!r}")
     max_verify = K if max_verify is None else check_int("max_verify", max_verify, lo=0, hi=K)
     min_verify = check_int("min_verify", min_verify, lo=0, hi=INT32_MAX)
     if min_verify > max_verify:
         raise ValueError(f"min_verify ({min_verify}) must be <= max_verify ({max_verify})")
-    extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=INT32_MAX)
-    extra_emitting = check_int("extra_emitting", extra_emitting, lo=0, hi=INT32_MAX)
-    token_offset = check_int("token_offset", token_offset, lo=0, hi=INT32_MAX)
 
-    fixed_budget, budget_in = 0, None
+    budget_in = None
     if mode == "fixed":
         if budget is None:
             raise ValueError("budget is required with mode='fixed' (a Python int or a 0-d int32 tensor)")
@@ -115,51 +130,11 @@ def resolve_plan_args(
             if budget.dtype == torch.int64:  # clamp first (no sync) so a huge int64 cannot wrap around
                 budget = budget.clamp(0, INT32_MAX).to(torch.int32)
             budget_in = _tensor("budget", budget, dtype=torch.int32, device=device, shape=())
-        else:
-            # Clamped to [B_min, B_max] later anyway; capping here keeps huge ints in the kernel's int64 field.
-            fixed_budget = min(check_int("budget", budget, lo=0), INT32_MAX)
     elif budget is not None:
         raise ValueError(f"budget is only used with mode='fixed', not mode={mode!r}")
 
-    if cost_table is not None and not isinstance(cost_table, CostTable):
-        raise TypeError(f"cost_table must be an adaptive_verify.CostTable, got {type(cost_table).__name__}")
-    if cost_table is None and mode in ("greedy", "global"):
-        raise ValueError(f"cost_table is required with mode={mode!r}")
-
-    anchors = R + extra_tokens
-    limit = None
-    if cost_table is not None and cost_table.max_tokens is not None:
-        limit = cost_table.max_tokens
-    if capacity is not None:
-        check_int("capacity", capacity, lo=0, hi=INT32_MAX)
-        if limit is not None and capacity > limit:
-            raise ValueError(f"capacity ({capacity}) exceeds cost_table.max_tokens ({limit})")
-        limit = capacity
-    if limit is not None and limit < anchors:
-        raise ValueError(
-            f"capacity ({limit}) is below the R + extra_tokens = {anchors} anchor tokens that every step needs"
-        )
-    budget_cap = R * max_verify
-    if limit is not None:
-        budget_cap = min(budget_cap, limit - anchors)
-
     num_reqs_padded = R if num_reqs_padded is None else check_int("num_reqs_padded", num_reqs_padded, lo=R,
                                                                    hi=MAX_REQS)
-    if num_tokens_padded is None:
-        num_tokens_padded = R + budget_cap
-    num_tokens_padded = check_int("num_tokens_padded", num_tokens_padded, lo=R, hi=MAX_TOKENS)
-    budget_cap = min(budget_cap, num_tokens_padded - R)
-    if token_offset + num_tokens_padded > INT32_MAX:
-        raise ValueError(f"token_offset + num_tokens_padded must fit int32, got {token_offset + num_tokens_padded}")
-
-    need_verify = mode in ("greedy", "global")
-    if need_verify and anchors + budget_cap > MAX_TOKENS_LIMIT:
-        raise ValueError(f"extra_tokens ({extra_tokens}): R + extra_tokens + the largest budget = "
-                         f"{anchors + budget_cap} exceeds the cost curve's limit of {MAX_TOKENS_LIMIT} tokens "
-                         "(pass capacity= or a cost table with max_tokens)")
-    verify_cost, draft_cost = None, 0.0
-    if cost_table is not None:
-        draft_cost, verify_cost = costs(cost_table, R, anchors + budget_cap, device, need_verify)
 
     if context_lens is not None:
         context_lens = int32_tensor("context_lens", context_lens, device, (R,))
@@ -192,14 +167,72 @@ def resolve_plan_args(
                 f"got {tuple(draft_tokens.shape)}"
             )
 
-    return PlanArgs(
-        survival=survival, drafts=drafts, R=R, K=K, device=device, mode=mode, fixed_budget=fixed_budget,
-        budget_in=budget_in, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
-        extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost, draft_cost=draft_cost,
+    a = PlanArgs(
+        survival=survival, drafts=drafts, R=R, K=K, device=device, mode=mode, fixed_budget=0,
+        budget_in=budget_in, min_verify=min_verify, max_verify=max_verify, extra_tokens=0,
+        extra_emitting=0, budget_cap=0, verify_cost=None, draft_cost=0.0,
         context_lens=context_lens, block_table=block_table, block_size=block_size or 0,
-        anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
-        num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
+        anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=0,
+        num_reqs_padded=num_reqs_padded, num_tokens_padded=0, conf=conf,
     )
+    resolve_step(a, cost_table, capacity, num_tokens_padded, costs or _table_costs, budget=budget,
+                 extra_tokens=extra_tokens, extra_emitting=extra_emitting, token_offset=token_offset)
+    return a
+
+
+def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *, budget, extra_tokens,
+                 extra_emitting, token_offset) -> None:
+    """Fills a's per-step fields: the ones a decode loop may change every step (the cost table, e.g. a shifted
+    view per prompt chunk, the capacity, a host budget, the prompt chunk's size, the token offset) and what they
+    decide (B_max, the default T_pad, the cost arrays). The rest of ``a`` is already validated; the ops'
+    remembered calls re-run only this when just these change."""
+    R = a.R
+    if cost_table is not None and not isinstance(cost_table, CostTable):
+        raise TypeError(f"cost_table must be an adaptive_verify.CostTable, got {type(cost_table).__name__}")
+    if cost_table is None and a.mode in ("greedy", "global"):
+        raise ValueError(f"cost_table is required with mode={a.mode!r}")
+    if capacity is not None:
+        check_int("capacity", capacity, lo=0, hi=INT32_MAX)
+        if cost_table is not None and cost_table.max_tokens is not None and capacity > cost_table.max_tokens:
+            raise ValueError(f"capacity ({capacity}) exceeds cost_table.max_tokens ({cost_table.max_tokens})")
+    extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=INT32_MAX)
+    extra_emitting = check_int("extra_emitting", extra_emitting, lo=0, hi=INT32_MAX)
+    token_offset = check_int("token_offset", token_offset, lo=0, hi=INT32_MAX)
+    fixed_budget = 0
+    if a.mode == "fixed" and not isinstance(budget, torch.Tensor):
+        # Clamped to [B_min, B_max] later anyway; capping here keeps huge ints in the kernel's int64 field.
+        fixed_budget = min(check_int("budget", budget, lo=0), INT32_MAX)
+
+    anchors = R + extra_tokens
+    limit = cost_table.max_tokens if cost_table is not None else None
+    if capacity is not None:
+        limit = capacity
+    if limit is not None and limit < anchors:
+        raise ValueError(
+            f"capacity ({limit}) is below the R + extra_tokens = {anchors} anchor tokens that every step needs"
+        )
+    budget_cap = R * a.max_verify
+    if limit is not None:
+        budget_cap = min(budget_cap, limit - anchors)
+    if num_tokens_padded is None:
+        num_tokens_padded = R + budget_cap
+    num_tokens_padded = check_int("num_tokens_padded", num_tokens_padded, lo=R, hi=MAX_TOKENS)
+    budget_cap = min(budget_cap, num_tokens_padded - R)
+    if token_offset + num_tokens_padded > INT32_MAX:
+        raise ValueError(f"token_offset + num_tokens_padded must fit int32, got {token_offset + num_tokens_padded}")
+
+    need_verify = a.mode in ("greedy", "global")
+    if need_verify and anchors + budget_cap > MAX_TOKENS_LIMIT:
+        raise ValueError(f"extra_tokens ({extra_tokens}): R + extra_tokens + the largest budget = "
+                         f"{anchors + budget_cap} exceeds the cost curve's limit of {MAX_TOKENS_LIMIT} tokens "
+                         "(pass capacity= or a cost table with max_tokens)")
+    verify_cost, draft_cost = None, 0.0
+    if cost_table is not None:
+        draft_cost, verify_cost = costs(cost_table, R, anchors + budget_cap, a.device, need_verify)
+    a.fixed_budget, a.extra_tokens, a.extra_emitting, a.token_offset = fixed_budget, extra_tokens, extra_emitting, \
+        token_offset
+    a.budget_cap, a.num_tokens_padded, a.verify_cost, a.draft_cost = budget_cap, num_tokens_padded, verify_cost, \
+        draft_cost
 
 
 def check_out(out, a: PlanArgs) -> VerifyPlan:

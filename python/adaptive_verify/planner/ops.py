@@ -1,261 +1,144 @@
-"""The planner's public ops: prefix_survival, choose_budget, plan_verification (thin wrappers over _C)."""
+"""The planner's public ops: choose_budget and plan_verification (prefix_survival: survival.py).
+
+Host path (docs/design.md, "Host overhead"): a call repeating an earlier call's argument objects (a decode loop's
+persistent buffers and settings) reuses its validation and its filled kernel struct (_callcache.py); what a loop
+may change every step (the cost table, e.g. a shifted view per prompt chunk, the capacity, a host budget, the
+prompt chunk's size, the token offset) is re-derived by resolve_step alone.
+"""
 from __future__ import annotations
 
 import ctypes
 import dataclasses
 import warnings
-from typing import List, Optional, Union
+from typing import Optional, Union
 
 import torch
-from torch import Tensor
 
 from .. import errors
-from .._binding import PlannerParams, SurvivalParams
-from .._ext import _C, check_status
-from .._validate import check_tensor, ptr, run_op, stream_of
+from .._callcache import CallCache
+from .._validate import check_tensor
 from ..cost import CostTable
-from .args import MODES, PlanArgs, check_out, resolve_plan_args, survival_and_drafts
+from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step
+from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
+from .survival import prefix_survival
 from .verify_plan import VerifyPlan
 
 VERIFICATIONS = (None, "onehot", "probs")
 
-
-# ----------------------------------------------------------------------------------------------------
-# prefix_survival
-# ----------------------------------------------------------------------------------------------------
-
-
-def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """a[r, j] = prod_{i <= j} clamp(conf[r, i], 0, 1) for j < drafts[r], else 0.
-
-    conf: [R, K] float32 (last dim contiguous); drafts: [R] int32 (int64 is converted) in [0, K].
-    Returns survival [R, K] float32 (into ``out`` when given). The product is a left-to-right float32
-    loop, identical on CPU and GPU. NaN confidences count as 0 and are counted in
-    ``error_counts()["nan_survival"]``; drafts outside [0, K] raise ValueError on CPU and are clamped
-    and counted on CUDA.
-    """
-    R, K, device, drafts = survival_and_drafts(conf, drafts, name="conf")
-    if out is None:
-        out = torch.empty(R, K, dtype=torch.float32, device=device)
-    else:
-        check_tensor("out", out, dtypes=(torch.float32,), device=device, shape=(R, K), inner_contiguous=False)
-    run_op(_prefix_survival_into, _launch_survival, conf, drafts, out, errors.error_buffer(device))
-    return out
-
-
-def _launch_survival(conf, drafts, out, error_counts):
-    p = SurvivalParams()
-    p.num_reqs, p.max_drafts = conf.shape
-    p.conf, p.conf_stride, p.drafts = conf.data_ptr(), conf.stride(0), drafts.data_ptr()
-    p.survival, p.error_counts = out.data_ptr(), error_counts.data_ptr()
-    check_status(_C.prefix_survival(ctypes.addressof(p), conf.is_cuda, stream_of(conf.device)), "prefix_survival",
-                 conf.device)
-
-
-@torch.library.custom_op("adaptive_verify::prefix_survival_into", mutates_args=("survival", "error_counts"))
-def _prefix_survival_into(conf: Tensor, drafts: Tensor, survival: Tensor, error_counts: Tensor) -> None:
-    _launch_survival(conf, drafts, survival, error_counts)
-
-
-@_prefix_survival_into.register_fake
-def _(*args, **kwargs):
-    return None
+__all__ = ["VERIFICATIONS", "choose_budget", "plan_verification", "prefix_survival"]
 
 
 # ----------------------------------------------------------------------------------------------------
-# memoised validation: decode loops repeat the same buffers, shapes and scalars step after step
+# cost arrays: one lookup per (table, R, device), grown with the largest token count asked for
 # ----------------------------------------------------------------------------------------------------
 
-# Entries hold strong references to the objects they describe, so nothing in a key can be reused by a
-# different object while the entry lives.
-_ARGS_MEMO: dict = {}
 _COST_MEMO: dict = {}
-_OUT_MEMO: dict = {}
-_MEMO_SIZE = 8
-
-
-def _remember(memo: dict, key, value):
-    if len(memo) >= _MEMO_SIZE:
-        memo.pop(next(iter(memo)))
-    memo[key] = value
-    return value
-
-
-def _tsig(t):
-    """What of a tensor decides its validation: its storage address, shape, strides, dtype and device (not its
-    values, which the kernel reads at launch). A tensor resized, re-strided or re-pointed in place
-    (resize_, as_strided_, set_) therefore misses and is validated again."""
-    if t is None:
-        return None
-    if isinstance(t, torch.Tensor):
-        return (id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
-    return (type(t), id(t))  # not a tensor: resolve_plan_args will say so
+_COST_MEMO_SIZE = 16
 
 
 def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
+    """(fixed_cost(R), verify_array(max_n)) with the table's own caching; remembered per (table, R, max_n)."""
     if torch.compiler.is_compiling():  # traced once: nothing to remember (and no id() in a graph)
-        return float(cost_table.draft_cost(R)), cost_table.verify_array(max_n, device) if need_verify else None
+        return _table_costs(cost_table, R, max_n, device, need_verify)
     key = (id(cost_table), R, max_n, device, need_verify)
     hit = _COST_MEMO.get(key)
     if hit is not None and hit[0] is cost_table:
         return hit[1], hit[2]
-    draft = float(cost_table.fixed_cost(R))  # Theta's fixed term: drafter + per-request work
-    verify = cost_table.verify_array(max_n, device) if need_verify else None
-    return _remember(_COST_MEMO, key, (cost_table, draft, verify))[1:]
+    value = _table_costs(cost_table, R, max_n, device, need_verify)
+    if len(_COST_MEMO) >= _COST_MEMO_SIZE:
+        _COST_MEMO.pop(next(iter(_COST_MEMO)))
+    _COST_MEMO[key] = (cost_table, *value)  # holds the table: its id stays unique while remembered
+    return value
 
 
-def _resolve(survival, drafts, cost_table, kwargs: dict) -> PlanArgs:
-    """resolve_plan_args, skipped when a decode loop repeats an earlier call's arguments (same tensors with the
-    same storage, shapes and strides, same scalars). Only results that hold the caller's own tensors are
-    remembered (an int64 input converted to int32 would be a stale copy)."""
-    if torch.compiler.is_compiling():  # traced once: validate, remember nothing
-        return resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kwargs)
-    key = (_tsig(survival), _tsig(drafts), id(cost_table),
-           *(_tsig(v) if isinstance(v, torch.Tensor) else (type(v), v) for v in kwargs.values()))
+# ----------------------------------------------------------------------------------------------------
+# launch-ready calls
+# ----------------------------------------------------------------------------------------------------
+
+
+class _Call:
+    """A validated call: its arguments, its filled struct, and what it returns."""
+
+    __slots__ = ("a", "params", "addr", "on_cuda", "result", "step", "table", "padded", "workspace", "expected",
+                 "op")
+
+    def __init__(self, a: PlanArgs, params, result, step, table, padded, workspace, expected, op):
+        self.a, self.params, self.result, self.step, self.table, self.padded = a, params, result, step, table, padded
+        self.addr, self.on_cuda = ctypes.addressof(params), a.device.type == "cuda"
+        self.workspace, self.expected, self.op = workspace, expected, op  # workspace/expected: kept alive
+
+    def restep(self, step, cost_table) -> bool:
+        """Re-derives the per-step fields for a new step = (id(cost_table), capacity, budget, extra_tokens,
+        extra_emitting, token_offset); False when they change the padded token count (the outputs must then be
+        checked again: the caller revalidates, and this entry is re-stepped on every use until replaced)."""
+        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step
+        padded = self.a.num_tokens_padded
+        resolve_step(self.a, cost_table, capacity, self.padded, _costs, budget=budget, extra_tokens=extra_tokens,
+                     extra_emitting=extra_emitting, token_offset=token_offset)
+        fill_step(self.params, self.a)
+        self.table = cost_table  # held: its id is in self.step
+        if self.a.num_tokens_padded != padded:
+            self.step = None
+            return False
+        self.step = step
+        return True
+
+    def with_budget_out(self, budget_out: torch.Tensor) -> "_Call":
+        """A copy writing the budget into ``budget_out`` (choose_budget without out=)."""
+        params = type(self.params).from_buffer_copy(self.params)
+        params.budget_out = budget_out.data_ptr()
+        return _Call(self.a, params, budget_out, self.step, self.table, self.padded, self.workspace, self.expected,
+                     self.op)
+
+    def run(self) -> None:
+        launch_at(self.addr, self.on_cuda, self.a.device, self.op)
+
+
+_CALLS = CallCache()
+
+
+def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
+    if out is None:
+        return args
+    return args + (out.verify_lens, out.budget, out.expected_tokens, out.num_tokens, out.query_start_loc,
+                   out.token_req, out.seq_lens, out.positions, out.slot_mapping, out.input_ids)
+
+
+def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
+    """The remembered call for these argument objects (re-stepped if the per-step arguments changed), or
+    (key, None)."""
     try:
-        hit = _ARGS_MEMO.get(key)
-    except TypeError:  # an unhashable scalar argument: let the validation name it
-        hit = key = None
-    if hit is not None and hit[0] is cost_table:
-        return hit[1]
-    a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kwargs)
-    budget = kwargs.get("budget")
-    own = (a.survival is survival and a.drafts is drafts and a.context_lens is kwargs.get("context_lens")
-           and a.block_table is kwargs.get("block_table") and a.anchor_tokens is kwargs.get("anchor_tokens")
-           and a.draft_tokens is kwargs.get("draft_tokens")
-           and (a.budget_in is budget or not isinstance(budget, torch.Tensor)))
-    if own and key is not None:
-        _remember(_ARGS_MEMO, key, (cost_table, a))
-    return a
+        key = (op, id(out), *map(id, tensors), *statics)
+        call = _CALLS.get(key)
+    except TypeError:  # an unhashable scalar: the validating path names it
+        return None, None
+    if call is not None and call.step != step and not call.restep(step, cost_table):
+        call = None
+    return key, call
 
 
-_OUT_FIELDS = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req", "seq_lens",
-               "positions", "slot_mapping", "input_ids")
+def _present(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
+    """The fields this call did not produce are None."""
+    if a.context_lens is None and a.block_table is None and a.anchor_tokens is None:
+        if out.seq_lens is None and out.positions is None and out.slot_mapping is None and out.input_ids is None:
+            return out
+    return dataclasses.replace(
+        out,
+        seq_lens=out.seq_lens if a.context_lens is not None else None,
+        positions=out.positions if a.context_lens is not None else None,
+        slot_mapping=out.slot_mapping if a.block_table is not None else None,
+        input_ids=out.input_ids if a.anchor_tokens is not None else None,
+    )
 
 
-def _check_out_memo(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
-    if torch.compiler.is_compiling():
-        return check_out(out, a)
-    fields = tuple(getattr(out, f) for f in _OUT_FIELDS) if isinstance(out, VerifyPlan) else ()
-    key = (id(out), *map(_tsig, fields), a.num_reqs_padded, a.num_tokens_padded, a.device,
-           a.context_lens is not None, a.block_table is not None, a.anchor_tokens is not None)
-    hit = _OUT_MEMO.get(key)
-    if hit is not None and hit[0] is out and all(x is y for x, y in zip(hit[1], fields)):
-        return out
-    check_out(out, a)
-    _remember(_OUT_MEMO, key, (out, fields))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# launch
-# ----------------------------------------------------------------------------------------------------
-
-
-def _params(a: PlanArgs, outs, budget_out: Tensor, expected: Tensor, err: Tensor) -> PlannerParams:
-    """The kernel's parameter struct, filled by field name (planner/params.h says what each one is)."""
-    p = PlannerParams()
-    p.survival, p.survival_stride, p.drafts = a.survival.data_ptr(), a.survival.stride(0), a.drafts.data_ptr()
-    p.num_reqs, p.max_drafts, p.mode = a.R, a.K, MODES[a.mode]
-    p.fixed_budget, p.budget_in = a.fixed_budget, ptr(a.budget_in)
-    p.min_verify, p.max_verify, p.extra_tokens, p.extra_emitting = a.min_verify, a.max_verify, a.extra_tokens, \
-        a.extra_emitting
-    p.budget_cap, p.draft_cost = a.budget_cap, a.draft_cost
-    if a.verify_cost is not None:
-        p.verify_cost, p.verify_cost_len = a.verify_cost.data_ptr(), a.verify_cost.numel()
-    p.context_lens = ptr(a.context_lens)
-    if a.block_table is not None:
-        p.block_table, p.block_table_stride = a.block_table.data_ptr(), a.block_table.stride(0)
-        p.max_blocks = a.block_table.shape[1]
-    p.block_size = a.block_size
-    p.anchor_tokens = ptr(a.anchor_tokens)
-    if a.draft_tokens is not None:
-        p.draft_tokens, p.draft_tokens_stride = a.draft_tokens.data_ptr(), a.draft_tokens.stride(0)
-    p.token_offset, p.num_reqs_padded, p.num_tokens_padded = a.token_offset, a.num_reqs_padded, a.num_tokens_padded
-    p.budget_out, p.expected_tokens, p.error_counts = budget_out.data_ptr(), expected.data_ptr(), err.data_ptr()
-    if outs is not None:
-        get = outs.get if isinstance(outs, dict) else (lambda name: getattr(outs, name))
-        meta = a.context_lens is not None
-        p.write_plan = 1
-        p.verify_lens, p.num_tokens = ptr(get("verify_lens")), ptr(get("num_tokens"))
-        p.query_start_loc, p.token_req = ptr(get("query_start_loc")), ptr(get("token_req"))
-        p.seq_lens, p.positions = ptr(get("seq_lens") if meta else None), ptr(get("positions") if meta else None)
-        p.slot_mapping = ptr(get("slot_mapping") if a.block_table is not None else None)
-        p.input_ids = ptr(get("input_ids") if a.anchor_tokens is not None else None)
-    return p
-
-
-def _launch_plan(a: PlanArgs, outs, budget_out: torch.Tensor, expected: torch.Tensor, err: torch.Tensor):
-    """Runs the C++ CPU kernel or the CUDA kernel into preallocated outputs.
-
-    outs: VerifyPlan, a dict of its tensor fields, or None (choose_budget: budget only).
-    """
-    p = _params(a, outs, budget_out, expected, err)
-    on_cuda = a.device.type == "cuda"
-    ws = None
-    if on_cuda:
-        n = _C.plan_workspace_bytes(a.R, a.K, a.min_verify > 0)
-        if n:
-            ws = torch.empty(n, dtype=torch.uint8, device=a.device)  # the kernel's workspace, past shared memory
-            p.workspace = ws.data_ptr()
-    status = _C.plan(ctypes.addressof(p), on_cuda, stream_of(a.device) if on_cuda else 0)
-    check_status(status, "plan_verification" if outs is not None else "choose_budget", a.device)
-
-
-_PLAN_MUTATES = ("verify_lens", "budget", "expected_tokens", "num_tokens", "query_start_loc", "token_req", "seq_lens",
-                 "positions", "slot_mapping", "input_ids", "error_counts")
-_MODE_NAMES = {v: k for k, v in MODES.items()}
-
-
-@torch.library.custom_op("adaptive_verify::plan_into", mutates_args=_PLAN_MUTATES)
-def _plan_into(survival: Tensor, drafts: Tensor, budget_in: Optional[Tensor], verify_cost: Optional[Tensor],
-               context_lens: Optional[Tensor], block_table: Optional[Tensor], anchor_tokens: Optional[Tensor],
-               draft_tokens: Optional[Tensor], verify_lens: Optional[Tensor], budget: Tensor, expected_tokens: Tensor,
-               num_tokens: Optional[Tensor], query_start_loc: Optional[Tensor], token_req: Optional[Tensor],
-               seq_lens: Optional[Tensor], positions: Optional[Tensor], slot_mapping: Optional[Tensor],
-               input_ids: Optional[Tensor], error_counts: Tensor, config: List[int], draft_cost: float) -> None:
-    """config = [mode, fixed_budget, min_verify, max_verify, extra_tokens, extra_emitting, budget_cap, block_size,
-    token_offset, num_reqs_padded, num_tokens_padded] (PlanArgs)."""
-    (mode, fixed_budget, min_verify, max_verify, extra_tokens, extra_emitting, budget_cap, block_size, token_offset,
-     num_reqs_padded, num_tokens_padded) = config
-    R, K = survival.shape
-    a = PlanArgs(survival=survival, drafts=drafts, R=R, K=K, device=survival.device, mode=_MODE_NAMES[mode],
-                 fixed_budget=fixed_budget, budget_in=budget_in, min_verify=min_verify, max_verify=max_verify,
-                 extra_tokens=extra_tokens, extra_emitting=extra_emitting, budget_cap=budget_cap,
-                 verify_cost=verify_cost, draft_cost=draft_cost, context_lens=context_lens, block_table=block_table,
-                 block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
-                 token_offset=token_offset, num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded)
-    outs = dict(verify_lens=verify_lens, num_tokens=num_tokens, query_start_loc=query_start_loc, token_req=token_req,
-                seq_lens=seq_lens, positions=positions, slot_mapping=slot_mapping, input_ids=input_ids)
-    _launch_plan(a, outs if verify_lens is not None else None, budget, expected_tokens, error_counts)
-
-
-@_plan_into.register_fake
-def _(*args, **kwargs):
-    return None
-
-
-def pack_plan_args(a: PlanArgs):
-    """PlanArgs -> (input tensors, config, draft_cost) in plan_into's argument order."""
-    config = [MODES[a.mode], a.fixed_budget, a.min_verify, a.max_verify, a.extra_tokens, a.extra_emitting, a.budget_cap,
-              a.block_size, a.token_offset, a.num_reqs_padded, a.num_tokens_padded]
-    return (a.survival, a.drafts, a.budget_in, a.verify_cost, a.context_lens, a.block_table, a.anchor_tokens,
-            a.draft_tokens), config, a.draft_cost
-
-
-def _run_plan(a: PlanArgs, out: Optional[VerifyPlan], budget_out: torch.Tensor, expected: torch.Tensor):
-    """Eager: call the kernel directly. Under torch.compile: through the registered custom op."""
-    err = errors.error_buffer(a.device)
-    if not torch.compiler.is_compiling():
-        _launch_plan(a, out, budget_out, expected, err)
-        return
-    tensors, config, draft_cost = pack_plan_args(a)
-    o = out if out is not None else VerifyPlan(None, budget_out, expected, None, None, None)
-    produce = lambda t, flag: t if flag else None  # noqa: E731
-    meta = a.context_lens is not None
-    _plan_into(*tensors, o.verify_lens, budget_out, expected, o.num_tokens, o.query_start_loc, o.token_req,
-               produce(o.seq_lens, meta), produce(o.positions, meta), produce(o.slot_mapping, a.block_table is not None),
-               produce(o.input_ids, a.anchor_tokens is not None), err, config, draft_cost)
+def _owns_inputs(a: PlanArgs, kw: dict, survival, conf, drafts) -> bool:
+    """Whether the validated args hold the caller's own tensors (an int64 input converted to int32 is a per-call
+    copy, so such a call is never remembered)."""
+    budget = kw.get("budget")
+    return ((a.survival is survival or (conf is not None and a.conf is conf)) and a.drafts is drafts
+            and a.context_lens is kw.get("context_lens") and a.block_table is kw.get("block_table")
+            and a.anchor_tokens is kw.get("anchor_tokens") and a.draft_tokens is kw.get("draft_tokens")
+            and (a.budget_in is budget or not isinstance(budget, torch.Tensor)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -288,7 +171,7 @@ def _warn_global_live(verification):
 
 
 def choose_budget(
-    survival: torch.Tensor,
+    survival: Optional[torch.Tensor],
     drafts: torch.Tensor,
     cost_table: CostTable,
     *,
@@ -299,6 +182,8 @@ def choose_budget(
     extra_emitting: int = 0,
     capacity: Optional[int] = None,
     draft_tokens: Optional[torch.Tensor] = None,
+    conf: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Budget B (0-d int32 tensor on survival's device) for ``mode`` in "global", "greedy", "all".
 
@@ -306,19 +191,46 @@ def choose_budget(
     lagged mode's budget: pass it to ``plan_verification(mode="fixed", budget=B)``, which clamps it
     to the new step's [B_min, B_max]. Arguments as in :func:`plan_verification` (``draft_tokens``: only a
     negative id, an invalidated draft, matters here: it ends its request's candidates).
+    ``conf``: [R, K] confidences instead of survival (pass survival=None): the survival is computed in the same
+    call. ``out``: a 0-d int32 tensor to write the budget into (returned).
     """
+    tensors = (survival, conf, drafts, draft_tokens, out)
+    statics = (mode, min_verify, max_verify)
+    step = (id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        key, call = _call("choose_budget", tensors, statics, step, cost_table, None)
+        if call is not None:
+            if out is None:  # a fresh result each call: a copy of the struct, so threads never share one
+                out = torch.empty((), dtype=torch.int32, device=call.a.device)
+                call = call.with_budget_out(out)
+            call.run()
+            return out
     kw = dict(mode=mode, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, draft_tokens=draft_tokens,
-              allowed_modes=("global", "greedy", "all"))
-    a = _resolve(survival, drafts, cost_table, kw)
-    budget = torch.empty((), dtype=torch.int32, device=a.device)
+              allowed_modes=("global", "greedy", "all"), conf=conf)
+    a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
+    if out is None:
+        out = torch.empty((), dtype=torch.int32, device=a.device)
+    else:
+        check_tensor("out", out, dtypes=(torch.int32,), device=a.device, shape=())
     expected = torch.empty((), dtype=torch.float32, device=a.device)
-    _run_plan(a, None, budget, expected)
-    return budget
+    if compiling:
+        run_traced(a, None, out, expected)
+        return out
+    p = make_params(a, None, out, expected, errors.error_buffer(a.device))
+    ws = workspace_for(a)
+    p.workspace = 0 if ws is None else ws.data_ptr()
+    launch(p, a.device, "choose_budget")
+    if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
+        _CALLS.put(key, tensors, _signature_tensors(tensors, None),
+                   _Call(a, p, out, step, cost_table, None, ws, expected, "choose_budget"))
+    return out
 
 
 def plan_verification(
-    survival: torch.Tensor,
+    survival: Optional[torch.Tensor],
     drafts: torch.Tensor,
     cost_table: Optional[CostTable] = None,
     *,
@@ -339,6 +251,8 @@ def plan_verification(
     num_tokens_padded: Optional[int] = None,
     out: Optional[VerifyPlan] = None,
     verification: Optional[str] = None,
+    conf: Optional[torch.Tensor] = None,
+    survival_out: Optional[torch.Tensor] = None,
 ) -> VerifyPlan:
     """Chooses the budget, allocates it to the highest-survival drafts, and writes varlen metadata.
 
@@ -376,36 +290,54 @@ def plan_verification(
             (docs/design.md): "onehot" (``rejection_sample(draft_probs=None)``, greedy, trees: every mode is
             lossless, no warning), "probs" (against draft probabilities: live "global" is not lossless and
             warns once), or None (undeclared: "global" warns once, saying both). Other modes ignore it.
+        conf: [R, K] float32 confidences instead of ``survival`` (pass survival=None): the same call computes
+            the survival exactly as :func:`prefix_survival` does (NaNs counted as there) and plans on it.
+            survival_out: [R, K] float32 contiguous buffer for that survival (scratch when None).
+
+    Host cost: a call that repeats an earlier call's objects (same tensors, same ``out``, same settings; the cost
+    table, capacity, budget, extra_tokens, extra_emitting and token_offset may change) skips validation and
+    launches the remembered kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that
+    path (docs/design.md, "Host overhead").
     """
-    kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
-              extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
-              block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
-              num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded)
-    a = _resolve(survival, drafts, cost_table, kw)
     if verification not in VERIFICATIONS:
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
     if mode == "global":
         _warn_global_live(verification)
+    budget_tensor = budget if isinstance(budget, torch.Tensor) else None
+    tensors = (survival, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget_tensor,
+               survival_out)
+    statics = (mode, min_verify, max_verify, block_size, num_reqs_padded, num_tokens_padded)
+    step = (id(cost_table), capacity, None if budget_tensor is not None else budget, extra_tokens, extra_emitting,
+            token_offset)
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if isinstance(out, VerifyPlan) and not compiling:
+        key, call = _call("plan", tensors, statics, step, cost_table, out)
+        if call is not None:
+            call.run()
+            return call.result
+    kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
+              extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
+              block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
+              num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded, conf=conf,
+              survival_out=survival_out)
+    a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
     if out is None:
         out = VerifyPlan.allocate(
             a.num_reqs_padded, a.num_tokens_padded, a.device, positions=a.context_lens is not None,
             slot_mapping=a.block_table is not None, input_ids=a.anchor_tokens is not None,
         )
     else:
-        _check_out_memo(out, a)
-    _run_plan(a, out, out.budget, out.expected_tokens)
-    return _present(out, a)
-
-
-def _present(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
-    """The fields this call did not produce are None."""
-    if a.context_lens is None and a.block_table is None and a.anchor_tokens is None:
-        if out.seq_lens is None and out.positions is None and out.slot_mapping is None and out.input_ids is None:
-            return out
-    return dataclasses.replace(
-        out,
-        seq_lens=out.seq_lens if a.context_lens is not None else None,
-        positions=out.positions if a.context_lens is not None else None,
-        slot_mapping=out.slot_mapping if a.block_table is not None else None,
-        input_ids=out.input_ids if a.anchor_tokens is not None else None,
-    )
+        check_out(out, a)
+    if compiling:
+        run_traced(a, out, out.budget, out.expected_tokens)
+        return _present(out, a)
+    p = make_params(a, out, out.budget, out.expected_tokens, errors.error_buffer(a.device))
+    ws = workspace_for(a)
+    p.workspace = 0 if ws is None else ws.data_ptr()
+    launch(p, a.device, "plan_verification")
+    result = _present(out, a)
+    if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
+        _CALLS.put(key, (out, *tensors), _signature_tensors(tensors, out),
+                   _Call(a, p, result, step, cost_table, num_tokens_padded, ws, None, "plan_verification"))
+    return result

@@ -14,7 +14,7 @@ MAX_REQS = (1 << 26) - 2
 MAX_TOKENS = 1 << 30
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class VerifyPlan:
     """Outputs of :func:`adaptive_verify.plan_verification` (device tensors; int32 unless noted).
 
@@ -29,7 +29,9 @@ class VerifyPlan:
     slot_mapping [T_pad] int64: KV-cache slot of each token via block_table; -1 for padding.
     input_ids [T_pad]: anchor token then the verified drafts; 0 for padding. Needs anchor/draft_tokens.
 
-    Pass a preallocated plan as ``out=`` (see :meth:`allocate`) so CUDA-graph replays keep addresses.
+    Pass a preallocated plan as ``out=`` (see :meth:`allocate`) so CUDA-graph replays keep addresses. Frozen:
+    a plan's buffers are fixed when it is made (``dataclasses.replace`` makes another plan), which is what lets
+    the planner remember a validated ``out=`` by identity.
     """
 
     verify_lens: torch.Tensor

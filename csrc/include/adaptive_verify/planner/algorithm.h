@@ -609,6 +609,21 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws) {
   const int64_t n_slots = int64_t(R) * K;
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
 
+  // ---- 0. survival from confidences (plan's conf= path), exactly as the prefix_survival op computes it ----
+  if (p.conf != nullptr) {
+    int32_t nan_count = 0;
+    bool bad = false;
+    for (int32_t r = be.tid(); r < R; r += be.threads()) {
+      int32_t d = p.drafts[r];
+      bad |= d < 0 || d > K;  // the walk counts these (clamped) once; a strict backend stops here
+      d = d < 0 ? 0 : (d > K ? K : d);
+      nan_count += survival_row(p.conf + int64_t(r) * p.conf_stride, d, K, p.survival_out + int64_t(r) * K);
+    }
+    if (bad && Backend::kStrict) return kErrDraftsOutOfRange;
+    if (nan_count) be.count_error(p.error_counts, kCountNanSurvival, nan_count);
+    be.sync();
+  }
+
   // ---- 1-2. walk: a word per slot, then per bucket its candidates and their fixed-point survival sum ----
   const WalkTotals totals = be.walk_and_count(p, ws, bk);
   const int64_t n_cand = totals.cand, n_forced = totals.forced;

@@ -207,20 +207,8 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) prefix_survival_ker
     atomicAdd(p.error_counts + kCountDraftsOutOfRange, 1);
     d = d < 0 ? 0 : p.max_drafts;
   }
-  const float* row = p.conf + int64_t(r) * p.conf_stride;
-  float* out = p.survival + int64_t(r) * p.max_drafts;
-  float a = 1.f;
-  int32_t nan_count = 0;
-  for (int32_t j = 0; j < p.max_drafts; ++j) {
-    if (j < d) {
-      const float c = row[j];
-      nan_count += c != c;
-      a = __fmul_rn(a, sanitize(c));  // explicit rounding: identical to the CPU's float multiply
-      out[j] = a;
-    } else {
-      out[j] = 0.f;
-    }
-  }
+  const int32_t nan_count =
+      survival_row(p.conf + int64_t(r) * p.conf_stride, d, p.max_drafts, p.survival + int64_t(r) * p.max_drafts);
   if (nan_count) atomicAdd(p.error_counts + kCountNanSurvival, nan_count);
 }
 

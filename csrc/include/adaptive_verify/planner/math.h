@@ -27,6 +27,35 @@ constexpr double kFixedOne = 4294967296.0;  // 2^32: survival 1.0 in 32.32 fixed
 // Clamp to [0, 1]; NaN, negatives and -0 become +0 so the float's bit pattern orders like its value.
 AV_HD float sanitize(float s) { return s > 0.f ? (s < 1.f ? s : 1.f) : 0.f; }
 
+// a * b rounded to nearest, never contracted into a fused multiply-add: the survival product's bits are the
+// same on the host and the device.
+AV_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// One request's prefix survival: out[j] = prod_{i <= j} sanitize(conf[i]) for j < drafts, 0 for j in
+// [drafts, K), a left-to-right product. The prefix_survival op and plan's confidence prologue both call this.
+// drafts must already lie in [0, K]. Returns the NaN confidences among the drafted positions (each counts as 0).
+AV_HD int32_t survival_row(const float* conf, int32_t drafts, int32_t K, float* out) {
+  float a = 1.f;
+  int32_t nan_count = 0;
+  for (int32_t j = 0; j < K; ++j) {
+    if (j < drafts) {
+      const float c = conf[j];
+      nan_count += c != c;
+      a = mul_rn(a, sanitize(c));
+      out[j] = a;
+    } else {
+      out[j] = 0.f;
+    }
+  }
+  return nan_count;
+}
+
 // Canonical order as an ascending uint64: forced candidates first, then survival descending,
 // position ascending, request ascending. Layout: [63] not forced | [62:31] ~bits(s) | [30:26] pos |
 // [25:0] request. s must be sanitized (non-negative), whose IEEE bits are monotone in its value.

@@ -26,6 +26,12 @@ struct Params {
   int32_t num_reqs = 0;             // R
   int32_t max_drafts = 0;           // K (1..32)
 
+  // ---- or confidences: the kernel first writes survival_out = prefix_survival(conf, drafts), then plans on it
+  // (one call for the common step). With conf set, survival must point at survival_out, stride K. ----
+  const float* conf = nullptr;     // [R, K] float32, row stride conf_stride, last dim contiguous
+  int64_t conf_stride = 0;
+  float* survival_out = nullptr;   // [R, K] float32, contiguous
+
   // ---- budget ----
   int32_t mode = kGreedy;
   int64_t fixed_budget = 0;            // kFixed with budget_in == nullptr

@@ -30,6 +30,7 @@ struct BlockScratch {
   float lanes[SamplerConfig::kThreads];
   float bcast_f;
   int64_t bcast_v;
+  RankHist hist;  // one level of a truncation selection (integer counts and masses: any add order, same bits)
 };
 
 // (score, id) argmax over the warp under `better` (id < 0: none), every lane gets the warp's winner.
@@ -102,15 +103,16 @@ struct GpuRows {
     return w < 0 ? 0 : w;
   }
 
-  __device__ float max_scaled(const T* row, int64_t V, float temp) const {
+  __device__ float max_scaled(const T* row, int64_t V, float temp, bool count) const {
     ScaledMax mx;
     for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) mx.push(fdiv(to_float(row[v]), temp));
-    count_nan(mx.nan);
+    if (count) count_nan(mx.nan);
     return block_max(mx.m, sh);
   }
 
-  __device__ int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) const {
-    RaceBest best{max_scaled(row, V, temp) - kRaceWindow, RaceUniforms{rng, j, stream}};
+  __device__ int64_t race(const T* row, int64_t V, float temp, float m, const Rng& rng, int32_t j, uint32_t stream,
+                          uint64_t limit) const {
+    RaceBest best{m - kRaceWindow, RaceUniforms{rng, j, stream}, limit};
     // Each thread takes 4 consecutive ids: one Philox call serves all four (argmax order is free here).
     for (int64_t v0 = int64_t(threadIdx.x) * 4; v0 < V; v0 += 4 * SamplerConfig::kThreads)
       for (int64_t v = v0; v < v0 + 4 && v < V; ++v) best.push(fdiv(to_float(row[v]), temp), v);
@@ -118,11 +120,44 @@ struct GpuRows {
     return w < 0 ? 0 : w;
   }
 
-  __device__ SoftmaxStats softmax_stats(const T* row, int64_t V, float temp) const {
-    const float m = max_scaled(row, V, temp);
+  __device__ int64_t sampled(const T* row, int64_t V, float temp, const Truncation& t, const Rng& rng, int32_t j,
+                             uint32_t stream) {
+    return truncated_race<T>(*this, row, V, temp, t, rng, j, stream);
+  }
+
+  // One level of a selection (algorithm.h, RankHist), in shared memory: integer atomics, so the result does not
+  // depend on the order threads add in. Every thread gets the finished histogram.
+  __device__ const RankHist& rank_histogram(const T* row, int64_t V, float temp, float m, uint64_t limit,
+                                            uint64_t prefix, int shift, bool with_mass) const {
+    RankHist& h = sh.hist;
+    __syncthreads();  // the previous level's readers are done
+    for (int b = threadIdx.x; b < 256; b += SamplerConfig::kThreads) {
+      h.count[b] = 0;
+      h.mass[b] = 0;
+      h.lo[b] = ~0ull;
+      h.hi[b] = 0;
+    }
+    __syncthreads();
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
+      uint64_t key, mass;
+      const int b = rank_bucket(fdiv(to_float(row[v]), temp), v, m, limit, prefix, shift, with_mass, &key, &mass);
+      if (b < 0) continue;
+      atomicAdd(&h.count[b], 1u);
+      if (with_mass) atomicAdd(&h.mass[b], (unsigned long long)mass);
+      atomicMin(&h.lo[b], (unsigned long long)key);
+      atomicMax(&h.hi[b], (unsigned long long)key);
+    }
+    __syncthreads();
+    return h;
+  }
+
+  // Softmax max (given) and canonical sum over the kept tokens.
+  __device__ SoftmaxStats softmax_stats(const T* row, int64_t V, float temp, float m, uint64_t limit) const {
     float lane = 0.f;
-    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads)
-      lane = fadd(lane, av_exp(fsub(fdiv(to_float(row[v]), temp), m)));
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
+      const float z = fdiv(to_float(row[v]), temp);
+      if (kept(z, v, limit)) lane = fadd(lane, av_exp(fsub(z, m)));
+    }
     sh.lanes[threadIdx.x] = lane;
     __syncthreads();
     for (int s = SamplerConfig::kThreads / 2; s >= 1; s /= 2) {
@@ -135,11 +170,12 @@ struct GpuRows {
   }
 
   __device__ int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
-                                   const Rng& rng, int32_t j) const {
+                                   const Rng& rng, int32_t j, uint64_t limit) const {
     if (!(st.max > -INFINITY)) return 0;
     ResidualBest best;
     RaceUniforms u{rng, j, kRace};
-    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) best.push(to_float(row[v]), q[v], temp, st, u, v);
+    for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads)
+      best.push(to_float(row[v]), q[v], temp, st, u, v, limit);
     const int64_t w = block_best(best.key_w, best.id_w, sh);
     const int64_t pw = block_best(best.key_p, best.id_p, sh);
     return w >= 0 ? w : (pw >= 0 ? pw : 0);
@@ -157,13 +193,7 @@ template <typename T>
 __global__ void __launch_bounds__(SamplerConfig::kThreads) sample_kernel(const SampleParams p) {
   __shared__ BlockScratch sh;
   GpuRows<T> rows{sh, p.error_counts};
-  const int32_t i = blockIdx.x;
-  const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
-  const float temp = p.temperature != nullptr ? p.temperature[i] : 0.f;
-  const Rng rng{p.seeds != nullptr ? uint64_t(p.seeds[i]) : 0ull,
-                p.offset_ptr != nullptr ? uint64_t(*p.offset_ptr) : p.offset};
-  const int64_t tok = temp > 0.f ? rows.race(row, p.vocab, temp, rng, 0, kSample) : rows.argmax(row, p.vocab);
-  if (threadIdx.x == 0) p.tokens[i] = int32_t(tok);
+  sample_row<T>(p, blockIdx.x, rows, threadIdx.x == 0);
 }
 
 

@@ -461,25 +461,42 @@ struct SplitVRows {
     return w < 0 ? 0 : w;
   }
 
-  __device__ int64_t race(const T* row, int64_t V, float temp, const Rng& rng, int32_t j, uint32_t stream) {
-    if (!race_from_parts) return v1.race(row, V, temp, rng, j, stream);
+  // A race from the partials when they hold its decision; truncated races never come here (the launcher runs
+  // the v1 kernel for them), but answer them exactly anyway.
+  __device__ int64_t sampled(const T* row, int64_t V, float temp, const Truncation& t, const Rng& rng, int32_t j,
+                             uint32_t stream) {
+    if (!race_from_parts || t.active()) return v1.sampled(row, V, temp, t, rng, j, stream);
     int32_t nan;
     float g;
     const int64_t w = merged(j, nan, g);
     PartialMerge whole;  // only its zmax (g, the same on every thread) matters here
     whole.zmax = g;
-    if (!whole.final_for(kRowRace)) return v1.race(row, V, temp, rng, j, stream);  // counts its NaNs itself
+    if (!whole.final_for(kRowRace)) return v1.sampled(row, V, temp, t, rng, j, stream);  // counts its NaNs itself
     v1.count_nan(nan);
     return w < 0 ? 0 : w;
   }
 
-  __device__ SoftmaxStats softmax_stats(const T* row, int64_t V, float temp) const {
-    return v1.softmax_stats(row, V, temp);
+  __device__ float max_scaled(const T* row, int64_t V, float temp, bool count) const {
+    return v1.max_scaled(row, V, temp, count);
+  }
+
+  __device__ SoftmaxStats softmax_stats(const T* row, int64_t V, float temp, float m, uint64_t limit) const {
+    return v1.softmax_stats(row, V, temp, m, limit);
+  }
+
+  __device__ const RankHist& rank_histogram(const T* row, int64_t V, float temp, float m, uint64_t limit,
+                                            uint64_t prefix, int shift, bool with_mass) const {
+    return v1.rank_histogram(row, V, temp, m, limit, prefix, shift, with_mass);
+  }
+
+  __device__ int64_t race(const T* row, int64_t V, float temp, float m, const Rng& rng, int32_t j, uint32_t stream,
+                          uint64_t limit) const {
+    return v1.race(row, V, temp, m, rng, j, stream, limit);
   }
 
   __device__ int64_t residual_race(const T* row, const float* q, int64_t V, float temp, const SoftmaxStats& st,
-                                   const Rng& rng, int32_t j) const {
-    return v1.residual_race(row, q, V, temp, st, rng, j);
+                                   const Rng& rng, int32_t j, uint64_t limit) const {
+    return v1.residual_race(row, q, V, temp, st, rng, j, limit);
   }
 };
 
@@ -504,7 +521,7 @@ __global__ void __launch_bounds__(SplitVConfig::kThreads) splitv_sample_merge_ke
                      static_cast<const SplitVPartial*>(p.workspace) + int64_t(i) * num_chunks, num_chunks, num_chunks,
                      true};
   const T* row = static_cast<const T*>(p.logits) + int64_t(i) * p.logits_stride;
-  const int64_t tok = job.mode == kRowRace ? rows.race(row, p.vocab, job.temp, job.rng, 0, kSample)
+  const int64_t tok = job.mode == kRowRace ? rows.sampled(row, p.vocab, job.temp, Truncation{}, job.rng, 0, kSample)
                                            : rows.argmax(row, p.vocab);
   if (threadIdx.x == 0) p.tokens[i] = int32_t(tok);
 }
@@ -548,7 +565,16 @@ inline cudaError_t launch_sample_splitv(const SampleParams& p, cudaStream_t stre
 }
 
 // The sampler's entry points on CUDA: the kernel the params name (SamplerKernel).
+// Truncation and logprobs are implemented by the v1 kernel only: such calls run it whatever `kernel` says.
+inline bool needs_v1(const RejectionParams& p) {
+  return p.top_k != nullptr || p.top_p != nullptr || p.min_p != nullptr || p.logprobs != nullptr;
+}
+inline bool needs_v1(const SampleParams& p) {
+  return p.top_k != nullptr || p.top_p != nullptr || p.min_p != nullptr || p.logprobs != nullptr;
+}
+
 inline cudaError_t launch_rejection_sample(const RejectionParams& p, cudaStream_t stream) {
+  if (needs_v1(p)) return launch_rejection(p, stream);
   switch (p.kernel) {
     case kSamplerV1: return launch_rejection(p, stream);
     case kSamplerSplitV: return launch_rejection_splitv(p, stream);
@@ -557,6 +583,7 @@ inline cudaError_t launch_rejection_sample(const RejectionParams& p, cudaStream_
 }
 
 inline cudaError_t launch_sample_rows(const SampleParams& p, cudaStream_t stream) {
+  if (needs_v1(p)) return launch_sample(p, stream);
   switch (p.kernel) {
     case kSamplerV1: return launch_sample(p, stream);
     case kSamplerSplitV: return launch_sample_splitv(p, stream);

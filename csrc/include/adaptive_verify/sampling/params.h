@@ -8,7 +8,8 @@
 namespace adaptive_verify {
 namespace sampling {
 
-// CUDA implementation, chosen per call by the Python layer (AV_SAMPLER_KERNEL); the CPU kernel ignores it.
+// CUDA implementation, chosen per call by the Python layer (cuda_kernel=); the CPU kernel ignores it. Calls
+// with truncation (top_k, top_p, min_p) or logprobs run kSamplerV1 whatever was chosen.
 enum SamplerKernel : int32_t {
   kSamplerV1 = 0,      // kernel.cuh: one block per request (rejection_sample) / row (sample)
   kSamplerSplitV = 1,  // kernel_splitv.cuh: rows split into vocabulary chunks, partials merged in order
@@ -73,10 +74,14 @@ struct RejectionParams {
   uint64_t offset = 0;                 // used when offset_ptr is null
   const int64_t* offset_ptr = nullptr;  // 0-d int64 on the kernel's device, or null
   int32_t num_reqs = 0, max_drafts = 0;  // R, K
+  const int32_t* top_k = nullptr;    // [R] or null: 0 (or >= V) = off
+  const float* top_p = nullptr;      // [R] or null: 1 = off
+  const float* min_p = nullptr;      // [R] or null: 0 = off
   int32_t* output_tokens = nullptr;  // [R, K + 1]
   int32_t* num_emitted = nullptr;    // [R]
+  float* logprobs = nullptr;         // [R, K + 1] or null: untruncated log-probability of each emitted token
   int32_t* error_counts = nullptr;
-  int32_t kernel = kSamplerV1;     // SamplerKernel (CUDA only)
+  int32_t kernel = kSamplerV1;     // SamplerKernel (CUDA only; truncation or logprobs run kSamplerV1)
   void* workspace = nullptr;       // kSamplerSplitV: splitv_shape(dtype, V, R * (K + 1), R), zero-filled
   int64_t workspace_bytes = 0;
 };
@@ -92,7 +97,11 @@ struct SampleParams {
   const int64_t* seeds = nullptr;
   uint64_t offset = 0;
   const int64_t* offset_ptr = nullptr;
-  int32_t* tokens = nullptr;  // [N]
+  const int32_t* top_k = nullptr;  // [N] or null, as in RejectionParams
+  const float* top_p = nullptr;
+  const float* min_p = nullptr;
+  int32_t* tokens = nullptr;    // [N]
+  float* logprobs = nullptr;    // [N] or null
   int32_t* error_counts = nullptr;
   int32_t kernel = kSamplerV1;  // as in RejectionParams: splitv_shape(dtype, V, N, 0), any contents
   void* workspace = nullptr;

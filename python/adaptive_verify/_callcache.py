@@ -1,0 +1,65 @@
+"""Launch-ready calls, remembered per op: how a decode loop pays microseconds of host time, not tens.
+
+A decode loop calls each op with the same objects step after step (persistent buffers, the same cost table,
+the same scalars); only the tensors' values change, and the kernel reads those at launch. So the first call
+with a given set of argument objects validates everything and builds the kernel's parameter struct, and later
+calls with the same objects check only what could have changed in place without changing the object:
+
+- every tensor argument's data pointer, shape and strides (``resize_``, ``set_``, ``as_strided_``,
+  ``transpose_`` all change one of them, so such a tensor is validated again);
+- the per-step scalars an op lists as such (a fixed budget, a prompt chunk's size), which the op re-derives
+  from the remembered validation with a few integer checks.
+
+Keys hold the ``id()`` of each argument object and each entry holds a strong reference to it, so no other
+object can take that id while the entry lives. Entries are few (decode loops use one or two call shapes per
+op) and the oldest is evicted first. Nothing is remembered while ``torch.compile`` traces (the traced graph
+calls the registered custom op instead), and callers that build new tensor objects every step (slices of a
+persistent buffer) simply take the validating path every time: they pay the old cost, never a wrong answer.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+#: Launch-ready calls remembered per op (a decode loop needs one or two; CUDA-graph capture one per size).
+CALL_CACHE_SIZE = 16
+
+
+def tensor_signature(tensors) -> list:
+    """Data pointer and shape of each tensor, and the strides of those with more than one dimension (a 1-D
+    tensor cannot change its stride in place while keeping its pointer and shape unless its storage is larger
+    than it: only as_strided_ does that, and the kernels' writes still land inside that storage)."""
+    return [(t.data_ptr(), t.shape, t.stride()) if t.dim() > 1 else (t.data_ptr(), t.shape) for t in tensors]
+
+
+class CallCache:
+    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, their signature,
+    value). The tensors checked on a hit are the entry's own: the key's ids say the caller passed these very
+    objects."""
+
+    __slots__ = ("_entries", "size")
+
+    def __init__(self, size: int = CALL_CACHE_SIZE):
+        self._entries: dict = {}
+        self.size = size
+
+    def get(self, key) -> Optional[Any]:
+        """The value stored under ``key`` if every tensor still has the signature it was validated with."""
+        entry = self._entries.get(key)
+        if entry is None or entry[2] != tensor_signature(entry[1]):
+            return None
+        return entry[3]
+
+    def put(self, key, refs, tensors, value) -> Any:
+        """Remembers ``value`` for ``key``: ``refs`` are every object whose id() is in the key, ``tensors`` the
+        tensors whose pointers the value holds (None entries are skipped)."""
+        if key not in self._entries and len(self._entries) >= self.size:
+            self._entries.pop(next(iter(self._entries)))
+        tensors = [t for t in tensors if t is not None]
+        self._entries[key] = (refs, tensors, tensor_signature(tensors), value)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
