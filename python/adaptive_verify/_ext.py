@@ -41,10 +41,13 @@ def build_info() -> dict:
     return info
 
 
-def check_status(status: int, op: str, device: torch.device) -> None:
-    """Turns a kernel status into an exception. CPU statuses name the offending argument."""
+def check_status(status: int, op: str, device: torch.device, messages: dict | None = None) -> None:
+    """Turns a kernel status into an exception. CPU statuses name the offending argument (``messages``: an op's
+    own wording for some statuses)."""
     if status == _C.STATUS_OK:
         return
+    if messages and device.type != "cuda" and status in messages:
+        raise ValueError(f"adaptive_verify.{op}: {messages[status]}")
     if device.type == "cuda":
         raise RuntimeError(f"adaptive_verify.{op}: CUDA launch failed: {_C.error_string(status)}")
     messages = {
@@ -54,5 +57,9 @@ def check_status(status: int, op: str, device: torch.device) -> None:
             "(or a negative context length)"
         ),
         _C.STATUS_BAD_ARGUMENT: "internal: an argument the Python layer should have rejected",
+        _C.STATUS_TEMPERATURE: "temperature must be >= 0 (0 = greedy) and not NaN",
+        _C.STATUS_TOP_K: "top_k must be >= 0 (0 = off)",
+        _C.STATUS_TOP_P: "top_p must be in (0, 1] (1 = off)",
+        _C.STATUS_MIN_P: "min_p must be in [0, 1] (0 = off)",
     }
     raise ValueError(f"adaptive_verify.{op}: {messages.get(status, f'unknown status {status}')}")

@@ -30,6 +30,10 @@ enum Status : int {
   kErrSeqLens = 5,              // seq_lens[r] < q_len[r]
   kErrBlockIdOutOfRange = 6,    // a block id the request needs lies outside [0, num_blocks)
   kErrSlotOutOfRange = 7,       // write_kv: a slot other than -1 outside the cache
+  kErrTemperature = 8,          // sampler: a negative or NaN temperature
+  kErrTopK = 9,                 // sampler: top_k < 0
+  kErrTopP = 10,                // sampler: top_p outside (0, 1] (or NaN)
+  kErrMinP = 11,                // sampler: min_p outside [0, 1] (or NaN)
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
