@@ -87,3 +87,32 @@ def test_emulated_kernel_plans_from_confidences(R, K, mode, emulated):
     _assert_same(cpu, emu, "conf=")
     assert torch.equal(cpu_s, emu_s) and cpu_err == emu_err
     av_errors.reset_error_counts()
+
+
+@pytest.mark.parametrize("R,K", [(5, 3), (256, 8), (1200, 16)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed"])
+def test_emulated_kernel_weights_and_step_cap(R, K, mode, emulated):
+    """Priorities (the block's max-weight reduction, weighted words, the unweighted expected tokens) and the
+    latency target: the CUDA source gives the CPU kernel's integers. Unusable weights, which the CPU refuses,
+    weigh 1 on the device and are counted: compared with the CPU run on weights where they are 1."""
+    g = torch.Generator().manual_seed(R + K)
+    conf = torch.rand(R, K, generator=g) * 0.6 + 0.4
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    survival = av.prefix_survival(conf, drafts)
+    w = torch.tensor([0.0, 0.5, 1.0, 3.0, 7.5])[torch.randint(0, 5, (R,), generator=g)]
+    ct = _cost_table()
+    kw = dict(mode=mode, min_verify=1, weights=w, max_step_ms=float(ct.fixed_cost(R) + ct.verify_cost(R + R * K // 3)),
+              verification="onehot")
+    if mode == "fixed":
+        kw["budget"] = R * K
+    _assert_same(av.plan_verification(survival, drafts, ct, **kw),
+                 emulated(lambda: av.plan_verification(survival, drafts, ct, **kw)), "weights")
+    bad = w.clone()
+    bad[0], bad[-1] = float("nan"), -2.0
+    ones = bad.clone()
+    ones[0] = ones[-1] = 1.0
+    av_errors.reset_error_counts()
+    emu = emulated(lambda: av.plan_verification(survival, drafts, ct, **{**kw, "weights": bad}))
+    assert av_errors.error_counts()["weight_out_of_range"] == (2 if R > 1 else 1)
+    av_errors.reset_error_counts()
+    _assert_same(av.plan_verification(survival, drafts, ct, **{**kw, "weights": ones}), emu, "bad weights")

@@ -79,6 +79,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATUS_TOP_K") = int(kErrTopK);
   m.attr("STATUS_TOP_P") = int(kErrTopP);
   m.attr("STATUS_MIN_P") = int(kErrMinP);
+  m.attr("STATUS_WEIGHTS") = int(kErrWeights);
   m.attr("NUM_ERROR_COUNTERS") = int(kNumErrorCounters);
   bindings::register_planner(m);
   bindings::register_confidence(m);

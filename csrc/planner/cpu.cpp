@@ -363,7 +363,7 @@ struct CpuBackend {
     WalkTotals t{0, 0, 0, 0};
     // Rows whose every slot is a candidate and none forced take the vector walk; the window check (drafts in
     // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) send every row to walk_row.
-    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr;
+    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr && p.weights == nullptr;
     int32_t full = 0;
     for (int32_t r = 0; r < R; ++r) {
       const int32_t drafts = p.drafts[r];
@@ -388,7 +388,7 @@ struct CpuBackend {
     for (int32_t r = 0; r < R; ++r) {
       if (caps[r] < 0) {  // walk_row, then the histogram's inputs from its words
         const int64_t o = int64_t(r) * K;
-        const RowWalk w = walk_row(p, r, ws.words + o);
+        const RowWalk w = walk_row(p, r, ws.words + o, ws.wscale);
         if (w.bad_drafts) {
           t.bad_drafts = 1;  // strict: the plan stops before writing anything
           return t;

@@ -61,5 +61,6 @@ def check_status(status: int, op: str, device: torch.device, messages: dict | No
         _C.STATUS_TOP_K: "top_k must be >= 0 (0 = off)",
         _C.STATUS_TOP_P: "top_p must be in (0, 1] (1 = off)",
         _C.STATUS_MIN_P: "min_p must be in [0, 1] (0 = off)",
+        _C.STATUS_WEIGHTS: "weights must be finite and >= 0",
     }
     raise ValueError(f"adaptive_verify.{op}: {messages.get(status, f'unknown status {status}')}")

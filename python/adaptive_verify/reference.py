@@ -62,12 +62,14 @@ class _Args:
     token_offset: int
     num_reqs_padded: int
     num_tokens_padded: int
+    weights: Optional[torch.Tensor] = None  # float32 [R] priorities (None: all 1)
+    step_cap: Optional[int] = None  # most drafts the latency target allows (None: no target)
 
 
 def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
              extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None,
              anchor_tokens=None, draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None,
-             verification=None):
+             verification=None, weights=None, max_step_ms=None):
     R, K = survival.shape
     max_verify = K if max_verify is None else max_verify
     limit = cost_table.max_tokens if cost_table is not None else None
@@ -82,7 +84,7 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
     verify_cost = None
     draft_cost = 0.0
     if cost_table is not None:
-        draft_cost = float(cost_table.draft_cost(R))
+        draft_cost = float(cost_table.fixed_cost(R))  # Theta's fixed term: drafter + per-request work
         top = R + extra_tokens + budget_cap
         if cost_table.max_tokens is not None:
             top = min(top, cost_table.max_tokens)
@@ -90,19 +92,44 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
         verify_cost = torch.tensor([cost_table.verify_cost(n) for n in range(top + 1)], dtype=torch.float64).float()
     if isinstance(budget, torch.Tensor):
         budget = int(budget.clamp(0, 2**31 - 1))
+    step_cap = None
+    if max_step_ms is not None:  # the largest B before the first whose modelled step time exceeds the target
+        real, shift = cost_table, 0
+        if getattr(cost_table, "_base", None) is not None:  # a shifted view: the step's time on the base curve
+            real, shift = cost_table._base, cost_table._shift
+        step_cap = budget_cap
+        for b in range(budget_cap + 1):
+            verify = torch.tensor(real.verify_cost(R + extra_tokens + shift + b), dtype=torch.float64).float()
+            cost = torch.tensor(draft_cost, dtype=torch.float32) + verify  # float32, as the kernels add
+            if float(cost) > float(max_step_ms):
+                step_cap = max(b - 1, 0)
+                break
     return _Args(survival=survival, drafts=drafts.long(), R=R, K=K, device=survival.device, mode=mode, budget=budget,
                  min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
                  extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost, draft_cost=draft_cost,
                  context_lens=context_lens, block_table=block_table, block_size=block_size,
                  anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
                  num_reqs_padded=R if num_reqs_padded is None else num_reqs_padded,
-                 num_tokens_padded=num_tokens_padded)
+                 num_tokens_padded=num_tokens_padded, weights=weights, step_cap=step_cap)
+
+
+def request_weights(a: _Args):
+    """(w_r / c per request, 1 / c) in float32, c = max(1, largest usable weight); unusable weights (NaN,
+    negative, infinite) weigh 1, as on the device. Scaling by c keeps every weighted survival in [0, 1] and does
+    not move Theta's argmax."""
+    w = a.weights.detach().cpu().float()
+    ok = (w >= 0) & torch.isfinite(w)
+    w = torch.where(ok, w, torch.ones_like(w))
+    c = max(1.0, float(w[ok].max())) if bool(ok.any()) else 1.0
+    c = torch.tensor(c, dtype=torch.float32)
+    return w / c, torch.tensor(1.0, dtype=torch.float32) / c
 
 
 def candidate_order(a: _Args):
-    """Candidates in canonical order: forced first, survival descending, position, request.
+    """Candidates in canonical order: forced first, survival descending (weighted: w_r * survival), position,
+    request.
 
-    Returns (req [N], pos [N], survival [N], n_forced) with survival made non-increasing per row.
+    Returns (req [N], pos [N], ranked value [N], n_forced) with survival made non-increasing per row.
     """
     R, K = a.R, a.K
     s = a.survival.float()
@@ -125,6 +152,8 @@ def candidate_order(a: _Args):
     for j in range(K):
         running = torch.minimum(running, s[:, j])
         mono[:, j] = running
+    if a.weights is not None:  # rank by w_r * a[r, j] (float32 products: non-increasing along each row)
+        mono = request_weights(a)[0].to(s.device)[:, None] * mono
     is_cand = pos[None, :] < cap[:, None]
     forced = is_cand & (pos[None, :] < a.min_verify)
     # Flatten position-major so a stable sort keeps (position, request) order among equal survivals.
@@ -140,7 +169,12 @@ def candidate_order(a: _Args):
 
 def theta(a: _Args, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
     """Theta(B) in float64 for each B, from P(B) in fixed point (same rounding as the kernels)."""
-    num = (a.R + a.extra_emitting) * FIXED_ONE + prefix_fixed
+    if a.weights is None:
+        base = (a.R + a.extra_emitting) * FIXED_ONE
+    else:  # sum_r w_r / c, and each prefill request that samples weighs 1 / c
+        w, inv_c = request_weights(a)
+        base = int((w * FIXED_ONE).long().sum()) + a.extra_emitting * int((inv_c * FIXED_ONE).long())
+    num = base + prefix_fixed
     n = (a.R + a.extra_tokens + budgets).clamp(max=a.verify_cost.numel() - 1)
     cost = torch.tensor(a.draft_cost, dtype=torch.float32) + a.verify_cost.cpu()[n]  # float32 add
     return num.double() / cost.double()
@@ -150,8 +184,9 @@ def choose(a: _Args):
     """(budget, canonical order, P(budget) fixed point) for the resolved arguments."""
     req, pos, s, n_forced = candidate_order(a)
     n_cand = req.numel()
-    b_max = min(n_cand, a.budget_cap)
-    b_min = min(n_forced, b_max)
+    b_room = min(n_cand, a.budget_cap)
+    b_min = min(n_forced, b_room)  # capacity wins over min_verify, min_verify over the latency target
+    b_max = b_room if a.step_cap is None else max(b_min, min(b_room, a.step_cap))
     fixed = (s.cpu() * FIXED_ONE).long()  # exact scale, truncating conversion
     prefix = torch.cat([torch.zeros(1, dtype=torch.long), fixed.cumsum(0)])  # P(0..N)
     if a.mode in ("greedy", "global"):
@@ -182,6 +217,11 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     a = _resolve(survival, drafts, cost_table, **kwargs)
     dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
     budget, (req, pos), prefix = choose(a)
+    if a.weights is not None:  # expected tokens stay unweighted: the verified drafts' own survivals
+        unweighted = _resolve(survival, drafts, cost_table, **{k: v for k, v in kwargs.items() if k != "weights"})
+        mono = candidate_order(dataclasses.replace(unweighted, mode="all"))
+        verified = {(int(r), int(j)): float(v) for r, j, v in zip(*mono[:3])}
+        prefix = sum(int(verified[(int(r), int(j))] * FIXED_ONE) for r, j in zip(req[:budget], pos[:budget]))
     i32 = dict(dtype=torch.int32, device=dev)
 
     verify_lens = torch.zeros(Rp, **i32)

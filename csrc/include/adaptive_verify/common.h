@@ -34,6 +34,7 @@ enum Status : int {
   kErrTopK = 9,                 // sampler: top_k < 0
   kErrTopP = 10,                // sampler: top_p outside (0, 1] (or NaN)
   kErrMinP = 11,                // sampler: min_p outside [0, 1] (or NaN)
+  kErrWeights = 12,             // planner: a weight that is NaN, negative or infinite
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -48,6 +49,7 @@ enum ErrorCounter : int {
   kCountDraftIdOutOfRange = 5,  // rejection_sample: draft id outside [0, V) (rejected, never an index)
   kCountQueryLenOutOfRange = 6, // rejection_sample: q_len < 0, > K + 1 or rows past T (clamped / padding)
   kCountSamplingParamOutOfRange = 7,  // top_k < 0, top_p or min_p NaN / outside their range: that filter is off
+  kCountWeightOutOfRange = 8,   // planner weights NaN, negative or infinite: the request weighs 1
   kNumErrorCounters = 16,
 };
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # imported where used: the adapters load no more than they need
+    from ..cost import CostTable
 
 from . import _check_int, _check_tensor, _host_verify_lens, _num_reqs, _plan_field, _relative_starts
 

@@ -22,7 +22,8 @@ def fill_step(p: PlannerParams, a: PlanArgs) -> None:
     """The struct fields resolve_step decides (what a decode loop changes step to step)."""
     p.fixed_budget, p.extra_tokens, p.extra_emitting, p.token_offset = a.fixed_budget, a.extra_tokens, \
         a.extra_emitting, a.token_offset
-    p.budget_cap, p.draft_cost, p.num_tokens_padded = a.budget_cap, a.draft_cost, a.num_tokens_padded
+    p.budget_cap, p.draft_cost, p.num_tokens_padded, p.step_cap = a.budget_cap, a.draft_cost, a.num_tokens_padded, \
+        a.step_cap
     if a.verify_cost is not None:
         p.verify_cost, p.verify_cost_len = a.verify_cost.data_ptr(), a.verify_cost.numel()
     else:
@@ -51,6 +52,7 @@ def make_params(a: PlanArgs, outs, budget_out: Tensor, expected: Tensor, err: Te
     if a.conf is not None:  # the kernel writes survival (a.survival, contiguous) from the confidences first
         p.conf, p.conf_stride, p.survival_out = a.conf.data_ptr(), a.conf.stride(0), a.survival.data_ptr()
     p.num_reqs, p.max_drafts, p.mode = a.R, a.K, MODES[a.mode]
+    p.weights = ptr(a.weights)
     p.budget_in = ptr(a.budget_in)
     p.min_verify, p.max_verify = a.min_verify, a.max_verify
     p.context_lens = ptr(a.context_lens)
@@ -105,16 +107,17 @@ _PLAN_MUTATES = ("survival_out", "verify_lens", "budget", "expected_tokens", "nu
 @torch.library.custom_op("adaptive_verify::plan_into", mutates_args=_PLAN_MUTATES)
 def _plan_into(survival: Tensor, drafts: Tensor, budget_in: Optional[Tensor], verify_cost: Optional[Tensor],
                context_lens: Optional[Tensor], block_table: Optional[Tensor], anchor_tokens: Optional[Tensor],
-               draft_tokens: Optional[Tensor], survival_out: Optional[Tensor], verify_lens: Optional[Tensor],
+               draft_tokens: Optional[Tensor], survival_out: Optional[Tensor], weights: Optional[Tensor],
+               verify_lens: Optional[Tensor],
                budget: Tensor, expected_tokens: Tensor, num_tokens: Optional[Tensor],
                query_start_loc: Optional[Tensor], token_req: Optional[Tensor], seq_lens: Optional[Tensor],
                positions: Optional[Tensor], slot_mapping: Optional[Tensor], input_ids: Optional[Tensor],
                error_counts: Tensor, config: List[int], draft_cost: float) -> None:
     """config = [mode, fixed_budget, min_verify, max_verify, extra_tokens, extra_emitting, budget_cap, block_size,
-    token_offset, num_reqs_padded, num_tokens_padded] (PlanArgs). With survival_out, ``survival`` holds the
-    confidences and the kernel writes the survival into survival_out."""
+    token_offset, num_reqs_padded, num_tokens_padded, step_cap] (PlanArgs). With survival_out, ``survival`` holds
+    the confidences and the kernel writes the survival into survival_out."""
     (mode, fixed_budget, min_verify, max_verify, extra_tokens, extra_emitting, budget_cap, block_size, token_offset,
-     num_reqs_padded, num_tokens_padded) = config
+     num_reqs_padded, num_tokens_padded, step_cap) = config
     R, K = survival.shape
     conf = None
     if survival_out is not None:
@@ -125,7 +128,7 @@ def _plan_into(survival: Tensor, drafts: Tensor, budget_in: Optional[Tensor], ve
                  verify_cost=verify_cost, draft_cost=draft_cost, context_lens=context_lens, block_table=block_table,
                  block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
                  token_offset=token_offset, num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
-                 conf=conf)
+                 conf=conf, weights=weights, step_cap=step_cap)
     outs = dict(verify_lens=verify_lens, num_tokens=num_tokens, query_start_loc=query_start_loc, token_req=token_req,
                 seq_lens=seq_lens, positions=positions, slot_mapping=slot_mapping, input_ids=input_ids)
     launch_plan(a, outs if verify_lens is not None else None, budget, expected_tokens, error_counts)
@@ -137,12 +140,12 @@ def _(*args, **kwargs):
 
 
 def pack_plan_args(a: PlanArgs):
-    """PlanArgs -> (input tensors, config, draft_cost) in plan_into's argument order (inputs up to survival_out)."""
+    """PlanArgs -> (input tensors, config, draft_cost) in plan_into's argument order (inputs up to weights)."""
     config = [MODES[a.mode], a.fixed_budget, a.min_verify, a.max_verify, a.extra_tokens, a.extra_emitting, a.budget_cap,
-              a.block_size, a.token_offset, a.num_reqs_padded, a.num_tokens_padded]
+              a.block_size, a.token_offset, a.num_reqs_padded, a.num_tokens_padded, a.step_cap]
     first, survival_out = (a.survival, None) if a.conf is None else (a.conf, a.survival)
     return (first, a.drafts, a.budget_in, a.verify_cost, a.context_lens, a.block_table, a.anchor_tokens,
-            a.draft_tokens, survival_out), config, a.draft_cost
+            a.draft_tokens, survival_out, a.weights), config, a.draft_cost
 
 
 def run_traced(a: PlanArgs, out: Optional[VerifyPlan], budget_out: Tensor, expected: Tensor) -> None:
