@@ -313,7 +313,7 @@ def test_step_time_includes_the_per_request_term():
         r = simulate(prof, parse_policy(pol, 7), 16, steps=50, seed=1, trace=trace)
         want = sum(f * ct.draft_cost(R) + 0.05 * R + ct.verify_cost(n) for R, n, f, *_ in trace)
         assert 1000 * r["simulated_s"] == pytest.approx(want, rel=1e-12)
-        assert sum(t for *_, t, _ in trace) == pytest.approx(r["tokens_per_s"] * r["simulated_s"], rel=1e-9)
+        assert sum(t for _, _, _, t, *_ in trace) == pytest.approx(r["tokens_per_s"] * r["simulated_s"], rel=1e-9)
 
 
 def test_sweep_seeds_report_mean_and_spread():

@@ -11,14 +11,14 @@ inside a closed-loop serving model; see :mod:`adaptive_verify.sim.engine` for wh
 from .engine import Policy, parse_policy, simulate
 from .fit import FitResult, fit_profile
 from .fit_inputs import MeasuredPoint, read_acceptance, read_points_csv
-from .model import Acceptance, Drafter, Profile, Workload, load_profile_file
+from .model import Acceptance, Drafter, Priority, Profile, Workload, load_profile_file
 from .overhead import OVERHEAD_PRESETS, Overhead
 from .profiles import PROFILES, get_profile, list_profiles, profile_dict
 from .sweep import DEFAULT_CONCURRENCY, SweepResult, default_policies, pareto_frontier, sweep
 
 __all__ = [
-    "Acceptance", "Drafter", "Profile", "Workload", "load_profile_file", "Policy", "parse_policy", "simulate",
-    "PROFILES", "get_profile", "list_profiles", "profile_dict", "DEFAULT_CONCURRENCY", "SweepResult",
+    "Acceptance", "Drafter", "Priority", "Profile", "Workload", "load_profile_file", "Policy", "parse_policy",
+    "simulate", "PROFILES", "get_profile", "list_profiles", "profile_dict", "DEFAULT_CONCURRENCY", "SweepResult",
     "default_policies", "pareto_frontier", "sweep", "Overhead", "OVERHEAD_PRESETS", "FitResult", "fit_profile",
     "MeasuredPoint", "read_points_csv", "read_acceptance",
 ]

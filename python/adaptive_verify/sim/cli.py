@@ -24,6 +24,16 @@ The adaptive policies also pay the adaptive path's own cost per step (confidence
 otherwise), host (a host-side planner: ~0.2 ms more per step) or none. --seeds N runs every point with N
 seeds and reports the mean and the spread (standard deviation) of each.
 
+Latency targets and priorities (the planner's max_step_ms and weights):
+  slo<ms>      a policy (e.g. --policies lagged,slo40): lagged, with no step charged more than <ms>
+               milliseconds (adaptive overhead included) unless its decodes and prompt chunks alone, verifying
+               no draft, already cost more
+  --priority FRACTION:WEIGHT
+               two request classes: each request is high priority with probability FRACTION (drawn at
+               admission, seeded) and weighs WEIGHT in the planner, the others weigh 1; the table, CSV and
+               JSON then add TPOT and tokens/s per class (tpot_ms_high, tpot_ms_low, tokens_per_s_high,
+               tokens_per_s_low). Fixed k and none verify regardless of weight: their classes differ by chance
+
 Writes OUT/sweep.csv, OUT/sweep.json and OUT/sweep.png (Pareto frontier and throughput vs concurrency).
 Exit status: 0 on success; 1 when an input cannot be used (the message says why); 2 on a bad command line.
 """
@@ -80,7 +90,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--acceptance", metavar="FILE", help="acceptance/drafter/workload JSON (with --cost-table)")
     s.add_argument("--concurrency", default=None, metavar="LIST", help="e.g. 1,2,4,...,256 (the default)")
     s.add_argument("--policies", default=None, metavar="LIST",
-                   help="e.g. none,k1,k7,greedy,lagged,global (default: none, every k, greedy, lagged, global)")
+                   help="e.g. none,k1,k7,greedy,lagged,global,slo40 (default: none, every k, greedy, lagged, "
+                        "global; slo<ms>: lagged with a step-time target)")
     s.add_argument("--steps", type=int, default=400, help="measured steps per point (default %(default)s; "
                    "concurrency c < 16 runs steps * (16 // c))")
     s.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
@@ -89,6 +100,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--overhead", default=None, metavar="PRESET",
                    help="the adaptive path's cost per step: device, host or none (default: the profile's, "
                         "device unless it says otherwise)")
+    s.add_argument("--priority", default=None, metavar="FRACTION:WEIGHT",
+                   help="priority classes: FRACTION of the requests weigh WEIGHT in the planner, the rest 1 "
+                        "(default: the profile's, one class unless it says otherwise)")
     s.add_argument("--out", default=None, metavar="DIR", help="output folder (default sweep-<profile name>)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -168,6 +182,7 @@ def _load(args):
 
 
 def run_sweep(args) -> int:
+    from .model import Priority
     from .overhead import OVERHEAD_PRESETS
     from .sweep import DEFAULT_CONCURRENCY, sweep
 
@@ -184,9 +199,10 @@ def run_sweep(args) -> int:
             raise _InputError(f"--seeds must be >= 1, got {args.seeds}")
         if args.overhead is not None and args.overhead not in OVERHEAD_PRESETS:
             raise _InputError(f"--overhead must be one of {', '.join(OVERHEAD_PRESETS)}, got {args.overhead!r}")
+        priority = Priority.parse(args.priority, "--priority") if args.priority is not None else None
         start = time.perf_counter()
         result = sweep(profile, concurrency=cs, policies=pols, steps=args.steps, seed=args.seed, seeds=args.seeds,
-                       overhead=args.overhead, progress=not args.quiet)
+                       overhead=args.overhead, priority=priority, progress=not args.quiet)
         elapsed = time.perf_counter() - start
         out = args.out or f"sweep-{profile.name}"
         paths = result.write(out, plot=not args.no_plot)

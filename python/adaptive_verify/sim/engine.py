@@ -8,7 +8,11 @@ system, each either prefilling or decoding):
    ``none`` 0, ``k<j>`` min(j, drafts), ``greedy``/``global`` the library's planner
    (:func:`adaptive_verify.plan_verification`, its C++ CPU kernel), ``lagged`` the planner's global
    budget (:func:`adaptive_verify.choose_budget`) on each request's confidences of its previous step (1.0
-   for a new request), priced at this step's requests and capacity, then ``mode="fixed"``.
+   for a new request), priced at this step's requests and capacity, then ``mode="fixed"``; ``slo<ms>`` is
+   lagged with a latency target: both planner calls get ``max_step_ms``, the target less the adaptive
+   overhead (which the cost table does not hold), so no step is charged more than <ms> unless its
+   decodes and prompt chunks alone, verifying nothing, already cost more. With priority classes
+   (``workload.priority``) every adaptive call passes each request's weight (``weights=``).
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
    scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
    longer fits waits this step), then prompt chunks of prefilling requests with what is left, first
@@ -34,13 +38,18 @@ Metrics over the measured steps (after ``warmup`` steps from a staggered start):
 - ``emitted_per_step`` and ``verified_per_step``: per scheduled decode request-step;
 - ``head_auc`` and ``head_ece`` (adaptive policies; NaN otherwise): the confidence head's AUC and
   expected calibration error on the drafts it was tried on, from :class:`~adaptive_verify.AcceptanceStats`
-  (so head_noise / head_temperature / head_bias can be set to a target quality).
+  (so head_noise / head_temperature / head_bias can be set to a target quality);
+- with priority classes, ``tpot_ms_high`` / ``tpot_ms_low`` and ``tokens_per_s_high`` /
+  ``tokens_per_s_low``: the same two metrics over each class's requests (the tokens/s add up to
+  ``tokens_per_s``). A request's class is drawn at admission from a stream keyed by its sequence number, so
+  every policy serves the same classes.
 """
 from __future__ import annotations
 
 import re
 import warnings
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -65,21 +74,31 @@ ADAPTIVE = ("greedy", "lagged", "global")
 # profile is +34% shifted, +25% extra, +26% capacity; with a linear cost and ~1k-token prompts, +0.4%,
 # -3.7% and 0%.
 PREFILL_PLANNING = "shifted"
+# slo<ms> when the adaptive overhead alone reaches the target: the planner takes only positive targets, and
+# any target below the B_min step's cost gives B_min.
+_SMALLEST_TARGET_MS = 1e-9
 
 
 @dataclass(frozen=True)
 class Policy:
-    name: str  # "none", "k<j>", "greedy", "lagged", "global"
+    name: str  # "none", "k<j>", "greedy", "lagged", "global", "slo<ms>"
     kind: str  # "none", "fixed", "adaptive"
     k: int = 0  # fixed: drafts verified; adaptive: unused
+    max_step_ms: Optional[float] = None  # slo<ms>: the step-time target
 
     @property
     def speculates(self) -> bool:
         return self.kind != "none"
 
+    @property
+    def mode(self) -> str:
+        """The adaptive planning mode: slo<ms> is lagged with a cap."""
+        return "lagged" if self.max_step_ms is not None else self.name
+
 
 def parse_policy(name: str, num_drafts: int) -> Policy:
-    """"none", "k1".."kK", "greedy", "lagged" or "global" (ValueError otherwise)."""
+    """"none", "k1".."kK", "greedy", "lagged", "global" or "slo<ms>" (lagged with a step-time target of <ms>
+    milliseconds, e.g. "slo40" or "slo37.5"); ValueError naming the policy otherwise."""
     if not isinstance(name, str):
         raise TypeError(f"policy must be a str, got {type(name).__name__}")
     if name == "none":
@@ -89,7 +108,14 @@ def parse_policy(name: str, num_drafts: int) -> Policy:
     m = re.fullmatch(r"k([0-9]+)", name)
     if m and 1 <= int(m.group(1)) <= num_drafts:
         return Policy(name, "fixed", int(m.group(1)))
-    raise ValueError(f"unknown policy {name!r}: expected none, k1..k{num_drafts}, greedy, lagged or global")
+    m = re.fullmatch(r"slo([0-9]+(?:\.[0-9]*)?)", name)
+    if m:
+        target = float(m.group(1))
+        if not target > 0:
+            raise ValueError(f"policy {name!r}: the step-time target (ms) must be > 0, got {m.group(1)}")
+        return Policy(name, "adaptive", max_step_ms=target)
+    raise ValueError(f"unknown policy {name!r}: expected none, k1..k{num_drafts}, greedy, lagged, global or "
+                     "slo<ms> (e.g. slo40)")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -111,6 +137,7 @@ class _Requests:
         self.target = np.zeros(c, dtype=np.int64)
         self.difficulty = np.zeros(c, dtype=np.float64)
         self.admitted = np.zeros(c, dtype=np.int64)  # admission sequence number (prefill order)
+        self.high = np.zeros(c, dtype=np.int64)  # priority class: 1 high, 0 low (always 0 without classes)
         # lagged policy: each slot's confidences of its last decode step (prior 1.0 for a new request)
         self.stale_conf = np.ones((c, profile.drafter.num_drafts), dtype=np.float32)
         self.next_id = 0
@@ -130,6 +157,9 @@ class _Requests:
             self.generated[slot] = 0
             self.prefill_left[slot] = prompt
         self.admitted[slot] = self.next_id
+        if w.priority is not None:  # its own stream: the draws above are the same with and without classes
+            cls = np.random.default_rng([self.seed, 2, self.next_id])
+            self.high[slot] = int(cls.random() < w.priority.fraction)
         self.stale_conf[slot] = 1.0
         self.next_id += 1
 
@@ -156,7 +186,12 @@ def _schedule_prefill(reqs: "_Requests", budget: int, chunk: int) -> tuple[int, 
 
 
 class _Metrics:
-    def __init__(self):
+    def __init__(self, classes: bool):
+        self.classes = classes
+        # per priority class [low, high]: the numerators of tpot_ms and tokens_per_s
+        self.class_decode_time_ms = np.zeros(2)
+        self.class_decode_tokens = np.zeros(2, dtype=np.int64)
+        self.class_tokens = np.zeros(2, dtype=np.int64)
         self.time_ms = 0.0
         self.tokens = 0
         self.decode_time_ms = 0.0  # step time accrued by every decoding request
@@ -170,7 +205,7 @@ class _Metrics:
     def result(self) -> dict:
         tpot = self.decode_time_ms / self.decode_tokens if self.decode_tokens else float("inf")
         rs = max(self.decode_request_steps, 1)
-        return {
+        out = {
             "tokens_per_s": 1000.0 * self.tokens / self.time_ms if self.time_ms else 0.0,
             "tpot_ms": tpot,
             "user_tokens_per_s": 1000.0 / tpot if tpot > 0 else 0.0,
@@ -182,6 +217,12 @@ class _Metrics:
             "steps": self.steps,
             "simulated_s": self.time_ms / 1000.0,
         }
+        if self.classes:
+            for i, cls in enumerate(("low", "high")):
+                tokens = int(self.class_decode_tokens[i])
+                out[f"tpot_ms_{cls}"] = float(self.class_decode_time_ms[i] / tokens) if tokens else float("inf")
+                out[f"tokens_per_s_{cls}"] = 1000.0 * int(self.class_tokens[i]) / self.time_ms if self.time_ms else 0.0
+        return out
 
 
 def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int = 400, warmup: int = 100,
@@ -189,10 +230,11 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     """Runs ``warmup + steps`` steps of ``policy`` at ``concurrency`` and returns the metrics dict.
 
     trace: if a list, each measured step appends ``(requests, tokens, draft_factor, output_tokens,
-    decode_tokens)``: its decoding requests R, its forward's token count n, the multiple of
+    decode_tokens, prefill_tokens)``: its decoding requests R, its forward's token count n, the multiple of
     ``cost_table.draft_cost(R)`` it pays (0 without speculation, 1 for a block drafter, the longest chain's
-    fraction of K for a chain drafter), the output tokens it emitted (first tokens included) and those of
-    them decodes emitted. That prices the step and gives every metric's numerator. For ``none`` and fixed
+    fraction of K for a chain drafter), the output tokens it emitted (first tokens included), those of
+    them decodes emitted, and the prompt tokens among the n. That prices the step (plus
+    ``profile.overhead.cost(R)`` for adaptive policies) and gives every metric's numerator. For ``none`` and fixed
     k nothing in a trace depends on the cost table beyond its max_tokens, so a run can be priced under any
     other table without simulating it again (what :mod:`adaptive_verify.sim.fit` does)."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -207,12 +249,13 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     mu = _logit(np.asarray(acc.conditional[:K], dtype=np.float64))  # [K] median conditional logits
     reqs = _Requests(profile, concurrency, seed)
     noise = np.random.default_rng([seed, 0, concurrency])
-    metrics, measured = _Metrics(), None
+    classes = profile.workload.priority is not None
+    metrics, measured = _Metrics(classes), None
     plan_table = ct
     head_stats = AcceptanceStats(K)  # the library's own counters: AUC and ECE of the confidences
     for step in range(warmup + steps):
         if step == warmup:
-            measured = metrics = _Metrics()
+            measured = metrics = _Metrics(classes)
         # Per-step draws, fixed shapes whatever the policy (common random numbers).
         eps = noise.normal(0.0, 1.0, (concurrency, K)) * acc.token_sigma
         head = noise.normal(0.0, 1.0, (concurrency, K)) * acc.head_noise
@@ -231,6 +274,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         draft_ms = ct.draft_cost(R) * draft_factor if draft_factor else 0.0
 
         verify = np.zeros(R, dtype=np.int64)
+        high = reqs.high[dec]  # [R] priority class of each decode (read before finished requests are replaced)
         if policy.kind == "adaptive":
             # Prompt chunks are scheduled first, within the capacity left after one token per decode (an
             # engine knows its chunked-prefill tokens before it plans; this keeps drafts from starving
@@ -244,6 +288,14 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 plan_kw = dict(capacity=cap - prefill_tokens)
                 if R:  # the prompt chunks leave room for at least one token per decode
                     plan_table = ct.shifted(prefill_tokens)
+            if classes and R:
+                plan_kw["weights"] = torch.from_numpy(
+                    np.where(high == 1, profile.workload.priority.weight, 1.0).astype(np.float32))
+            if policy.max_step_ms is not None and R:
+                # The planner models fixed_cost(R) + verify_cost(tokens); the adaptive overhead is ours to
+                # subtract. A target the overhead alone exceeds leaves no room for any draft: the smallest
+                # positive target then gives B_min, as an unreachable target does.
+                plan_kw["max_step_ms"] = max(policy.max_step_ms - overhead.cost(R), _SMALLEST_TARGET_MS)
         if policy.kind == "fixed":
             verify[:] = drafts
         elif policy.kind == "adaptive" and R:
@@ -252,7 +304,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
             conf_t = torch.from_numpy(conf.astype(np.float32))
             drafts_t = torch.from_numpy(drafts)
             survival = planner.prefix_survival(conf_t, drafts_t)
-            if policy.name == "lagged":
+            if policy.mode == "lagged":
                 # The budget from each request's confidences of its previous step (the prior 1.0, as
                 # vLLM's, for a request with none yet), priced entirely at this step: its requests, drafts,
                 # prompt tokens and capacity. Only the survivals come from the past (lossless); mode="fixed"
@@ -266,7 +318,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
             else:
                 with warnings.catch_warnings():  # global is simulated on purpose, as the upper bound
                     warnings.filterwarnings("ignore", message=r"plan_verification\(mode='global'\)")
-                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode=policy.name, **plan_kw)
+                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode=policy.mode, **plan_kw)
             verify = plan.verify_lens.numpy()[:R].astype(np.int64)
 
         # Schedule decodes within the capacity, in a rotating order; the rest wait this step.
@@ -296,20 +348,26 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
             emitted = np.minimum(accepted + 1, remaining[scheduled])
             reqs.generated[rows] += emitted
             emitted_total = int(emitted.sum())
+            if classes:
+                np.add.at(metrics.class_decode_tokens, reqs.high[rows], emitted)
+                np.add.at(metrics.class_tokens, reqs.high[rows], emitted)
             metrics.verified += int(v.sum())
             if policy.kind == "adaptive" and measured is not None:  # the head's quality, as served
                 head_stats.update(conf_t[torch.from_numpy(scheduled)], torch.from_numpy(v.astype(np.int32)),
                                   torch.from_numpy(accepted.astype(np.int32)))
         for slot in finished_prefill:  # the prefill's last chunk samples the first token
             reqs.generated[slot] = 1
+            metrics.class_tokens[reqs.high[slot]] += 1
 
         if trace is not None and measured is not None:
             trace.append((R, decode_tokens + prefill_tokens, draft_factor, emitted_total + len(finished_prefill),
-                          emitted_total))
+                          emitted_total, prefill_tokens))
         metrics.steps += 1
         metrics.time_ms += step_ms
         metrics.tokens += emitted_total + len(finished_prefill)
         metrics.decode_time_ms += step_ms * R
+        if classes:
+            metrics.class_decode_time_ms += step_ms * np.bincount(high, minlength=2)
         metrics.decode_tokens += emitted_total
         metrics.decode_request_steps += int(scheduled.size)
         metrics.step_tokens += decode_tokens + prefill_tokens

@@ -106,7 +106,7 @@ def _trace_runs(base: Profile, points: Sequence[MeasuredPoint], vk: list[int],
         for s in seeds:
             trace: list = []
             _simulate(base, p, K, steps, s, trace)
-            tr = np.asarray(trace, dtype=np.float64)  # [steps, 5]: R, n, draft factor, output, decode tokens
+            tr = np.asarray(trace, dtype=np.float64)  # [steps, 6]: R, n, draft factor, output, decode, prompt tokens
             R, n, f = tr[:, 0], tr[:, 1], tr[:, 2]
             per_step = np.concatenate([_hat(vk, n), f[:, None] * draft_features(R), R[:, None]], axis=1)
             rows_t.append(per_step.sum(axis=0))

@@ -9,12 +9,14 @@ A profile is plain data (a JSON object) so engineers can write their own:
       "acceptance": {"conditional": [...], "request_sigma": ..., "token_sigma": ..., "head_noise": ...,
                      "head_temperature": ..., "head_bias": ...},
       "drafter": {"num_drafts": K, "kind": "block" | "chain"},
-      "workload": {"prompt_len": [lo, hi], "output_len": [lo, hi]},
+      "workload": {"prompt_len": [lo, hi], "output_len": [lo, hi],
+                   "priority": {"fraction": f, "weight": w}},
       "adaptive_overhead": "device" | "host" | "none" | {"fixed_ms": ..., "per_request_ms": ...},
       "notes": {...free-form: what was fitted, how close it lands...}
     }
 
-"adaptive_overhead" is optional (default "device"; :mod:`adaptive_verify.sim.overhead` has the presets).
+"adaptive_overhead" is optional (default "device"; :mod:`adaptive_verify.sim.overhead` has the presets);
+so is "workload"."priority" (default: one class, every request weighs 1; see :class:`Priority`).
 
 Every missing or malformed key raises ValueError naming it (``profile.acceptance.conditional``).
 """
@@ -24,12 +26,12 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from ..cost import CostTable
 from .overhead import DEFAULT_OVERHEAD, Overhead, overhead_preset
 
-__all__ = ["Acceptance", "Drafter", "Workload", "Profile", "load_profile_file"]
+__all__ = ["Acceptance", "Drafter", "Priority", "Workload", "Profile", "load_profile_file"]
 
 
 def _get(data: Mapping[str, Any], key: str, where: str) -> Any:
@@ -134,13 +136,59 @@ class Drafter:
 
 
 @dataclass(frozen=True)
+class Priority:
+    """Two request classes: each admitted request is "high" with probability ``fraction`` (drawn from its
+    own seeded stream, so every policy serves the same classes) and then weighs ``weight`` in the planner
+    (``plan_verification(weights=...)``); the others ("low") weigh 1. A weight below 1 makes the drawn
+    class the less important one; the names stay."""
+
+    fraction: float
+    weight: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "fraction", _real(self.fraction, "priority.fraction", lo=0.0, lo_open=True))
+        if self.fraction >= 1.0:  # both classes must exist for per-class numbers to mean anything
+            raise ValueError(f"priority.fraction must be < 1, got {self.fraction}")
+        object.__setattr__(self, "weight", _real(self.weight, "priority.weight", lo=0.0, lo_open=True))
+
+    @classmethod
+    def parse(cls, text: str, name: str = "priority") -> "Priority":
+        """"FRACTION:WEIGHT", e.g. "0.2:4" (ValueError naming ``name`` otherwise)."""
+        if not isinstance(text, str):
+            raise TypeError(f"{name} must be a str FRACTION:WEIGHT, got {type(text).__name__}")
+        try:
+            fraction, weight = (float(x) for x in text.split(":"))  # not two parts, or not numbers: ValueError
+        except ValueError:
+            raise ValueError(f"{name} must be FRACTION:WEIGHT (e.g. 0.2:4), got {text!r}") from None
+        try:
+            return cls(fraction, weight)
+        except ValueError as e:
+            raise ValueError(f"{name} {text!r}: {e}") from None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "workload.priority") -> "Priority":
+        unknown = sorted(set(data) - {"fraction", "weight"}) if isinstance(data, Mapping) else []
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown} (known: ['fraction', 'weight'])")
+        try:
+            return cls(_get(data, "fraction", where), _get(data, "weight", where))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    def to_dict(self) -> dict[str, float]:
+        return {"fraction": self.fraction, "weight": self.weight}
+
+
+@dataclass(frozen=True)
 class Workload:
     """Prompt and output lengths of each request, uniform on [lo, hi] (ints; lo == hi for a fixed length).
-    prefill_chunk: most prompt tokens one request may prefill in one step (chunked prefill)."""
+    prefill_chunk: most prompt tokens one request may prefill in one step (chunked prefill).
+    priority: two request classes (:class:`Priority`), or None for one class of weight 1."""
 
     prompt_len: tuple[int, int] = (1024, 1024)
     output_len: tuple[int, int] = (512, 512)
     prefill_chunk: int = 2048
+    priority: Optional[Priority] = None
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_len", _int_range(self.prompt_len, "workload.prompt_len", minimum=1))
@@ -148,15 +196,22 @@ class Workload:
         c = self.prefill_chunk
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             raise ValueError(f"workload.prefill_chunk must be an int >= 1, got {c!r}")
+        if self.priority is not None and not isinstance(self.priority, Priority):
+            raise TypeError(f"workload.priority must be a Priority or None, got {type(self.priority).__name__}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "workload") -> "Workload":
+        priority = data.get("priority") if isinstance(data, Mapping) else None
         return cls(prompt_len=_get(data, "prompt_len", where), output_len=_get(data, "output_len", where),
-                   prefill_chunk=data.get("prefill_chunk", 2048))
+                   prefill_chunk=data.get("prefill_chunk", 2048),
+                   priority=None if priority is None else Priority.from_dict(priority, f"{where}.priority"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompt_len": list(self.prompt_len), "output_len": list(self.output_len),
-                "prefill_chunk": self.prefill_chunk}
+        d = {"prompt_len": list(self.prompt_len), "output_len": list(self.output_len),
+             "prefill_chunk": self.prefill_chunk}
+        if self.priority is not None:  # absent otherwise: profiles without classes read and write as before
+            d["priority"] = self.priority.to_dict()
+        return d
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from .engine import parse_policy, simulate
-from .model import Profile
+from .model import Priority, Profile
 from .overhead import Overhead, overhead_preset
 from .profiles import get_profile
 
@@ -22,6 +22,8 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 COLUMNS = ("policy", "concurrency", "tokens_per_s", "tpot_ms", "user_tokens_per_s", "emitted_per_step",
            "verified_per_step", "mean_step_ms", "mean_step_tokens", "waiting_fraction", "head_auc", "head_ece",
            "steps", "simulated_s", "seeds", "tokens_per_s_sd", "tpot_ms_sd", "on_frontier")
+# Sweeps with priority classes (workload.priority) add these, per class, to every row and the CSV.
+CLASS_COLUMNS = ("tpot_ms_high", "tpot_ms_low", "tokens_per_s_high", "tokens_per_s_low")
 
 
 def default_policies(num_drafts: int) -> list[str]:
@@ -44,7 +46,8 @@ def pareto_frontier(rows: Sequence[dict]) -> list[int]:
 
 @dataclass
 class SweepResult:
-    """rows: one dict per (policy, concurrency) with the COLUMNS keys; profile: the profile's dict."""
+    """rows: one dict per (policy, concurrency) with the COLUMNS keys (and CLASS_COLUMNS with priority
+    classes); profile: the profile's dict."""
 
     profile: dict
     rows: list[dict]
@@ -61,6 +64,11 @@ class SweepResult:
 
     def concurrencies(self) -> list[int]:
         return sorted({r["concurrency"] for r in self.rows})
+
+    @property
+    def classes(self) -> bool:
+        """Whether the runs had priority classes (rows then carry CLASS_COLUMNS)."""
+        return self.settings.get("priority") is not None
 
     def table(self) -> str:
         """Terminal table: tokens/s and TPOT per policy (rows) and concurrency (columns); with several seeds,
@@ -83,7 +91,22 @@ class SweepResult:
                     tput += f"+-{r['tokens_per_s_sd']:<4.0f}"
                 cells.append(f"{tput} ({r['tpot_ms']:5.1f}){'*' if r['on_frontier'] else ' '}")
             lines.append(f"{p:>8} | " + " | ".join(x.rjust(width) for x in cells))
+        if self.classes:
+            lines += ["", *self._class_table()]
         return "\n".join(lines)
+
+    def _class_table(self) -> list[str]:
+        """TPOT per priority class: high / low, one cell per (policy, concurrency)."""
+        prio = self.settings["priority"]
+        cs, width = self.concurrencies(), 15
+        head = f"{'policy':>8} | " + " | ".join(f"c={c:<4}".rjust(width) for c in cs)
+        title = (f"TPOT ms per priority class: high (fraction {prio['fraction']:g}, weight {prio['weight']:g}) "
+                 "/ low (weight 1)")
+        lines = [title, head, "-" * len(head)]
+        for p in self.policies():
+            cells = [f"{r['tpot_ms_high']:5.1f} / {r['tpot_ms_low']:5.1f}" for r in (self.get(p, c) for c in cs)]
+            lines.append(f"{p:>8} | " + " | ".join(x.rjust(width) for x in cells))
+        return lines
 
     def to_json(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
@@ -91,10 +114,11 @@ class SweepResult:
 
     def to_csv(self, path: str | os.PathLike) -> None:
         with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            columns = COLUMNS + (CLASS_COLUMNS if self.classes else ())
+            w = csv.DictWriter(f, fieldnames=columns)
             w.writeheader()
             for r in self.rows:
-                w.writerow({k: r[k] for k in COLUMNS})
+                w.writerow({k: r[k] for k in columns})
 
     def plot(self, path: str | os.PathLike) -> None:
         """PNG: the Pareto frontier (throughput vs per-user tokens/s) and throughput vs concurrency."""
@@ -105,13 +129,18 @@ class SweepResult:
 
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
         fixed = [p for p in self.policies() if p.startswith("k")]
-        shades = plt.get_cmap("Blues")
+        slos = [p for p in self.policies() if p.startswith("slo")]
+        shades, slo_shades = plt.get_cmap("Blues"), plt.get_cmap("Greens")
         named = {"none": dict(color="black", ls="-", lw=1.4), "greedy": dict(color="tab:red", ls="-", lw=2.4),
                  "lagged": dict(color="tab:orange", ls="-", lw=2.0), "global": dict(color="tab:purple", ls="--", lw=1.4)}
         for p in self.policies():
             rs = sorted((r for r in self.rows if r["policy"] == p), key=lambda r: r["concurrency"])
-            style = named.get(p) or dict(color=shades(0.35 + 0.6 * fixed.index(p) / max(len(fixed) - 1, 1)), ls=":",
-                                         lw=1.2)
+            if p in named:
+                style = named[p]
+            elif p in slos:  # lagged with a step-time target: lagged's solid line, in greens
+                style = dict(color=slo_shades(0.45 + 0.5 * slos.index(p) / max(len(slos) - 1, 1)), ls="-", lw=1.6)
+            else:
+                style = dict(color=shades(0.35 + 0.6 * fixed.index(p) / max(len(fixed) - 1, 1)), ls=":", lw=1.2)
             ax0.plot([r["user_tokens_per_s"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", ms=3,
                      label=p, **style)
             ax1.plot([r["concurrency"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", ms=3, label=p,
@@ -187,18 +216,23 @@ def _mean_over_seeds(runs: list[dict]) -> dict:
 
 def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[int] = DEFAULT_CONCURRENCY,
           policies: Optional[Iterable[str]] = None, steps: int = 400, warmup: Optional[int] = None, seed: int = 0,
-          seeds: int = 1, overhead: Union[str, Overhead, None] = None, progress: bool = False) -> SweepResult:
+          seeds: int = 1, overhead: Union[str, Overhead, None] = None,
+          priority: Union[str, Priority, None] = None, progress: bool = False) -> SweepResult:
     """Simulates every policy at every concurrency and marks the Pareto frontier.
 
     profile: a :class:`Profile` or a bundled profile's name (``adaptive-verify profiles`` lists them).
     concurrency: ints >= 1 (at most the profile's token capacity). policies: names for
-    :func:`~adaptive_verify.sim.engine.parse_policy`; default none, k1..kK, greedy, lagged, global.
+    :func:`~adaptive_verify.sim.engine.parse_policy`; default none, k1..kK, greedy, lagged, global; add
+    ``slo<ms>`` (e.g. ``slo40``) for lagged with a step-time target of <ms> milliseconds.
     steps: measured steps per point (>= 1), times 16 // c below concurrency 16 (low concurrencies see few
     requests per step); warmup: unmeasured steps first (default steps // 4, scaled the same way).
     seeds: runs per point (>= 1), with seeds ``seed .. seed + seeds - 1``; each row is their mean, with
     ``tokens_per_s_sd`` / ``tpot_ms_sd`` the spread (sample standard deviation; NaN for one seed).
     overhead: the adaptive path's cost per step, a preset name (``device``, ``host``, ``none``) or an
     :class:`~adaptive_verify.sim.overhead.Overhead`, replacing the profile's; None keeps the profile's.
+    priority: two request classes, ``"FRACTION:WEIGHT"`` or a :class:`~adaptive_verify.sim.model.Priority`
+    (a fraction of the requests weighs WEIGHT in the planner, the rest 1), replacing the workload's; None
+    keeps the profile's. With classes every row also has CLASS_COLUMNS (TPOT and tokens/s per class).
     Same arguments and seed, same numbers.
     """
     if isinstance(profile, str):
@@ -232,6 +266,12 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
         if not isinstance(overhead, Overhead):
             raise TypeError(f"overhead must be a preset name, an Overhead or None, got {type(overhead).__name__}")
         profile = dataclasses.replace(profile, overhead=overhead)
+    if priority is not None:
+        if isinstance(priority, str):
+            priority = Priority.parse(priority)
+        if not isinstance(priority, Priority):
+            raise TypeError(f"priority must be 'FRACTION:WEIGHT', a Priority or None, got {type(priority).__name__}")
+        profile = dataclasses.replace(profile, workload=dataclasses.replace(profile.workload, priority=priority))
 
     total = len(pols) * len(cs) * seeds
     bar = _progress_bar(total) if progress else None
@@ -251,5 +291,6 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
     for i, r in enumerate(rows):
         r["on_frontier"] = i in front
     settings = {"concurrency": cs, "policies": names, "steps": steps, "warmup": warmup, "seed": seed,
-                "seeds": seeds, "adaptive_overhead": profile.overhead.to_dict()}
+                "seeds": seeds, "adaptive_overhead": profile.overhead.to_dict(),
+                "priority": None if profile.workload.priority is None else profile.workload.priority.to_dict()}
     return SweepResult(profile=profile.to_dict(), rows=rows, settings=settings)
