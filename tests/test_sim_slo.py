@@ -46,7 +46,10 @@ def test_slo_never_charges_a_step_above_the_target_when_b_min_allows(c, target):
     runs = {}
     for pol in (f"slo{target:g}", "lagged"):
         trace = []
-        simulate(prof, parse_policy(pol, 7), c, steps=40, warmup=20, seed=1, trace=trace)
+        r = simulate(prof, parse_policy(pol, 7), c, steps=40, warmup=20, seed=1, trace=trace)
+        times = [step_ms(prof, R, n, f) for R, n, f, *_ in trace]
+        assert r["longest_step_ms"] == pytest.approx(max(times), rel=1e-12)
+        assert r["p99_step_ms"] == pytest.approx(np.percentile(times, 99), rel=1e-12)
         runs[pol] = trace
     capped, over_for_lagged, near = 0, 0, 0
     for (R, n, f, _, _, prompt), lag in zip(runs[f"slo{target:g}"], runs["lagged"]):
@@ -79,7 +82,7 @@ def test_tight_slo_lowers_step_time_and_speculation():
     prof = get_profile("dsv4-pro-8xb300")
     lagged = simulate(prof, parse_policy("lagged", 7), 64, steps=40, seed=0)
     tight = simulate(prof, parse_policy("slo30", 7), 64, steps=40, seed=0)
-    assert tight["mean_step_ms"] < lagged["mean_step_ms"]
+    assert tight["mean_step_ms"] < lagged["mean_step_ms"] and tight["p99_step_ms"] < lagged["p99_step_ms"]
     assert tight["verified_per_step"] < 0.8 * lagged["verified_per_step"]
 
 

@@ -36,6 +36,8 @@ Metrics over the measured steps (after ``warmup`` steps from a staggered start):
   scheduled or waiting, so it is the token-weighted mean inter-token latency;
 - ``user_tokens_per_s``: 1000 / tpot_ms, what one user sees;
 - ``emitted_per_step`` and ``verified_per_step``: per scheduled decode request-step;
+- ``mean_step_ms``, ``p99_step_ms`` and ``longest_step_ms``: the step times' mean, 99th percentile (linear
+  interpolation) and maximum, what a step-time target (``slo<ms>``) bounds;
 - ``head_auc`` and ``head_ece`` (adaptive policies; NaN otherwise): the confidence head's AUC and
   expected calibration error on the drafts it was tried on, from :class:`~adaptive_verify.AcceptanceStats`
   (so head_noise / head_temperature / head_bias can be set to a target quality);
@@ -201,6 +203,7 @@ class _Metrics:
         self.waiting = 0  # decodes that did not fit the capacity
         self.steps = 0
         self.step_tokens = 0
+        self.step_ms: list[float] = []  # every step's time, for the tail a step-time target bounds
 
     def result(self) -> dict:
         tpot = self.decode_time_ms / self.decode_tokens if self.decode_tokens else float("inf")
@@ -212,6 +215,8 @@ class _Metrics:
             "emitted_per_step": self.decode_tokens / rs,
             "verified_per_step": self.verified / rs,
             "mean_step_ms": self.time_ms / max(self.steps, 1),
+            "p99_step_ms": float(np.percentile(self.step_ms, 99)) if self.step_ms else 0.0,
+            "longest_step_ms": max(self.step_ms, default=0.0),
             "mean_step_tokens": self.step_tokens / max(self.steps, 1),
             "waiting_fraction": self.waiting / max(self.waiting + self.decode_request_steps, 1),
             "steps": self.steps,
@@ -364,6 +369,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                           emitted_total, prefill_tokens))
         metrics.steps += 1
         metrics.time_ms += step_ms
+        metrics.step_ms.append(step_ms)
         metrics.tokens += emitted_total + len(finished_prefill)
         metrics.decode_time_ms += step_ms * R
         if classes:

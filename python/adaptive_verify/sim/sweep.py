@@ -20,8 +20,9 @@ __all__ = ["SweepResult", "sweep", "default_policies", "DEFAULT_CONCURRENCY", "p
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 COLUMNS = ("policy", "concurrency", "tokens_per_s", "tpot_ms", "user_tokens_per_s", "emitted_per_step",
-           "verified_per_step", "mean_step_ms", "mean_step_tokens", "waiting_fraction", "head_auc", "head_ece",
-           "steps", "simulated_s", "seeds", "tokens_per_s_sd", "tpot_ms_sd", "on_frontier")
+           "verified_per_step", "mean_step_ms", "p99_step_ms", "longest_step_ms", "mean_step_tokens",
+           "waiting_fraction", "head_auc", "head_ece", "steps", "simulated_s", "seeds", "tokens_per_s_sd", "tpot_ms_sd",
+           "on_frontier")
 # Sweeps with priority classes (workload.priority) add these, per class, to every row and the CSV.
 CLASS_COLUMNS = ("tpot_ms_high", "tpot_ms_low", "tokens_per_s_high", "tokens_per_s_low")
 
