@@ -24,17 +24,20 @@ from typing import Any, Optional
 CALL_CACHE_SIZE = 16
 
 
-def tensor_signature(tensors) -> list:
+def tensor_signature(tensors, flat: tuple = ()) -> list:
     """Data pointer and shape of each tensor, and the strides of those with more than one dimension (a 1-D
     tensor cannot change its stride in place while keeping its pointer and shape unless its storage is larger
-    than it: only as_strided_ does that, and the kernels' writes still land inside that storage)."""
+    than it: only as_strided_ does that, and the kernels' writes still land inside that storage). ``flat``:
+    which tensors were 1-D when remembered (their rank is then part of the shape compared)."""
+    if flat:
+        return [(t.data_ptr(), t.shape) if f else (t.data_ptr(), t.shape, t.stride()) for t, f in zip(tensors, flat)]
     return [(t.data_ptr(), t.shape, t.stride()) if t.dim() > 1 else (t.data_ptr(), t.shape) for t in tensors]
 
 
 class CallCache:
-    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, their signature,
-    value). The tensors checked on a hit are the entry's own: the key's ids say the caller passed these very
-    objects."""
+    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, which are 1-D, their
+    signature, value). The tensors checked on a hit are the entry's own: the key's ids say the caller passed
+    these very objects."""
 
     __slots__ = ("_entries", "size")
 
@@ -45,9 +48,9 @@ class CallCache:
     def get(self, key) -> Optional[Any]:
         """The value stored under ``key`` if every tensor still has the signature it was validated with."""
         entry = self._entries.get(key)
-        if entry is None or entry[2] != tensor_signature(entry[1]):
+        if entry is None or entry[3] != tensor_signature(entry[1], entry[2]):
             return None
-        return entry[3]
+        return entry[4]
 
     def put(self, key, refs, tensors, value) -> Any:
         """Remembers ``value`` for ``key``: ``refs`` are every object whose id() is in the key, ``tensors`` the
@@ -55,7 +58,8 @@ class CallCache:
         if key not in self._entries and len(self._entries) >= self.size:
             self._entries.pop(next(iter(self._entries)))
         tensors = [t for t in tensors if t is not None]
-        self._entries[key] = (refs, tensors, tensor_signature(tensors), value)
+        flat = tuple(t.dim() <= 1 for t in tensors)  # a rank change shows in the shape compared
+        self._entries[key] = (refs, tensors, flat, tensor_signature(tensors, flat), value)
         return value
 
     def clear(self) -> None:
