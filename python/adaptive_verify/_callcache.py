@@ -18,7 +18,13 @@ persistent buffer) simply take the validating path every time: they pay the old 
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Optional
+
+import torch
+
+from ._ext import check_status
+from ._validate import stream_of
 
 #: Launch-ready calls remembered per op (a decode loop needs one or two; CUDA-graph capture one per size).
 CALL_CACHE_SIZE = 16
@@ -67,3 +73,27 @@ class CallCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class Launch:
+    """A launch-ready call of an extension entry point: its filled parameter struct (kept alive here), the
+    device, and the op's name for errors. ``run()`` is the whole hot path of a remembered call."""
+
+    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "keep")
+
+    def __init__(self, fn, params, device, op: str, keep=()):
+        self.fn, self.params, self.device, self.op, self.keep = fn, params, device, op, keep
+        self.addr, self.on_cuda = ctypes.addressof(params), device.type == "cuda"
+
+    def run(self) -> None:
+        status = self.fn(self.addr, self.on_cuda, stream_of(self.device) if self.on_cuda else 0)
+        if status:
+            check_status(status, self.op, self.device)
+
+
+def scalar_key(value) -> tuple:
+    """A scalar argument as part of a key: its type with its value (so True never passes for 1, nor 2.0 for 2);
+    a tensor by identity."""
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, id(value))
+    return (type(value), value)

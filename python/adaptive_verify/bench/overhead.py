@@ -162,6 +162,7 @@ def cases(R: int, device) -> list:
     emitted = torch.empty(R, K + 1, dtype=torch.int32, device=device)
     num_emitted = torch.empty(R, dtype=torch.int32, device=device)
     sampled = torch.empty(R, dtype=torch.int32, device=device)
+    rows = logits[:R]  # one persistent view: a new slice every call would be a new object (the validating path)
     stats = AcceptanceStats(K, device=device)
     verify_lens = torch.full((R,), K, dtype=torch.int32, device=device)
     accepted = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32).to(device)
@@ -209,8 +210,8 @@ def cases(R: int, device) -> list:
                                   out=(emitted, num_emitted)),
          torch_rejection),
         ("sample (V=64, bf16)", "sample",
-         lambda: sample(logits[:R], temperature_r, seeds, out=sampled),
-         lambda: torch.multinomial(torch.softmax(logits[:R].float(), -1), 1)),
+         lambda: sample(rows, temperature_r, seeds, out=sampled),
+         lambda: torch.multinomial(torch.softmax(rows.float(), -1), 1)),
         ("AcceptanceStats.update", "stats_update", lambda: stats.update(conf, verify_lens, accepted), torch_stats),
     ]
 
