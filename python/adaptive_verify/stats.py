@@ -82,8 +82,9 @@ class AcceptanceStats:
         launch = Launch(_C.stats_update, _update_params(*args), self.device, "AcceptanceStats.update")
         launch.run()
         if v32 is verify_lens and a32 is num_accepted:  # int64 inputs are converted per call: not remembered
-            held = (conf, verify_lens, num_accepted, *args[3:])
-            self._calls.put(key, held, held, launch)
+            # The count tensors are this object's own (held, in the key by id); the caller's are checked.
+            self._calls.put(key, (conf, verify_lens, num_accepted, *args[3:]), (conf, verify_lens, num_accepted),
+                            launch)
 
     def reset(self) -> None:
         """Zeroes every count (asynchronously on CUDA)."""
