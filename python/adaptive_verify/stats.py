@@ -49,7 +49,7 @@ class AcceptanceStats:
         check_device("device", torch.empty(0, device=self.device))
         shape = (num_positions, num_bins)
         self.trials = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        self._calls = CallCache(4)  # remembered update launches (a decode loop repeats its buffers)
+        self._calls = CallCache()  # remembered update launches (a decode loop repeats its buffers)
         self.survivals = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._conf_fixed = torch.zeros(shape, dtype=torch.int64, device=self.device)  # 32.32 fixed point
         self._errors = errors.error_buffer(self.device)

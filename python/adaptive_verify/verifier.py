@@ -450,8 +450,11 @@ class AdaptiveVerifier:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be an int32 tensor [R], got {type(t).__name__}")
         R = self._last_conf.shape[0]
-        v, a = verify_lens[:R], num_accepted[:R]
-        self.stats.update(self._last_conf, v.to(torch.int32), a.to(torch.int32))
+        # The caller's own tensors when they hold exactly R rows (a slice is a new object every step, which would
+        # send AcceptanceStats.update down its validating path instead of its remembered launch).
+        v = verify_lens if verify_lens.shape[0] == R else verify_lens[:R]
+        a = num_accepted if num_accepted.shape[0] == R else num_accepted[:R]
+        self.stats.update(self._last_conf, v, a)
         if self.sts is not None:
             self.sts.step(self.stats)
         self._acc[0] += v.sum()
