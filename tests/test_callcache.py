@@ -3,6 +3,7 @@ call's objects skips validation, so these tests check that such a call is exactl
 integers whatever changes step to step, in-place changes of a tensor's layout caught, per-step scalars still
 validated, and the one-call confidence path (conf=) equal to prefix_survival followed by the plan."""
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -308,3 +309,30 @@ def test_sampler_scalar_types_are_part_of_the_key():
         av.sample(logits, torch.ones(4), torch.arange(4), 0, out=out, logprobs=1)
     with pytest.raises(TypeError, match="offset"):
         av.sample(logits, torch.ones(4), torch.arange(4), 1.5, out=out)
+
+
+def test_confidence_and_stats_remembered_calls():
+    confidence_module = importlib.import_module("adaptive_verify.confidence")  # (av.confidence is the op)
+    g = torch.Generator().manual_seed(2)
+    R, K, H = 5, 4, 16
+    hidden, weight = torch.empty(R, K, H), torch.randn(H, generator=g)
+    temperature, out = torch.full((K,), 1.5), torch.empty(R, K)
+    confidence_module._CALLS.clear()
+    stats, fresh = av.AcceptanceStats(K), av.AcceptanceStats(K)
+    vl, na = torch.empty(R, dtype=torch.int32), torch.empty(R, dtype=torch.int32)
+    for step in range(4):
+        hidden.copy_(torch.randn(R, K, H, generator=g))
+        got = av.confidence(hidden, weight, bias=0.25, temperature=temperature, survival=True, out=out)
+        assert torch.equal(got, av.confidence(hidden.clone(), weight, bias=0.25, temperature=temperature.clone(),
+                                              survival=True))
+        vl.copy_(torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32))
+        na.copy_(torch.minimum(vl, torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)))
+        stats.update(out, vl, na)
+        fresh.update(out.clone(), vl.clone(), na.clone())
+    assert len(confidence_module._CALLS) == 1 and len(stats._calls) == 1
+    assert torch.equal(stats.trials, fresh.trials) and torch.equal(stats.survivals, fresh.survivals)
+    temperature[0] = 0.0  # changed in place: checked again, so the remembered call cannot skip it
+    with pytest.raises(ValueError, match="temperature"):
+        av.confidence(hidden, weight, bias=0.25, temperature=temperature, survival=True, out=out)
+    with pytest.raises(TypeError, match="bias"):  # the scalar's type is part of the key
+        av.confidence(hidden, weight, bias=True, temperature=torch.ones(K), survival=True, out=out)

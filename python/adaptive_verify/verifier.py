@@ -224,7 +224,7 @@ class AdaptiveVerifier:
         idx = _host_ints("req_indices", req_indices, R)
         if R and (idx.min() < 0 or idx.max() >= self.max_reqs):
             raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
-        if R > 1 and np.unique(idx).shape[0] != R:
+        if R > 1 and int(np.bincount(idx, minlength=1).max()) > 1:  # O(R + max_reqs): no sort per step
             raise ValueError("req_indices must be distinct (one persistent slot per request)")
         return idx
 
@@ -450,8 +450,11 @@ class AdaptiveVerifier:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be an int32 tensor [R], got {type(t).__name__}")
         R = self._last_conf.shape[0]
-        v, a = verify_lens[:R], num_accepted[:R]
-        self.stats.update(self._last_conf, v.to(torch.int32), a.to(torch.int32))
+        # The caller's own tensors when they hold exactly R rows (a slice is a new object every step, which would
+        # send AcceptanceStats.update down its validating path instead of its remembered launch).
+        v = verify_lens if verify_lens.shape[0] == R else verify_lens[:R]
+        a = num_accepted if num_accepted.shape[0] == R else num_accepted[:R]
+        self.stats.update(self._last_conf, v, a)
         if self.sts is not None:
             self.sts.step(self.stats)
         self._acc[0] += v.sum()

@@ -31,7 +31,7 @@ from .. import errors, reference
 from .._ext import _C
 from ..cost import CostTable
 from ..planner import PlanArgs, VerifyPlan, plan_verification, prefix_survival, resolve_plan_args
-from ..planner.ops import _launch_plan, _params
+from ..planner.launch import launch_plan, make_params
 from .report import cli_main, markdown_table
 from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
 
@@ -84,7 +84,7 @@ def bench_cpu(R: int, K: int, ct: CostTable, *, min_time_s: float) -> dict:
     a, survival = _args(conf, drafts, ct)
     out = VerifyPlan.allocate(a.num_reqs_padded, a.num_tokens_padded, "cpu")
     err = errors.error_buffer("cpu")
-    params = _params(a, out, out.budget, out.expected_tokens, err)
+    params = make_params(a, out, out.budget, out.expected_tokens, err)
     address, plan = ctypes.addressof(params), _C.plan
     kernel = host_time_us(lambda: plan(address, False, 0), min_time_s=min_time_s)
     surv_out = torch.empty_like(survival)
@@ -116,7 +116,7 @@ def bench_cuda(R: int, K: int, ct: CostTable) -> dict:
     a, survival = _args(conf, drafts, ct)
     out = VerifyPlan.allocate(a.num_reqs_padded, a.num_tokens_padded, dev)
     err = errors.error_buffer(dev)
-    run = lambda: _launch_plan(a, out, out.budget, out.expected_tokens, err)  # noqa: E731
+    run = lambda: launch_plan(a, out, out.budget, out.expected_tokens, err)  # noqa: E731
     launches, kernel_us = cuda_kernel_stats(run)
     graph_us = cuda_graph_time_us(run)
     run()
