@@ -15,6 +15,8 @@
 //  - metadata: each request's run of tokens is written as whole vectors.
 //  - the in-bucket sort: insertion sort for the handful of keys a bucket usually holds, an LSD radix sort
 //    over the key bits that vary for big buckets (exact ties, tiny survivals below the resolved octaves).
+// Draft trees (Params::parents) take the generic walk, allocation and metadata (their rows are not prefixes, so
+// the vector forms above do not apply); the gather and the in-bucket sort are shared, with the tree key.
 // Scratch is thread_local and reused: a decode loop plans every step, so steady state allocates nothing.
 // At R=256, K=8 (2048 candidates) the whole plan takes a few microseconds (benchmarks/bench_planner.py).
 #include <algorithm>
@@ -36,12 +38,22 @@ namespace adaptive_verify {
 namespace planner {
 
 int prefix_survival_cpu(const SurvivalParams& p) {
-  for (int32_t r = 0; r < p.num_reqs; ++r)
-    if (p.drafts[r] < 0 || p.drafts[r] > p.max_drafts) return kErrDraftsOutOfRange;  // before any output
-  int32_t nan_count = 0;
-  for (int32_t r = 0; r < p.num_reqs; ++r)
-    nan_count += survival_row(p.conf + int64_t(r) * p.conf_stride, p.drafts[r], p.max_drafts,
-                              p.survival + int64_t(r) * p.max_drafts);
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int32_t size = p.drafts[r];
+    if (size < 0 || size > p.max_drafts) return kErrDraftsOutOfRange;  // before any output
+    if (p.parents == nullptr) continue;
+    const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+    for (int32_t j = 0; j < size; ++j)
+      if (par[j] < -1 || par[j] >= j) return kErrBadParent;
+  }
+  int32_t nan_count = 0, bad_parents = 0;
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const float* conf = p.conf + int64_t(r) * p.conf_stride;
+    float* out = p.survival + int64_t(r) * p.max_drafts;
+    nan_count += p.parents != nullptr ? tree_survival_row(conf, p.parents + int64_t(r) * p.parents_stride, p.drafts[r],
+                                                          p.max_drafts, out, &bad_parents)
+                                      : survival_row(conf, p.drafts[r], p.max_drafts, out);
+  }
   if (nan_count && p.error_counts) p.error_counts[kCountNanSurvival] += nan_count;
   return kOk;
 }
@@ -353,6 +365,7 @@ struct CpuBackend {
   }
 
   WalkTotals walk_and_count(const Params& p, const Workspace& ws, const Buckets& bk) {
+    if (p.parents != nullptr) return generic_walk_and_count(p, *this, ws, bk);
     const int32_t R = p.num_reqs, K = p.max_drafts;
     const int64_t n_slots = int64_t(R) * K, n_padded = (n_slots + 15) / 16 * 16;
     grow(slot_bucket, size_t(n_slots));
@@ -360,7 +373,7 @@ struct CpuBackend {
     grow(caps, size_t(R));
     std::memset(ws.ready, 0, size_t(bk.num));
     std::memset(ws.keep, 0, size_t(bk.num));
-    WalkTotals t{0, 0, 0, 0};
+    WalkTotals t{0, 0, 0, 0, 0, 0};
     // Rows whose every slot is a candidate and none forced take the vector walk; the window check (drafts in
     // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) send every row to walk_row.
     const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr;
@@ -455,6 +468,7 @@ struct CpuBackend {
   }
 
   void count_verified(const Params& p, const Workspace& ws, const Threshold& th) {
+    if (p.parents != nullptr) return generic_count_verified(p, *this, ws, th);
     const int32_t R = p.num_reqs, K = p.max_drafts;
     if (th.none) {
       std::memcpy(ws.lens, caps.data(), size_t(R) * sizeof(int32_t));
@@ -470,6 +484,7 @@ struct CpuBackend {
   }
 
   MetadataTotals write_metadata(const Params& p, const Workspace& ws) {
+    if (p.parents != nullptr) return generic_write_metadata(p, *this, ws);
     const int32_t R = p.num_reqs, K = p.max_drafts;
     const int32_t* lens = ws.lens;
     const int64_t T_pad = p.num_tokens_padded;
@@ -522,15 +537,24 @@ struct CpuBackend {
   // Orders each bucket of [k0, k1) by candidate key (the slots arrive in slot order).
   void sort_buckets(const Workspace& ws, const Buckets& bk, int32_t K, int32_t k0, int32_t k1) {
     (void)bk;
+    const bool tree = ws.depth != nullptr;
     for (int32_t k = k0; k < k1; ++k) {
       const int64_t b = ws.count[k], n = ws.count[k + 1] - b;
       if (n <= 1) continue;
       if (keys.size() < size_t(n)) keys.resize(size_t(n));
       int32_t* slots = ws.sorted + b;
-      for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = slot_key(ws.words[slots[i]], slots[i], K);
+      if (tree) {
+        for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = slot_key(ws, ws.words[slots[i]], slots[i], K);
+      } else {
+        for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = slot_key(ws.words[slots[i]], slots[i], K);
+      }
       sort_keys(keys.data(), n, scratch);
-      for (int64_t i = 0; i < n; ++i) {  // key -> slot: request and position are its low fields
+      for (int64_t i = 0; i < n; ++i) {  // key -> slot: request and position (node) are its low fields
         const uint64_t key = keys[size_t(i)];
+        if (tree) {
+          slots[i] = int32_t(int64_t(tree_key_req(key)) * K + tree_key_node(key));
+          continue;
+        }
         const int64_t r = int64_t(key & ((uint64_t(1) << kReqBits) - 1));
         slots[i] = int32_t(r * K + int64_t((key >> kReqBits) & uint64_t(kMaxDrafts - 1)));
       }
@@ -551,7 +575,7 @@ int plan_cpu(const Params& p) {
   CpuBackend& be = *thread_backend();
   const int64_t n_slots = int64_t(p.num_reqs) * p.max_drafts;
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
-  const WorkspaceLayout layout = workspace_layout(n_slots, bk.num, p.num_reqs, 1, false);
+  const WorkspaceLayout layout = workspace_layout(n_slots, bk.num, p.num_reqs, 1, false, p.parents != nullptr);
   if (be.workspace.size() < size_t(layout.bytes)) be.workspace.resize(size_t(layout.bytes));
   return plan(p, be, carve_workspace(be.workspace.data(), layout));
 }

@@ -33,6 +33,15 @@ COUNTER_NAMES = (
     # rejection_sample / sample on CUDA: top_k < 0, top_p outside (0, 1] or min_p outside [0, 1] (or NaN): that
     # filter is off for the request (the CPU raises ValueError).
     "sampling_param_out_of_range",
+    # draft trees on CUDA: parents[r, j] outside [-1, j): the node and its subtree are not candidates (tree_survival:
+    # survival 0); the CPU raises ValueError.
+    "bad_parent",
+    # draft trees on CUDA: a node whose draft id repeats an earlier sibling's: it and its subtree are not candidates
+    # (the CPU raises ValueError).
+    "duplicate_sibling",
+    # commit_tree_kv on CUDA: a request whose accepted path is invalid (offsets not increasing, num_accepted out of
+    # range, a slot outside its blocks or the cache): none of its entries is moved (the CPU raises ValueError).
+    "accepted_path",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

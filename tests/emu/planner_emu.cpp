@@ -17,7 +17,7 @@ extern "C" {
 // with the emulator's message in err (a launch that returns an error is a failure too).
 int av_emu_plan(const pl::Params* params, char* err, int err_len) {
   pl::Params p = *params;
-  const int64_t bytes = pl::plan_workspace_bytes(p.num_reqs, p.max_drafts, p.min_verify > 0);
+  const int64_t bytes = pl::plan_workspace_bytes(p.num_reqs, p.max_drafts, p.min_verify > 0, p.parents != nullptr);
   std::vector<uint4> workspace(size_t((bytes + 15) / 16));
   if (bytes > 0) p.workspace = workspace.data();
   return av_emu::run_entry(av_emu::kLateCopies, {}, err, err_len, [&] {
