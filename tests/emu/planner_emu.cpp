@@ -1,6 +1,7 @@
-// The planner's CUDA kernel (planner/kernel.cuh: the one planner algorithm on one thread block), launched by its
-// real launcher (launch_plan), run on the host by the fiber emulator (cuda_emu.h). The C entry point takes the
-// same parameter struct as adaptive_verify._C.plan (tests/test_planner_emu.py swaps it in). Built by the tests
+// The planner's CUDA kernels (planner/kernel.cuh: the one planner algorithm on one thread block, chains and trees,
+// and the prefix/tree survival kernel), launched by their real launchers (launch_plan, launch_prefix_survival), run
+// on the host by the fiber emulator (cuda_emu.h). The C entry points take the same parameter structs as
+// adaptive_verify._C.plan and _C.prefix_survival (tests/test_planner_emu.py swaps them in). Built by the tests
 // with the host compiler; not part of the package.
 #include "cuda_emu.h"
 
@@ -22,6 +23,14 @@ int av_emu_plan(const pl::Params* params, char* err, int err_len) {
   if (bytes > 0) p.workspace = workspace.data();
   return av_emu::run_entry(av_emu::kLateCopies, {}, err, err_len, [&] {
     if (pl::launch_plan(p, nullptr) != cudaSuccess) throw av_emu::Failure("launch_plan returned an error");
+  });
+}
+
+// params: a planner::SurvivalParams (prefix_survival, or tree_survival with parents set).
+int av_emu_prefix_survival(const pl::SurvivalParams* params, char* err, int err_len) {
+  return av_emu::run_entry(av_emu::kLateCopies, {}, err, err_len, [&] {
+    if (pl::launch_prefix_survival(*params, nullptr) != cudaSuccess)
+      throw av_emu::Failure("launch_prefix_survival returned an error");
   });
 }
 
