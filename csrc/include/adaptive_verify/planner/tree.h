@@ -53,7 +53,8 @@ AV_HD TreeWalk walk_tree_row(const Params& p, int32_t r, int32_t* words, uint8_t
   // sibling), so a node is compared with its own earlier siblings only: a few compares for real trees' branching.
   int8_t last_child[kMaxTreeNodes + 1];
   int8_t prev_sibling[kMaxTreeNodes];
-  for (int32_t q = 0; q <= window; ++q) last_child[q] = -1;
+  if (ids != nullptr)
+    for (int32_t q = 0; q <= window; ++q) last_child[q] = -1;
   uint64_t is_cand = 0;
   for (int32_t j = 0; j < N; ++j) {
     words[j] = kNoSlot;
@@ -101,26 +102,13 @@ AV_HD int32_t tree_offset_of(uint64_t verified, int32_t a) {
   return 1 + popcount64(verified & ((uint64_t(1) << a) - 1));
 }
 
-// Writes token `tok` (local index) of request r, offset i of its verified block: 0 the anchor, i >= 1 the i-th
-// verified node in node order (`verified`: the request's verified nodes; `depth_row`: their depths). Positions
-// follow the depth (RoPE), the slot the KV index context_len + i (siblings never share a slot). Returns false
-// when the block table cannot hold that KV index (the slot is then -1).
-AV_HD bool write_tree_token(const Params& p, int32_t r, uint64_t verified, const uint8_t* depth_row, int32_t i,
-                            int64_t tok) {
+// Writes the outputs of token `tok` (local index) of request r at offset i of its verified block, whose node (-1:
+// the anchor), depth, parent offset and mask are given. Positions follow the depth (RoPE), the slot the KV index
+// context_len + i (siblings never share a slot). Returns false when the block table cannot hold that KV index (the
+// slot is then -1).
+AV_HD bool write_tree_token_fields(const Params& p, int32_t r, int32_t i, int64_t tok, int32_t node, int32_t d,
+                                   int32_t parent_offset, uint64_t mask) {
   const int32_t ctx = p.context_lens != nullptr ? p.context_lens[r] : 0;
-  int32_t node = -1, d = 0, parent_offset = -1;
-  uint64_t mask = 1;  // the anchor is visible to every token of its request
-  if (i > 0) {
-    uint64_t rest = verified;
-    for (int32_t k = 1; k < i; ++k) rest &= rest - 1;
-    node = lowest_bit64(rest);
-    d = depth_row[node];
-    const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
-    mask |= uint64_t(1) << i;
-    // The verified set is ancestor-closed and parents were checked by the walk, so this climbs verified nodes.
-    for (int32_t a = par[node]; a >= 0; a = par[a]) mask |= uint64_t(1) << tree_offset_of(verified, a);
-    parent_offset = par[node] < 0 ? 0 : tree_offset_of(verified, par[node]);
-  }
   if (p.token_req != nullptr) p.token_req[tok] = r;
   if (p.positions != nullptr) p.positions[tok] = ctx + d;
   bool slot_ok = true;
@@ -137,6 +125,28 @@ AV_HD bool write_tree_token(const Params& p, int32_t r, uint64_t verified, const
   if (p.token_node != nullptr) p.token_node[tok] = node;
   if (p.token_depth != nullptr) p.token_depth[tok] = d;
   return slot_ok;
+}
+
+// Token `tok` of request r, offset i of its verified block: 0 the anchor, i >= 1 the i-th verified node in node order
+// (`verified`: the request's verified nodes; `depth_row`: their depths), each token on its own (the block's threads
+// take tokens in parallel): the node by clearing i - 1 set bits, the mask by climbing the parents. The CPU kernel
+// walks each request's tokens in order instead, keeping every node's offset and mask (the same values).
+AV_HD bool write_tree_token(const Params& p, int32_t r, uint64_t verified, const uint8_t* depth_row, int32_t i,
+                            int64_t tok) {
+  int32_t node = -1, d = 0, parent_offset = -1;
+  uint64_t mask = 1;  // the anchor is visible to every token of its request
+  if (i > 0) {
+    uint64_t rest = verified;
+    for (int32_t k = 1; k < i; ++k) rest &= rest - 1;
+    node = lowest_bit64(rest);
+    d = depth_row[node];
+    const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+    mask |= uint64_t(1) << i;
+    // The verified set is ancestor-closed and parents were checked by the walk, so this climbs verified nodes.
+    for (int32_t a = par[node]; a >= 0; a = par[a]) mask |= uint64_t(1) << tree_offset_of(verified, a);
+    parent_offset = par[node] < 0 ? 0 : tree_offset_of(verified, par[node]);
+  }
+  return write_tree_token_fields(p, r, i, tok, node, d, parent_offset, mask);
 }
 
 // Padding lane t of the tree outputs.
