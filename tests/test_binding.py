@@ -93,7 +93,8 @@ def test_planner_fields_by_name(monkeypatch):
     f = _fields(p, _binding.PlannerParams)
     plan = plan[0]
     want = dict(survival=survival.data_ptr(), survival_stride=9, drafts=drafts.data_ptr(), num_reqs=R, max_drafts=K,
-                conf=None, conf_stride=0, survival_out=None, parents=None, parents_stride=0,
+                conf=None, conf_stride=0, survival_out=None, weights=None, step_cap=1 << 62, parents=None,
+                parents_stride=0,
                 mode=2, fixed_budget=0, budget_in=budget.data_ptr(), min_verify=2, max_verify=6, extra_tokens=17,
                 extra_emitting=19, budget_cap=min(R * 6, 300 - R - 17, 61 - R), verify_cost=None, verify_cost_len=0,
                 context_lens=ctx.data_ptr(), block_table=bt.data_ptr(), block_table_stride=13, max_blocks=13,
@@ -124,6 +125,19 @@ def test_planner_fields_by_name(monkeypatch):
         want[name] = getattr(plan, "budget" if name == "budget_out" else name).data_ptr()
     f.pop("draft_cost"), f.pop("error_counts")
     assert f == want
+
+
+def test_planner_weights_and_step_cap_by_name(monkeypatch):
+    R, K = 4, 3
+    survival, drafts = torch.ones(R, K), torch.full((R,), K, dtype=torch.int32)
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
+    ct = av.CostTable.from_points({1: 1.0, 64: 2.0}, draft_ms=0.5)
+    target = float(ct.fixed_cost(R) + ct.verify_cost(R + 5)) + 1e-4
+    p, _ = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                     lambda: (av.plan_verification(survival, drafts, ct, mode="all", weights=w, max_step_ms=target),
+                              survival, w))
+    f = _fields(p, _binding.PlannerParams)
+    assert (f["weights"], f["step_cap"]) == (w.data_ptr(), 5)
 
 
 def test_planner_confidence_fields_by_name(monkeypatch):

@@ -3,6 +3,7 @@ call's objects skips validation, so these tests check that such a call is exactl
 integers whatever changes step to step, in-place changes of a tensor's layout caught, per-step scalars still
 validated, and the one-call confidence path (conf=) equal to prefix_survival followed by the plan."""
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -77,24 +78,27 @@ def test_repeated_calls_equal_validating_calls_as_a_loop_changes_values_and_step
 
 
 def test_a_loop_takes_the_remembered_path(monkeypatch):
-    """After the first call, repeated calls never validate again (resolve_plan_args is not called)."""
+    """After the first call, repeated calls never validate again (resolve_plan_args is not called), also when the
+    cost table object changes (a shifted view per prompt chunk is a per-step argument) or the budget does."""
     R, K = 9, 4
     survival = torch.rand(R, K)
     drafts = torch.full((R,), K, dtype=torch.int32)
     out = av.VerifyPlan.allocate(R, R + R * K)
-    av.plan_verification(survival, drafts, table(), mode="greedy", out=out)
+    base = table()
+    av.plan_verification(survival, drafts, base, mode="greedy", out=out)
     calls = []
     real = planner_ops.resolve_plan_args
     monkeypatch.setattr(planner_ops, "resolve_plan_args", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for extra in (3, 5, 7):
+        shifted = base.shifted(extra)
+        got = av.plan_verification(survival, drafts, shifted, mode="greedy", capacity=R + R * K, out=out)
+        want = av.plan_verification(survival.clone(), drafts.clone(), shifted, mode="greedy", capacity=R + R * K)
+        assert int(got.budget) == int(want.budget)
+    assert len(calls) == 3  # the three fresh calls (new objects) only
     for b in (3, 5, 7):
-        av.plan_verification(survival, drafts, table(), mode="greedy", out=out)  # a new table object: validates
-    assert len(calls) == 3
-    ct = table()
-    av.plan_verification(survival, drafts, ct, mode="fixed", budget=1, out=out)
-    for b in (3, 5, 7):
-        plan = av.plan_verification(survival, drafts, ct, mode="fixed", budget=b, out=out)
+        plan = av.plan_verification(survival, drafts, base, mode="fixed", budget=b, out=out)
         assert int(plan.budget) == b
-    assert len(calls) == 4
+    assert len(calls) == 4  # mode is in the key: one validation, then re-stepped budgets
 
 
 @pytest.mark.parametrize("change", ["resize", "transpose", "set", "as_strided"])
@@ -237,3 +241,98 @@ def test_prefix_survival_remembered_call_sees_new_values_and_layouts():
     out.resize_(4, 3)
     with pytest.raises(ValueError, match="out"):
         av.prefix_survival(conf, drafts, out=out)
+
+
+# ------------------------------------------------------------------------------------------------------
+# the sampler's remembered calls
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_rejection_sample_loop_equals_validating_calls():
+    """A decode loop: same buffers with new values, the offset advancing, sampling parameters present; every
+    step equals a fresh call, and the remembered path is taken (sampling module's cache holds the call)."""
+    from adaptive_verify import sampling as sampling_module
+
+    g = torch.Generator().manual_seed(1)
+    R, K, V = 6, 3, 40
+    logits = torch.empty(R * (K + 1), V)
+    qsl = torch.arange(0, R * (K + 1) + 1, K + 1, dtype=torch.int32)
+    drafts = torch.empty(R, K, dtype=torch.int32)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 1.0, 2.0, 0.7])
+    seeds = torch.arange(R, dtype=torch.int64)
+    top_k = torch.tensor([0, 3, 0, 5, 1, 0], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 1.0, 0.8])
+    out = (torch.empty(R, K + 1, dtype=torch.int32), torch.empty(R, dtype=torch.int32), torch.empty(R, K + 1))
+    sampling_module._REJECTION_CALLS.clear()
+    for step in range(5):
+        logits.copy_(torch.randn(R * (K + 1), V, generator=g) * 2)
+        drafts.copy_(torch.randint(0, V, (R, K), generator=g, dtype=torch.int32))
+        kw = dict(temperature=temperature, seeds=seeds, offset=100 + step, top_k=top_k, top_p=top_p, logprobs=True)
+        got = av.rejection_sample(logits, qsl, drafts, out=out, **kw)
+        want = av.rejection_sample(logits.clone(), qsl.clone(), drafts.clone(), **kw)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), step
+    assert len(sampling_module._REJECTION_CALLS) == 1
+    qsl[2] = 100  # values are read at launch: the CPU kernel still refuses bad ones
+    with pytest.raises(ValueError, match="query_start_loc"):
+        av.rejection_sample(logits, qsl, drafts, out=out, **kw)
+    qsl[2] = 2 * (K + 1)
+    temperature[1] = -1.0
+    with pytest.raises(ValueError, match="temperature"):
+        av.rejection_sample(logits, qsl, drafts, out=out, **kw)
+    temperature[1] = 0.5
+    out[0].resize_(R - 1, K + 1)  # an output resized in place is validated again
+    with pytest.raises(ValueError, match=r"out\[0\]"):
+        av.rejection_sample(logits, qsl, drafts, out=out, **kw)
+
+
+def test_unseeded_remembered_calls_draw_fresh_seeds_every_call():
+    R, V = 64, 50
+    logits = torch.zeros(R, V)  # uniform: tokens depend on the seeds only
+    out = torch.empty(R, dtype=torch.int32)
+    T = torch.ones(R)
+    first = av.sample(logits, T, out=out).clone()
+    second = av.sample(logits, T, out=out).clone()
+    assert not torch.equal(first, second)
+    torch.manual_seed(3)
+    a = av.sample(logits, T, out=out).clone()
+    torch.manual_seed(3)
+    b = av.sample(logits, T, out=out).clone()
+    assert torch.equal(a, b)  # torch's generator decides them: reproducible under torch.manual_seed
+
+
+def test_sampler_scalar_types_are_part_of_the_key():
+    logits = torch.randn(4, 9)
+    out = torch.empty(4, dtype=torch.int32)
+    av.sample(logits, torch.ones(4), torch.arange(4), 0, out=out)
+    with pytest.raises(TypeError, match="logprobs"):
+        av.sample(logits, torch.ones(4), torch.arange(4), 0, out=out, logprobs=1)
+    with pytest.raises(TypeError, match="offset"):
+        av.sample(logits, torch.ones(4), torch.arange(4), 1.5, out=out)
+
+
+def test_confidence_and_stats_remembered_calls():
+    confidence_module = importlib.import_module("adaptive_verify.confidence")  # (av.confidence is the op)
+    g = torch.Generator().manual_seed(2)
+    R, K, H = 5, 4, 16
+    hidden, weight = torch.empty(R, K, H), torch.randn(H, generator=g)
+    temperature, out = torch.full((K,), 1.5), torch.empty(R, K)
+    confidence_module._CALLS.clear()
+    stats, fresh = av.AcceptanceStats(K), av.AcceptanceStats(K)
+    vl, na = torch.empty(R, dtype=torch.int32), torch.empty(R, dtype=torch.int32)
+    for step in range(4):
+        hidden.copy_(torch.randn(R, K, H, generator=g))
+        got = av.confidence(hidden, weight, bias=0.25, temperature=temperature, survival=True, out=out)
+        assert torch.equal(got, av.confidence(hidden.clone(), weight, bias=0.25, temperature=temperature.clone(),
+                                              survival=True))
+        vl.copy_(torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32))
+        na.copy_(torch.minimum(vl, torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)))
+        stats.update(out, vl, na)
+        fresh.update(out.clone(), vl.clone(), na.clone())
+    assert len(confidence_module._CALLS) == 1 and len(stats._calls) == 1
+    assert torch.equal(stats.trials, fresh.trials) and torch.equal(stats.survivals, fresh.survivals)
+    temperature[0] = 0.0  # changed in place: checked again, so the remembered call cannot skip it
+    with pytest.raises(ValueError, match="temperature"):
+        av.confidence(hidden, weight, bias=0.25, temperature=temperature, survival=True, out=out)
+    with pytest.raises(TypeError, match="bias"):  # the scalar's type is part of the key
+        av.confidence(hidden, weight, bias=True, temperature=torch.ones(K), survival=True, out=out)

@@ -201,3 +201,18 @@ def test_device_mismatches_name_the_argument():
     with pytest.raises(ValueError, match="conf"):
         av.AcceptanceStats(3).update(torch.rand(2, 3, device="meta"), torch.zeros(2, dtype=torch.int32),
                                      torch.zeros(2, dtype=torch.int32))
+
+
+def test_temperatures_made_under_inference_mode():
+    """Engines build their tensors under torch.inference_mode, where tensors have no version counter: the
+    temperature check must not need one (it crashed), and a CPU one is still checked every call."""
+    with torch.inference_mode():
+        hidden, weight, temperature = torch.randn(3, 4, 8), torch.randn(8), torch.full((4,), 2.0)
+    want = av.confidence(hidden, weight, temperature=temperature.clone())
+    assert torch.equal(av.confidence(hidden, weight, temperature=temperature), want)
+    logits = torch.randn(3, 4)
+    av.confidence_from_logits(logits, temperature)
+    with torch.inference_mode():
+        temperature[1] = -1.0
+    with pytest.raises(ValueError, match="temperature"):
+        av.confidence(hidden, weight, temperature=temperature)

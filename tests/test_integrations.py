@@ -1,6 +1,8 @@
 """Engine adapters (adaptive_verify.integrations.vllm / .sglang) against slow references computed by hand
-from the plan's per-request verify lengths, with stand-in classes shaped like vLLM's and SGLang's (the real
-packages need a GPU build and are not imported)."""
+from the plan's per-request verify lengths, with stand-in classes shaped like vLLM's and SGLang's. The same
+adapters against the real vLLM and SGLang packages: tests/integration/ (after tests/integration/install_peers.sh)."""
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -405,3 +407,11 @@ def test_verifier_plan_feeds_the_adapters():
         v.observe(plan.verify_lens, emitted - 1)
         assert len(avv.sampled_token_ids(out, emitted)) == R
     assert v.metrics()["steps"] == 3
+
+
+def test_adapters_import_no_engine():
+    """Importing the library and both adapters imports neither engine (nor triton), installed or not."""
+    code = ("import sys, adaptive_verify, adaptive_verify.integrations.vllm, adaptive_verify.integrations.sglang; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang', 'triton')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout

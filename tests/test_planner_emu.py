@@ -103,6 +103,35 @@ def test_emulated_kernel_plans_from_confidences(R, K, mode, emulated):
     av_errors.reset_error_counts()
 
 
+@pytest.mark.parametrize("R,K", [(5, 3), (256, 8), (1200, 16)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed"])
+def test_emulated_kernel_weights_and_step_cap(R, K, mode, emulated):
+    """Priorities (the block's max-weight reduction, weighted words, the unweighted expected tokens) and the
+    latency target: the CUDA source gives the CPU kernel's integers. Unusable weights, which the CPU refuses,
+    weigh 1 on the device and are counted: compared with the CPU run on weights where they are 1."""
+    g = torch.Generator().manual_seed(R + K)
+    conf = torch.rand(R, K, generator=g) * 0.6 + 0.4
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    survival = av.prefix_survival(conf, drafts)
+    w = torch.tensor([0.0, 0.5, 1.0, 3.0, 7.5])[torch.randint(0, 5, (R,), generator=g)]
+    ct = _cost_table()
+    kw = dict(mode=mode, min_verify=1, weights=w, max_step_ms=float(ct.fixed_cost(R) + ct.verify_cost(R + R * K // 3)),
+              verification="onehot")
+    if mode == "fixed":
+        kw["budget"] = R * K
+    _assert_same(av.plan_verification(survival, drafts, ct, **kw),
+                 emulated(lambda: av.plan_verification(survival, drafts, ct, **kw)), "weights")
+    bad = w.clone()
+    bad[0], bad[-1] = float("nan"), -2.0
+    ones = bad.clone()
+    ones[0] = ones[-1] = 1.0
+    av_errors.reset_error_counts()
+    emu = emulated(lambda: av.plan_verification(survival, drafts, ct, **{**kw, "weights": bad}))
+    assert av_errors.error_counts()["weight_out_of_range"] == (2 if R > 1 else 1)
+    av_errors.reset_error_counts()
+    _assert_same(av.plan_verification(survival, drafts, ct, **{**kw, "weights": ones}), emu, "bad weights")
+
+
 # ---- draft trees ----
 
 
@@ -216,3 +245,17 @@ def test_emulated_tree_replay_rewrites_every_output(mode, emulated):
         assert replayed.tree_mask.data_ptr() == out.tree_mask.data_ptr()  # the remembered struct's buffers
         eager = _plan_tree(prob, ct, **{**kw, "out": None, **({"budget": b} if mode == "fixed" else {})})
         _assert_same_tree(replayed, eager, f"replay budget={b}")
+
+
+def test_emulated_weighted_tree_kernel_matches_cpu(emulated):
+    """Weights and a latency target on trees: the block's weight reduction, weighted words capped by the parent's,
+    and the unweighted expected tokens over the verified nodes give the CPU kernel's integers."""
+    ct = _cost_table()
+    for R, N, seed in [(5, 7, 1), (120, 31, 2)]:
+        prob = tree_problem(R, N, seed, style="random" if seed == 1 else "levels")
+        g = torch.Generator().manual_seed(seed)
+        w = torch.tensor([0.0, 0.5, 1.0, 3.0, 7.5])[torch.randint(0, 5, (R,), generator=g)]
+        kw = dict(mode="global", min_verify=1, weights=w,
+                  max_step_ms=float(ct.fixed_cost(R) + ct.verify_cost(R + R * N // 3)))
+        _assert_same_tree(_plan_tree(prob, ct, **kw), emulated(lambda: _plan_tree(prob, ct, **kw)), f"weights R={R}")
+

@@ -680,3 +680,42 @@ def test_torch_compile_tree_plan_matches_eager():
         assert torch.equal(g, w)
     code = "\n".join(g.code for g in torch._dynamo.explain(step)(conf, parents, sizes).graphs)
     assert "adaptive_verify.prefix_survival_into" in code and "adaptive_verify.plan_into" in code
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. Priorities and the latency target (issue 21's weights and max_step_ms) on trees
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_weighted_trees_match_the_reference(mode):
+    """weights rank nodes by w_r * capped survival (ancestor-closed still), Theta is weighted, expected_tokens stays
+    unweighted; max_step_ms caps the budget; kernel == reference, and a chain given as a tree plans what
+    plan_verification plans with the same weights and target."""
+    rng = np.random.default_rng(len(mode))
+    ct = av.CostTable.from_points({1: 4.0, 16: 4.2, 64: 5.0, 128: 6.5, 256: 11.0, 512: 20.0}, draft_ms=0.6)
+    for R, N, style in [(1, 3, "chain"), (9, 6, "random"), (37, 12, "levels"), (64, 20, "bushy")]:
+        parents = gen_parents(rng, R, N, style)
+        sizes = torch.from_numpy(rng.integers(0, N + 1, size=R).astype(np.int32))
+        survival = gen_node_survival(rng, "product" if R % 2 else "ties", parents, sizes, 0.0)
+        w = torch.tensor(rng.choice([0.0, 0.5, 1.0, 4.0], R), dtype=torch.float32)
+        kw = dict(mode=mode, weights=w, min_verify=int(rng.integers(0, 2)), extra_emitting=int(rng.integers(0, 3)),
+                  extra_tokens=int(rng.integers(0, 9)))
+        if R > 1:
+            kw["max_step_ms"] = float(ct.fixed_cost(R) + ct.verify_cost(R + kw["extra_tokens"] + R * N // 4))
+        if mode == "fixed":
+            kw["budget"] = int(rng.integers(0, R * N + 1))
+        got = av.plan_tree_verification(survival, parents, sizes, ct, **kw)
+        assert_plans_equal(got, ref.plan_tree_verification(survival, parents, sizes, ct, **kw), f"R={R} {style}: ")
+        nodes = {(r, n) for r, n in zip(got.token_req.tolist(), got.token_node.tolist()) if n >= 0}
+        P = parents.tolist()
+        assert all(P[r][n] < 0 or (r, P[r][n]) in nodes for r, n in nodes), "not ancestor-closed"
+        if mode != "fixed":
+            cb = {k: v for k, v in kw.items() if k != "mode"}
+            assert int(av.choose_budget(survival, sizes, ct, mode=mode, parents=parents, **cb)) == int(got.budget)
+        if N <= av.planner.MAX_DRAFTS:
+            chain = torch.arange(-1, N - 1, dtype=torch.int32).repeat(R, 1)
+            s = av.tree_survival(torch.from_numpy(rng.uniform(0.2, 1.0, (R, N)).astype(np.float32)), chain, sizes)
+            assert_plans_equal(av.plan_tree_verification(s, chain, sizes, ct, **kw),
+                               av.plan_verification(s, sizes, ct, verification="onehot", **kw),
+                               f"weighted chain as tree R={R}: ", fields=CHAIN_FIELDS)

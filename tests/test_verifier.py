@@ -386,3 +386,18 @@ def test_review_edge_cases():
                         torch.arange(12, dtype=torch.int32).reshape(3, 4), budget=b3, padded_tokens=16)
     assert plain.positions is None and with_meta.positions is not None and with_meta.slot_mapping is not None
     assert v2.plan_budget(0, []) == (0, 0)
+
+
+def test_a_loop_under_inference_mode():
+    """Engines run under torch.inference_mode (tensors without version counters, no autograd): a whole loop of
+    verifier steps works there and matches the same loop outside it."""
+    def loop():
+        v = AdaptiveVerifier(table(), max_reqs=16, max_drafts=K, block_size=16, online_calibration=True)
+        rng = np.random.default_rng(4)
+        return [run_step(v, rng, 9, extra=step % 3)[4].verify_lens.clone() for step in range(4)]
+
+    plain = loop()
+    with torch.inference_mode():
+        inside = loop()
+    for a, b in zip(plain, inside):
+        assert torch.equal(a, b)

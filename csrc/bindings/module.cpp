@@ -75,6 +75,11 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
   m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);
   m.attr("STATUS_SLOT_OUT_OF_RANGE") = int(kErrSlotOutOfRange);
+  m.attr("STATUS_TEMPERATURE") = int(kErrTemperature);
+  m.attr("STATUS_TOP_K") = int(kErrTopK);
+  m.attr("STATUS_TOP_P") = int(kErrTopP);
+  m.attr("STATUS_MIN_P") = int(kErrMinP);
+  m.attr("STATUS_WEIGHTS") = int(kErrWeights);
   m.attr("STATUS_BAD_PARENT") = int(kErrBadParent);
   m.attr("STATUS_DUPLICATE_SIBLING") = int(kErrDuplicateSibling);
   m.attr("STATUS_ACCEPTED_PATH") = int(kErrAcceptedPath);

@@ -22,8 +22,8 @@ void register_planner(py::module_& m) {
       AV_FIELD(S, max_drafts), AV_FIELD(S, survival), AV_FIELD(S, error_counts)});
   m.attr("PLANNER_PARAMS") = struct_layout<P>({
       AV_FIELD(P, survival), AV_FIELD(P, survival_stride), AV_FIELD(P, drafts), AV_FIELD(P, num_reqs),
-      AV_FIELD(P, conf), AV_FIELD(P, conf_stride), AV_FIELD(P, survival_out), AV_FIELD(P, parents),
-      AV_FIELD(P, parents_stride),
+      AV_FIELD(P, conf), AV_FIELD(P, conf_stride), AV_FIELD(P, survival_out), AV_FIELD(P, weights),
+      AV_FIELD(P, step_cap), AV_FIELD(P, parents), AV_FIELD(P, parents_stride),
       AV_FIELD(P, max_drafts), AV_FIELD(P, mode), AV_FIELD(P, fixed_budget), AV_FIELD(P, budget_in),
       AV_FIELD(P, min_verify), AV_FIELD(P, max_verify), AV_FIELD(P, extra_tokens), AV_FIELD(P, extra_emitting),
       AV_FIELD(P, budget_cap), AV_FIELD(P, verify_cost), AV_FIELD(P, verify_cost_len), AV_FIELD(P, draft_cost),

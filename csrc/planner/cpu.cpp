@@ -377,10 +377,10 @@ struct CpuBackend {
     std::memset(ws.keep, 0, size_t(bk.num));
     WalkTotals t{0, 0, 0, 0, 0, 0};
     // Rows whose every slot is a candidate and none forced take the vector walk; the window check (drafts in
-    // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) send every row to walk_row, and so
-    // does a tree (walk_tree_row).
+    // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) and weights send every row to
+    // walk_row, and so does a tree (walk_tree_row).
     const bool tree = p.parents != nullptr;
-    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr && !tree;
+    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr && p.weights == nullptr && !tree;
     int32_t full = 0;
     for (int32_t r = 0; r < R; ++r) {
       const int32_t drafts = p.drafts[r];
@@ -406,7 +406,8 @@ struct CpuBackend {
       if (caps[r] < 0) {  // walk_row (walk_tree_row), then the histogram's inputs from its words
         const int64_t o = int64_t(r) * K;
         if (tree) {
-          const TreeWalk w = walk_tree_row(p, r, ws.words + o, ws.depth + o);
+          const TreeWalk w = walk_tree_row(p, r, ws.words + o, ws.depth + o,
+                                            p.weights != nullptr ? request_weight(p, r, ws.wscale) : 1.f);
           if (w.bad_size || w.bad_parents || w.duplicates) {  // strict: the plan stops before writing anything
             t.bad_drafts = w.bad_size;
             t.bad_parents = w.bad_parents;
@@ -417,7 +418,7 @@ struct CpuBackend {
           t.forced += w.forced;
           caps[r] = w.cand;
         } else {
-          const RowWalk w = walk_row(p, r, ws.words + o);
+          const RowWalk w = walk_row(p, r, ws.words + o, ws.wscale);
           if (w.bad_drafts) {
             t.bad_drafts = 1;  // strict: the plan stops before writing anything
             return t;

@@ -94,9 +94,35 @@ int dispatch(int32_t dtype, Fn&& fn) {
   return dispatch_dtype(dtype, fn) ? kOk : kErrBadArgument;
 }
 
+// The CPU sampler refuses values the CUDA kernels handle safely and count (it can read them for free, and an
+// error names the argument): the first bad one, before any output is written.
+int check_row_params(const float* temperature, const int32_t* top_k, const float* top_p, const float* min_p,
+                     int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (temperature != nullptr && !(temperature[i] >= 0.f)) return kErrTemperature;
+    if (top_k != nullptr && top_k[i] < 0) return kErrTopK;
+    if (top_p != nullptr && !(top_p[i] > 0.f && top_p[i] <= 1.f)) return kErrTopP;
+    if (min_p != nullptr && !(min_p[i] >= 0.f && min_p[i] <= 1.f)) return kErrMinP;
+  }
+  return kOk;
+}
+
+// query_start_loc non-decreasing within [0, T], at most K + 1 rows per request.
+int check_query_start_loc(const RejectionParams& p) {
+  if (p.num_reqs == 0) return kOk;
+  if (p.query_start_loc[0] < 0 || p.query_start_loc[p.num_reqs] > p.num_tokens) return kErrQueryLen;
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int64_t q_len = int64_t(p.query_start_loc[r + 1]) - p.query_start_loc[r];
+    if (q_len < 0 || q_len > p.max_drafts + 1) return kErrQueryLen;
+  }
+  return kOk;
+}
+
 }  // namespace
 
 int rejection_sample_cpu(const RejectionParams& p) {
+  if (const int bad = check_query_start_loc(p)) return bad;
+  if (const int bad = check_row_params(p.temperature, p.top_k, p.top_p, p.min_p, p.num_reqs)) return bad;
   return dispatch(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     CpuRows<T> rows{p.error_counts, {}};
@@ -105,6 +131,7 @@ int rejection_sample_cpu(const RejectionParams& p) {
 }
 
 int sample_cpu(const SampleParams& p) {
+  if (const int bad = check_row_params(p.temperature, p.top_k, p.top_p, p.min_p, p.num_rows)) return bad;
   return dispatch(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     CpuRows<T> rows{p.error_counts, {}};

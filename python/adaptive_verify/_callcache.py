@@ -18,23 +18,32 @@ persistent buffer) simply take the validating path every time: they pay the old 
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Optional
+
+import torch
+
+from ._ext import check_status
+from ._validate import stream_of
 
 #: Launch-ready calls remembered per op (a decode loop needs one or two; CUDA-graph capture one per size).
 CALL_CACHE_SIZE = 16
 
 
-def tensor_signature(tensors) -> list:
+def tensor_signature(tensors, flat: tuple = ()) -> list:
     """Data pointer and shape of each tensor, and the strides of those with more than one dimension (a 1-D
     tensor cannot change its stride in place while keeping its pointer and shape unless its storage is larger
-    than it: only as_strided_ does that, and the kernels' writes still land inside that storage)."""
+    than it: only as_strided_ does that, and the kernels' writes still land inside that storage). ``flat``:
+    which tensors were 1-D when remembered (their rank is then part of the shape compared)."""
+    if flat:
+        return [(t.data_ptr(), t.shape) if f else (t.data_ptr(), t.shape, t.stride()) for t, f in zip(tensors, flat)]
     return [(t.data_ptr(), t.shape, t.stride()) if t.dim() > 1 else (t.data_ptr(), t.shape) for t in tensors]
 
 
 class CallCache:
-    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, their signature,
-    value). The tensors checked on a hit are the entry's own: the key's ids say the caller passed these very
-    objects."""
+    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, which are 1-D, their
+    signature, value). The tensors checked on a hit are the entry's own: the key's ids say the caller passed
+    these very objects."""
 
     __slots__ = ("_entries", "size")
 
@@ -45,9 +54,9 @@ class CallCache:
     def get(self, key) -> Optional[Any]:
         """The value stored under ``key`` if every tensor still has the signature it was validated with."""
         entry = self._entries.get(key)
-        if entry is None or entry[2] != tensor_signature(entry[1]):
+        if entry is None or entry[3] != tensor_signature(entry[1], entry[2]):
             return None
-        return entry[3]
+        return entry[4]
 
     def put(self, key, refs, tensors, value) -> Any:
         """Remembers ``value`` for ``key``: ``refs`` are every object whose id() is in the key, ``tensors`` the
@@ -55,7 +64,8 @@ class CallCache:
         if key not in self._entries and len(self._entries) >= self.size:
             self._entries.pop(next(iter(self._entries)))
         tensors = [t for t in tensors if t is not None]
-        self._entries[key] = (refs, tensors, tensor_signature(tensors), value)
+        flat = tuple(t.dim() <= 1 for t in tensors)  # a rank change shows in the shape compared
+        self._entries[key] = (refs, tensors, flat, tensor_signature(tensors, flat), value)
         return value
 
     def clear(self) -> None:
@@ -63,3 +73,27 @@ class CallCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class Launch:
+    """A launch-ready call of an extension entry point: its filled parameter struct (kept alive here), the
+    device, and the op's name for errors. ``run()`` is the whole hot path of a remembered call."""
+
+    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "keep")
+
+    def __init__(self, fn, params, device, op: str, keep=()):
+        self.fn, self.params, self.device, self.op, self.keep = fn, params, device, op, keep
+        self.addr, self.on_cuda = ctypes.addressof(params), device.type == "cuda"
+
+    def run(self) -> None:
+        status = self.fn(self.addr, self.on_cuda, stream_of(self.device) if self.on_cuda else 0)
+        if status:
+            check_status(status, self.op, self.device)
+
+
+def scalar_key(value) -> tuple:
+    """A scalar argument as part of a key: its type with its value (so True never passes for 1, nor 2.0 for 2);
+    a tensor by identity."""
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, id(value))
+    return (type(value), value)

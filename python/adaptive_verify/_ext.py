@@ -41,16 +41,17 @@ def build_info() -> dict:
     return info
 
 
-def check_status(status: int, op: str, device: torch.device, tree: bool = False) -> None:
-    """Turns a kernel status into an exception. CPU statuses name the offending argument (tree: a draft-tree
-    call, whose drafts are its tree_sizes)."""
+def check_status(status: int, op: str, device: torch.device, messages: dict | None = None) -> None:
+    """Turns a kernel status into an exception. CPU statuses name the offending argument (``messages``: an op's
+    own wording for some statuses)."""
     if status == _C.STATUS_OK:
         return
+    if messages and device.type != "cuda" and status in messages:
+        raise ValueError(f"adaptive_verify.{op}: {messages[status]}")
     if device.type == "cuda":
         raise RuntimeError(f"adaptive_verify.{op}: CUDA launch failed: {_C.error_string(status)}")
     messages = {
-        _C.STATUS_DRAFTS_OUT_OF_RANGE: "tree_sizes: every value must lie in [0, N] where N = survival.shape[1]"
-        if tree else "drafts: every value must lie in [0, K] where K = survival.shape[1]",
+        _C.STATUS_DRAFTS_OUT_OF_RANGE: "drafts: every value must lie in [0, K] where K = survival.shape[1]",
         _C.STATUS_BAD_PARENT: "parents: every parents[r, j] with j < tree_sizes[r] must lie in [-1, j) (parents "
                               "before children, -1 for the anchor)",
         _C.STATUS_DUPLICATE_SIBLING: "draft_tokens: two children of one node carry the same token (siblings must "
@@ -65,5 +66,10 @@ def check_status(status: int, op: str, device: torch.device, tree: bool = False)
             "(or a negative context length)"
         ),
         _C.STATUS_BAD_ARGUMENT: "internal: an argument the Python layer should have rejected",
+        _C.STATUS_TEMPERATURE: "temperature must be >= 0 (0 = greedy) and not NaN",
+        _C.STATUS_TOP_K: "top_k must be >= 0 (0 = off)",
+        _C.STATUS_TOP_P: "top_p must be in (0, 1] (1 = off)",
+        _C.STATUS_MIN_P: "min_p must be in [0, 1] (0 = off)",
+        _C.STATUS_WEIGHTS: "weights must be finite and >= 0",
     }
     raise ValueError(f"adaptive_verify.{op}: {messages.get(status, f'unknown status {status}')}")

@@ -19,8 +19,10 @@ from torch import Tensor
 
 from . import errors
 from ._binding import ConfidenceParams, LogitParams, MarginParams, call
+from ._callcache import CallCache, Launch, scalar_key
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, MAX_DRAFTS, check_device, check_tensor, check_temperature, ptr, run_op, stream_of
+from ._validate import (DTYPE_CODES, MAX_DRAFTS, _checked_positive, check_device, check_tensor, check_temperature, ptr,
+                        run_op, stream_of)
 
 
 def _out(out, R, K, device):
@@ -57,6 +59,15 @@ def confidence(
     Accumulation is fp32. With survival=True the result equals ``cumprod`` of the confidences computed
     left to right in float32.
     """
+    key = None
+    if out is not None and not torch.compiler.is_compiling():
+        key = ("confidence", id(hidden), id(weight), scalar_key(bias), id(markov), scalar_key(temperature),
+               type(survival), survival, id(out))
+        hit = _CALLS.get(key) if _temperature_still_checked(temperature) else None
+        if hit is not None:
+            hit.run()
+            return out
+    weight_arg = weight
     check_tensor("hidden", hidden, dtypes=tuple(DTYPE_CODES), ndim=3)
     device = check_device("hidden", hidden)
     R, K, H = hidden.shape
@@ -86,13 +97,45 @@ def confidence(
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise TypeError(f"bias must be a float or a 0-d tensor, got {type(bias).__name__}")
         bias_value = float(bias)
+    temperature_arg = temperature
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
-    run_op(_confidence_into, _launch_confidence, hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    if torch.compiler.is_compiling():
+        _confidence_into(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+        return out
+    launch = Launch(_C.confidence, _confidence_params(hidden, weight, bias_t, markov, temperature, out, bias_value,
+                                                      survival), device, "confidence")
+    launch.run()
+    # Remembered when the struct holds the caller's own tensors (no converted weight, bias or temperature).
+    if key is not None and weight is weight_arg and (bias_t is None or bias_t is bias) and \
+            (temperature is None or temperature is temperature_arg):
+        tensors = (hidden, weight, bias_t, markov, temperature, out)
+        _CALLS.put(key, (*tensors, bias, temperature_arg), tensors, launch)
     return out
 
 
+# Remembered confidence-area calls (_callcache.py): decode loops repeat their buffers.
+_CALLS = CallCache()
+
+
+def _temperature_still_checked(temperature) -> bool:
+    """Whether a remembered call's temperature needs no new value check: None, or a tensor whose values were
+    checked since they last changed (check_temperature's memo). Inference-mode CPU tensors, which carry no
+    version, are checked on every call: such calls take the validating path."""
+    if temperature is None:
+        return True
+    if not isinstance(temperature, torch.Tensor) or (temperature.is_inference() and temperature.device.type == "cpu"):
+        return False
+    version = None if temperature.is_inference() else temperature._version
+    return _checked_positive.get((temperature.data_ptr(), version, temperature.device)) is temperature
+
+
 def _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_value, survival):
+    p = _confidence_params(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    check_status(call(_C.confidence, p, hidden.is_cuda, stream_of(hidden.device)), "confidence", hidden.device)
+
+
+def _confidence_params(hidden, weight, bias_t, markov, temperature, out, bias_value, survival):
     p = ConfidenceParams()
     p.num_reqs, p.max_drafts, p.hidden_size = hidden.shape
     p.hidden, p.hidden_stride_r, p.hidden_stride_k = hidden.data_ptr(), hidden.stride(0), hidden.stride(1)
@@ -102,7 +145,7 @@ def _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_va
     p.dtype = DTYPE_CODES[hidden.dtype]
     p.weight, p.bias, p.bias_ptr, p.temperature = weight.data_ptr(), bias_value, ptr(bias_t), ptr(temperature)
     p.survival, p.out = int(survival), out.data_ptr()
-    check_status(call(_C.confidence, p, hidden.is_cuda, stream_of(hidden.device)), "confidence", hidden.device)
+    return p
 
 
 @torch.library.custom_op("adaptive_verify::confidence_into", mutates_args=("out",))

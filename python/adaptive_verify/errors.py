@@ -33,6 +33,8 @@ COUNTER_NAMES = (
     # rejection_sample / sample on CUDA: top_k < 0, top_p outside (0, 1] or min_p outside [0, 1] (or NaN): that
     # filter is off for the request (the CPU raises ValueError).
     "sampling_param_out_of_range",
+    # plan_verification / choose_budget on CUDA: a weight that is NaN, negative or infinite weighs 1 (the CPU raises)
+    "weight_out_of_range",
     # draft trees on CUDA: parents[r, j] outside [-1, j): the node and its subtree are not candidates (tree_survival:
     # survival 0); the CPU raises ValueError.
     "bad_parent",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .planner import TreeVerifyPlan, VerifyPlan
@@ -62,12 +63,14 @@ class _Args:
     token_offset: int
     num_reqs_padded: int
     num_tokens_padded: int
+    weights: Optional[torch.Tensor] = None  # float32 [R] priorities (None: all 1)
+    step_cap: Optional[int] = None  # most drafts the latency target allows (None: no target)
 
 
 def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
              extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None,
              anchor_tokens=None, draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None,
-             verification=None):
+             verification=None, weights=None, max_step_ms=None):
     R, K = survival.shape
     max_verify = K if max_verify is None else max_verify
     limit = cost_table.max_tokens if cost_table is not None else None
@@ -82,7 +85,7 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
     verify_cost = None
     draft_cost = 0.0
     if cost_table is not None:
-        draft_cost = float(cost_table.fixed_cost(R))  # Theta's fixed term: the drafter and the per-request term
+        draft_cost = float(cost_table.fixed_cost(R))  # Theta's fixed term: drafter + per-request work
         top = R + extra_tokens + budget_cap
         if cost_table.max_tokens is not None:
             top = min(top, cost_table.max_tokens)
@@ -90,19 +93,44 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
         verify_cost = torch.tensor([cost_table.verify_cost(n) for n in range(top + 1)], dtype=torch.float64).float()
     if isinstance(budget, torch.Tensor):
         budget = int(budget.clamp(0, 2**31 - 1))
+    step_cap = None
+    if max_step_ms is not None:  # the largest B before the first whose modelled step time exceeds the target
+        real, shift = cost_table, 0
+        if getattr(cost_table, "_base", None) is not None:  # a shifted view: the step's time on the base curve
+            real, shift = cost_table._base, cost_table._shift
+        step_cap = budget_cap
+        for b in range(budget_cap + 1):
+            verify = torch.tensor(real.verify_cost(R + extra_tokens + shift + b), dtype=torch.float64).float()
+            cost = torch.tensor(draft_cost, dtype=torch.float32) + verify  # float32, as the kernels add
+            if float(cost) > float(max_step_ms):
+                step_cap = max(b - 1, 0)
+                break
     return _Args(survival=survival, drafts=drafts.long(), R=R, K=K, device=survival.device, mode=mode, budget=budget,
                  min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
                  extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost, draft_cost=draft_cost,
                  context_lens=context_lens, block_table=block_table, block_size=block_size,
                  anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
                  num_reqs_padded=R if num_reqs_padded is None else num_reqs_padded,
-                 num_tokens_padded=num_tokens_padded)
+                 num_tokens_padded=num_tokens_padded, weights=weights, step_cap=step_cap)
+
+
+def request_weights(a: _Args):
+    """(w_r / c per request, 1 / c) in float32, c = max(1, largest usable weight); unusable weights (NaN,
+    negative, infinite) weigh 1, as on the device. Scaling by c keeps every weighted survival in [0, 1] and does
+    not move Theta's argmax."""
+    w = a.weights.detach().cpu().float()
+    ok = (w >= 0) & torch.isfinite(w)
+    w = torch.where(ok, w, torch.ones_like(w))
+    c = max(1.0, float(w[ok].max())) if bool(ok.any()) else 1.0
+    c = torch.tensor(c, dtype=torch.float32)
+    return w / c, torch.tensor(1.0, dtype=torch.float32) / c
 
 
 def candidate_order(a: _Args):
-    """Candidates in canonical order: forced first, survival descending, position, request.
+    """Candidates in canonical order: forced first, survival descending (weighted: w_r * survival), position,
+    request.
 
-    Returns (req [N], pos [N], survival [N], n_forced) with survival made non-increasing per row.
+    Returns (req [N], pos [N], ranked value [N], n_forced) with survival made non-increasing per row.
     """
     R, K = a.R, a.K
     s = a.survival.float()
@@ -125,6 +153,8 @@ def candidate_order(a: _Args):
     for j in range(K):
         running = torch.minimum(running, s[:, j])
         mono[:, j] = running
+    if a.weights is not None:  # rank by w_r * a[r, j] (float32 products: non-increasing along each row)
+        mono = request_weights(a)[0].to(s.device)[:, None] * mono
     is_cand = pos[None, :] < cap[:, None]
     forced = is_cand & (pos[None, :] < a.min_verify)
     # Flatten position-major so a stable sort keeps (position, request) order among equal survivals.
@@ -140,7 +170,12 @@ def candidate_order(a: _Args):
 
 def theta(a: _Args, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
     """Theta(B) in float64 for each B, from P(B) in fixed point (same rounding as the kernels)."""
-    num = (a.R + a.extra_emitting) * FIXED_ONE + prefix_fixed
+    if a.weights is None:
+        base = (a.R + a.extra_emitting) * FIXED_ONE
+    else:  # sum_r w_r / c, and each prefill request that samples weighs 1 / c
+        w, inv_c = request_weights(a)
+        base = int((w * FIXED_ONE).long().sum()) + a.extra_emitting * int((inv_c * FIXED_ONE).long())
+    num = base + prefix_fixed
     n = (a.R + a.extra_tokens + budgets).clamp(max=a.verify_cost.numel() - 1)
     cost = torch.tensor(a.draft_cost, dtype=torch.float32) + a.verify_cost.cpu()[n]  # float32 add
     return num.double() / cost.double()
@@ -151,8 +186,9 @@ def choose(a: _Args, order=None):
     n_forced) of the candidates in canonical order (default: the chain's, candidate_order)."""
     req, pos, s, n_forced = candidate_order(a) if order is None else order
     n_cand = req.numel()
-    b_max = min(n_cand, a.budget_cap)
-    b_min = min(n_forced, b_max)
+    b_room = min(n_cand, a.budget_cap)
+    b_min = min(n_forced, b_room)  # capacity wins over min_verify, min_verify over the latency target
+    b_max = b_room if a.step_cap is None else max(b_min, min(b_room, a.step_cap))
     fixed = (s.cpu() * FIXED_ONE).long()  # exact scale, truncating conversion
     prefix = torch.cat([torch.zeros(1, dtype=torch.long), fixed.cumsum(0)])  # P(0..N)
     if a.mode in ("greedy", "global"):
@@ -184,6 +220,11 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     a = _resolve(survival, drafts, cost_table, **kwargs)
     dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
     budget, (req, pos), prefix = choose(a)
+    if a.weights is not None:  # expected tokens stay unweighted: the verified drafts' own survivals
+        unweighted = _resolve(survival, drafts, cost_table, **{k: v for k, v in kwargs.items() if k != "weights"})
+        mono = candidate_order(dataclasses.replace(unweighted, mode="all"))
+        verified = {(int(r), int(j)): float(v) for r, j, v in zip(*mono[:3])}
+        prefix = sum(int(verified[(int(r), int(j))] * FIXED_ONE) for r, j in zip(req[:budget], pos[:budget]))
     i32 = dict(dtype=torch.int32, device=dev)
 
     verify_lens = torch.zeros(Rp, **i32)
@@ -255,9 +296,10 @@ def tree_candidate_order(a: _Args, parents: torch.Tensor):
 
     A node is a candidate when j < min(tree size, max_verify), its parent is the anchor or a candidate, its draft
     id (draft_tokens given) is not negative nor an earlier sibling's, and its survival is not NaN. Its survival is
-    clamped to [0, 1] and capped by its parent's. Returns (req, node, survival, n_forced, depth) as tensors in
-    that order (survival float32)."""
+    clamped to [0, 1] and capped by its parent's; with weights it ranks by the float32 product w_r * that survival.
+    Returns (req, node, ranked value, n_forced, depth, survival) as tensors in that order (float32 values)."""
     surv, par = a.survival.float().cpu(), parents.long().cpu().tolist()
+    w = None if a.weights is None else request_weights(a)[0].numpy()
     ids = None if a.draft_tokens is None else a.draft_tokens.long().cpu().tolist()
     cands = []  # (not forced, -survival, depth, request, node)
     for r in range(a.R):
@@ -279,13 +321,14 @@ def tree_candidate_order(a: _Args, parents: torch.Tensor):
                 continue
             s = min(float(_sanitize(surv[r, j])), kept[p][0] if p >= 0 else 1.0)
             kept[j] = (s, kept[p][1] + 1 if p >= 0 else 1)
-            cands.append((j >= a.min_verify, -s, kept[j][1], r, j))
+            ranked = s if w is None else float(np.float32(w[r]) * np.float32(s))
+            cands.append((j >= a.min_verify, -ranked, kept[j][1], r, j, s))
     cands.sort()
     n_forced = sum(1 for c in cands if not c[0])
-    long = dict(dtype=torch.long)
+    long, f32 = dict(dtype=torch.long), dict(dtype=torch.float32)
     return (torch.tensor([c[3] for c in cands], **long), torch.tensor([c[4] for c in cands], **long),
-            torch.tensor([-c[1] for c in cands], dtype=torch.float32), n_forced,
-            torch.tensor([c[2] for c in cands], **long))
+            torch.tensor([-c[1] for c in cands], **f32), n_forced, torch.tensor([c[2] for c in cands], **long),
+            torch.tensor([c[5] for c in cands], **f32))
 
 
 def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwargs) -> TreeVerifyPlan:
@@ -293,7 +336,10 @@ def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwa
     kwargs.setdefault("mode", "global")
     a = _resolve(survival, tree_sizes, cost_table, **kwargs)
     dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
-    budget, (req, node), prefix = choose(a, tree_candidate_order(a, parents)[:4])
+    order = tree_candidate_order(a, parents)
+    budget, (req, node), prefix = choose(a, order[:4])
+    if a.weights is not None:  # expected tokens stay unweighted: the verified nodes' own survivals
+        prefix = int((order[5][:budget] * FIXED_ONE).long().sum())
     verified = [sorted(int(n) for n, q in zip(node[:budget], req[:budget]) if int(q) == r) for r in range(R)]
     par = parents.long().tolist()
     ctx = [0] * R if a.context_lens is None else a.context_lens.long().tolist()

@@ -47,6 +47,7 @@ CUDA a negative or NaN temperature means greedy, and top_k < 0, top_p outside (0
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Optional, Union
 
 import torch
@@ -54,9 +55,10 @@ import torch
 from torch import Tensor
 
 from . import errors
-from ._binding import RejectionParams, SampleParams, call
+from ._binding import RejectionParams, SampleParams
+from ._callcache import CallCache
 from ._ext import _C, check_status
-from ._validate import DTYPE_CODES, check_tensor, kernel_choice, logits_shape, ptr, run_op, stream_of
+from ._validate import DTYPE_CODES, check_tensor, kernel_choice, logits_shape, ptr, stream_of
 
 # CUDA sampler kernels (sampling/params.h SamplerKernel): "v1" (the default, validated on an H200) one block
 # per request walking whole rows (kernel.cuh); "splitv" (the candidate, not yet run on a GPU) rows split into
@@ -113,14 +115,6 @@ def _per_request(name, t, n, device, dtype):
     return t
 
 
-def _check_temperature_values(temperature):
-    # Host value checks need the values: CPU tensors only, and not while torch.compile traces (then, as on
-    # CUDA, the kernel treats a negative or NaN temperature as greedy).
-    if temperature is not None and temperature.device.type == "cpu" and not torch.compiler.is_compiling():
-        if bool((temperature < 0).any()) or bool(torch.isnan(temperature).any()):
-            raise ValueError(f"temperature must be >= 0 (0 = greedy) and not NaN, got {temperature.tolist()}")
-
-
 #: Largest vocabulary with top_p: the fixed-point mass of a row (< V * 2^32) must stay exact in a double.
 MAX_VOCAB_TOP_P = 1 << 21
 
@@ -145,13 +139,7 @@ def _truncation(top_k, top_p, min_p, n: int, V: int, device) -> _Truncation:
     min_p = _per_request("min_p", min_p, n, device, torch.float32)
     if top_p is not None and V > MAX_VOCAB_TOP_P:
         raise ValueError(f"top_p needs a vocabulary of at most {MAX_VOCAB_TOP_P} tokens, got V = {V}")
-    if device.type == "cpu" and not torch.compiler.is_compiling():  # host values: check them (CUDA: counted)
-        if top_k is not None and bool((top_k < 0).any()):
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k.tolist()}")
-        if top_p is not None and not bool(((top_p > 0) & (top_p <= 1)).all()):
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p.tolist()}")
-        if min_p is not None and not bool(((min_p >= 0) & (min_p <= 1)).all()):
-            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p.tolist()}")
+    # Values are checked by the CPU kernel (ValueError naming the argument) and counted by the CUDA kernels.
     return _Truncation(top_k, top_p, min_p)
 
 
@@ -197,6 +185,15 @@ def rejection_sample(
         output_tokens [R, K + 1] int32 (accepted drafts then the recovered/bonus token, -1 padded) and
         num_emitted [R] int32, then logprobs [R, K + 1] float32 when ``logprobs``.
     """
+    compiling = torch.compiler.is_compiling()
+    key, seeds_arg = None, seeds
+    if out is not None and not compiling:
+        key = _rejection_key(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset,
+                             top_k, top_p, min_p, logprobs, out, cuda_kernel)
+        call_ = _REJECTION_CALLS.get(key) if key is not None else None
+        if call_ is not None:
+            call_.run(seeds, temperature, offset)
+            return tuple(out)
     kernel = _kernel_id(cuda_kernel)
     device, T, V = logits_shape("target_logits", target_logits)
     check_tensor("draft_tokens", draft_tokens, dtypes=(torch.int32, torch.int64), device=device, ndim=2)
@@ -206,7 +203,6 @@ def rejection_sample(
     if draft_probs is not None:
         check_tensor("draft_probs", draft_probs, dtypes=(torch.float32,), device=device, shape=(R, K, V))
     temperature = _per_request("temperature", temperature, R, device, torch.float32)
-    _check_temperature_values(temperature)
     trunc = _truncation(top_k, top_p, min_p, R, V, device)
     if not isinstance(logprobs, bool):
         raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
@@ -229,21 +225,83 @@ def rejection_sample(
         if logprobs:
             check_tensor("out[2] (logprobs)", out[2], dtypes=(torch.float32,), device=device, shape=(R, K + 1),
                          inner_contiguous=False)
-    if device.type == "cpu" and R > 0 and not torch.compiler.is_compiling():  # (traced: the kernel's safe handling)
-        qsl = query_start_loc
-        if int(qsl[0]) < 0 or int(qsl[-1]) > T or bool((qsl[1:] < qsl[:-1]).any()):
-            raise ValueError(f"query_start_loc must be non-decreasing within [0, T = {T}], got {qsl.tolist()}")
-        if bool(((qsl[1:] - qsl[:-1]) > K + 1).any()):
-            raise ValueError(f"query_start_loc: a request has more than K + 1 = {K + 1} rows")
     err = errors.error_buffer(device)
     args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, trunc.top_k,
             trunc.top_p, trunc.min_p, out[0], out[1], out[2] if logprobs else None, err, host_offset, kernel)
-    run_op(_rejection_sample_into, _launch_rejection, *args)
+    if compiling:
+        _rejection_sample_into(*args)
+        return tuple(out)
+    p, ws = _rejection_params(*args)
+    _run(_C.rejection_sample, p, device, "rejection_sample")
+    # Remembered only when the struct holds the caller's own tensors (no int64 top_k copy) and no workspace
+    # must be zeroed per call (splitv).
+    if key is not None and ws is None and trunc.top_k is top_k:
+        fresh = seeds_arg is None and seeds is not None  # unseeded requests draw fresh seeds every call
+        tensors = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, offset_t, top_k, top_p,
+                   min_p, seeds_arg, *out)
+        _REJECTION_CALLS.put(key, (*tensors, offset), tensors,
+                             _SamplerCall(_C.rejection_sample, p, device, "rejection_sample", fresh, R))
     return tuple(out)
 
 
-def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t,
+def _rejection_key(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset, top_k,
+                   top_p, min_p, logprobs, out, cuda_kernel):
+    """Key of a remembered rejection_sample call: the argument objects' ids, the scalar settings with their
+    types (so True never passes for 1), the module's kernel setting. A host offset is per step (not in the key).
+    None when out is not a tuple (the validating path says what is wrong)."""
+    if not isinstance(out, (tuple, list)):
+        return None
+    offset_id = id(offset) if isinstance(offset, torch.Tensor) else None
+    return ("rejection", id(target_logits), id(query_start_loc), id(draft_tokens), id(draft_probs), id(temperature),
+            id(seeds), offset_id, id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, out),
+            type(cuda_kernel), cuda_kernel, CUDA_KERNEL)
+
+
+class _SamplerCall:
+    """A validated sampler call: its filled struct; per call only the host offset and, for unseeded requests,
+    fresh seeds change."""
+
+    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "fresh", "n")
+
+    def __init__(self, fn, params, device, op, fresh, n):
+        self.fn, self.params, self.device, self.op, self.fresh, self.n = fn, params, device, op, fresh, n
+        self.addr, self.on_cuda = ctypes.addressof(params), device.type == "cuda"
+
+    def run(self, seeds, temperature, offset) -> None:
+        p = self.params
+        if not isinstance(offset, torch.Tensor):
+            p.offset = _offset(offset, self.device)[0]
+        fresh = None
+        if self.fresh:  # unseeded requests: a fresh seed each call, as on the validating path
+            fresh = _seeds(None, temperature, self.n, self.device)
+            p.seeds = fresh.data_ptr()
+        status = self.fn(self.addr, self.on_cuda, stream_of(self.device) if self.on_cuda else 0)
+        if status:
+            check_status(status, self.op, self.device, _MESSAGES)
+        del fresh  # (CUDA: the caching allocator reuses it only after this stream's kernel)
+
+
+_REJECTION_CALLS = CallCache()
+_SAMPLE_CALLS = CallCache()
+_MESSAGES = {_C.STATUS_QUERY_LEN: "query_start_loc must be non-decreasing within [0, T], with at most K + 1 rows "
+                                  "per request"}
+
+
+def _run(fn, p, device, op) -> None:
+    on_cuda = device.type == "cuda"
+    status = fn(ctypes.addressof(p), on_cuda, stream_of(device) if on_cuda else 0)
+    if status:
+        check_status(status, op, device, _MESSAGES)
+
+
+def _launch_rejection(*args) -> None:
+    p, _ws = _rejection_params(*args)
+    _run(_C.rejection_sample, p, args[0].device, "rejection_sample")
+
+
+def _rejection_params(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t,
                       top_k, top_p, min_p, output_tokens, num_emitted, logprobs, err, host_offset, kernel):
+    """(struct, workspace tensor or None) of one rejection_sample launch."""
     p = RejectionParams()
     p.num_tokens, p.vocab = target_logits.shape
     p.num_reqs, p.max_drafts = draft_tokens.shape
@@ -262,8 +320,7 @@ def _launch_rejection(target_logits, query_start_loc, draft_tokens, draft_probs,
     p.output_tokens, p.num_emitted, p.error_counts = output_tokens.data_ptr(), num_emitted.data_ptr(), err.data_ptr()
     p.logprobs = ptr(logprobs)
     p.kernel, p.workspace, p.workspace_bytes = kernel, ptr(ws), ws_bytes
-    check_status(call(_C.rejection_sample, p, target_logits.is_cuda, stream_of(target_logits.device)),
-                 "rejection_sample", target_logits.device)
+    return p, ws
 
 
 @torch.library.custom_op("adaptive_verify::rejection_sample_into",
@@ -301,10 +358,20 @@ def sample(
     :func:`rejection_sample` (None: unseeded, an independent stream per row); ``top_k``, ``top_p``, ``min_p``
     [N] and ``logprobs`` as there. Returns tokens [N] int32, or (tokens, logprobs [N] float32) with
     ``logprobs``; ``out`` is tokens, or the pair with ``logprobs``."""
+    compiling = torch.compiler.is_compiling()
+    key, seeds_arg = None, seeds
+    if out is not None and not compiling:
+        outs = out if logprobs is True and isinstance(out, (tuple, list)) else (out,)
+        key = ("sample", id(logits), id(temperature), id(seeds), id(offset) if isinstance(offset, torch.Tensor) else None,
+               id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, outs), type(cuda_kernel),
+               cuda_kernel, CUDA_KERNEL)
+        call_ = _SAMPLE_CALLS.get(key)
+        if call_ is not None:
+            call_.run(seeds, temperature, offset)
+            return out if not logprobs else tuple(out)
     kernel = _kernel_id(cuda_kernel)
     device, N, V = logits_shape("logits", logits)
     temperature = _per_request("temperature", temperature, N, device, torch.float32)
-    _check_temperature_values(temperature)
     trunc = _truncation(top_k, top_p, min_p, N, V, device)
     if not isinstance(logprobs, bool):
         raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
@@ -326,13 +393,28 @@ def sample(
     check_tensor("out" if not logprobs else "out[0] (tokens)", tokens, dtypes=(torch.int32,), device=device,
                  shape=(N,), inner_contiguous=False)
     err = errors.error_buffer(device)
-    run_op(_sample_into, _launch_sample, logits, temperature, seeds, offset_t, trunc.top_k, trunc.top_p, trunc.min_p,
-           tokens, lp, err, host_offset, kernel)
+    args = (logits, temperature, seeds, offset_t, trunc.top_k, trunc.top_p, trunc.min_p, tokens, lp, err, host_offset,
+            kernel)
+    if compiling:
+        _sample_into(*args)
+        return (tokens, lp) if logprobs else tokens
+    p, ws = _sample_params(*args)
+    _run(_C.sample, p, device, "sample")
+    if key is not None and ws is None and trunc.top_k is top_k:
+        fresh = seeds_arg is None and seeds is not None
+        tensors = (logits, temperature, offset_t, top_k, top_p, min_p, seeds_arg, tokens, lp)
+        _SAMPLE_CALLS.put(key, (*tensors, offset, out), tensors, _SamplerCall(_C.sample, p, device, "sample", fresh, N))
     return (tokens, lp) if logprobs else tokens
 
 
-def _launch_sample(logits, temperature, seeds, offset_t, top_k, top_p, min_p, out, logprobs, err, host_offset,
+def _launch_sample(*args) -> None:
+    p, _ws = _sample_params(*args)
+    _run(_C.sample, p, args[0].device, "sample")
+
+
+def _sample_params(logits, temperature, seeds, offset_t, top_k, top_p, min_p, out, logprobs, err, host_offset,
                    kernel):
+    """(struct, workspace tensor or None) of one sample launch."""
     p = SampleParams()
     p.num_rows, p.vocab = logits.shape
     p.dtype = DTYPE_CODES[logits.dtype]
@@ -342,7 +424,7 @@ def _launch_sample(logits, temperature, seeds, offset_t, top_k, top_p, min_p, ou
     p.top_k, p.top_p, p.min_p = ptr(top_k), ptr(top_p), ptr(min_p)
     p.tokens, p.logprobs, p.error_counts = out.data_ptr(), ptr(logprobs), err.data_ptr()
     p.kernel, p.workspace, p.workspace_bytes = kernel, ptr(ws), ws_bytes
-    check_status(call(_C.sample, p, logits.is_cuda, stream_of(logits.device)), "sample", logits.device)
+    return p, ws
 
 
 @torch.library.custom_op("adaptive_verify::sample_into", mutates_args=("out", "logprobs", "error_counts"))

@@ -23,7 +23,8 @@ from torch import Tensor
 from . import errors
 from ._ext import _C, check_status
 from ._binding import StatsParams, call
-from ._validate import check_device, check_tensor, run_op, stream_of
+from ._callcache import CallCache, Launch
+from ._validate import check_device, check_tensor, stream_of
 
 _FIXED_ONE = 2.0**32
 
@@ -48,6 +49,7 @@ class AcceptanceStats:
         check_device("device", torch.empty(0, device=self.device))
         shape = (num_positions, num_bins)
         self.trials = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        self._calls = CallCache(4)  # remembered update launches (a decode loop repeats its buffers)
         self.survivals = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._conf_fixed = torch.zeros(shape, dtype=torch.int64, device=self.device)  # 32.32 fixed point
         self._errors = errors.error_buffer(self.device)
@@ -59,14 +61,30 @@ class AcceptanceStats:
     def update(self, conf: torch.Tensor, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Adds one step's outcomes. conf [R, K'] float32 (K' <= num_positions, last dim contiguous),
         verify_lens [R] int32 (drafts verified), num_accepted [R] int32 (drafts accepted)."""
+        key = None
+        if not torch.compiler.is_compiling():  # a decode loop repeats its buffers: the remembered launch
+            counts = (self.trials, self.survivals, self._conf_fixed, self._errors)
+            key = (id(conf), id(verify_lens), id(num_accepted), *map(id, counts))
+            hit = self._calls.get(key)
+            if hit is not None:
+                hit.run()
+                return
         check_tensor("conf", conf, dtypes=(torch.float32,), device=self.device, ndim=2)
         R, K = conf.shape
         if K > self.num_positions:
             raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
-        verify_lens = _int32("verify_lens", verify_lens, self.device, R)
-        num_accepted = _int32("num_accepted", num_accepted, self.device, R)
-        run_op(_stats_update_, _launch_update, conf, verify_lens, num_accepted, self.trials, self.survivals,
-               self._conf_fixed, self._errors)
+        v32 = _int32("verify_lens", verify_lens, self.device, R)
+        a32 = _int32("num_accepted", num_accepted, self.device, R)
+        args = (conf, v32, a32, self.trials, self.survivals, self._conf_fixed, self._errors)
+        if key is None:
+            _stats_update_(*args)
+            return
+        launch = Launch(_C.stats_update, _update_params(*args), self.device, "AcceptanceStats.update")
+        launch.run()
+        if v32 is verify_lens and a32 is num_accepted:  # int64 inputs are converted per call: not remembered
+            # The count tensors are this object's own (held, in the key by id); the caller's are checked.
+            self._calls.put(key, (conf, verify_lens, num_accepted, *args[3:]), (conf, verify_lens, num_accepted),
+                            launch)
 
     def reset(self) -> None:
         """Zeroes every count (asynchronously on CUDA)."""
@@ -122,6 +140,12 @@ def _int32(name, t, device, R):
 
 
 def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err):
+    p = _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err)
+    check_status(call(_C.stats_update, p, conf.is_cuda, stream_of(conf.device)), "AcceptanceStats.update",
+                 conf.device)
+
+
+def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err):
     p = StatsParams()
     p.num_reqs, p.max_drafts = conf.shape
     p.num_positions, p.num_bins = trials.shape
@@ -129,8 +153,7 @@ def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixe
     p.verify_lens, p.num_accepted = verify_lens.data_ptr(), num_accepted.data_ptr()
     p.trials, p.survivals, p.conf_sum, p.error_counts = (trials.data_ptr(), survivals.data_ptr(),
                                                           conf_fixed.data_ptr(), err.data_ptr())
-    check_status(call(_C.stats_update, p, conf.is_cuda, stream_of(conf.device)), "AcceptanceStats.update",
-                 conf.device)
+    return p
 
 
 @torch.library.custom_op("adaptive_verify::stats_update_",

@@ -51,6 +51,7 @@ from ._checks import check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
 from .planner import MAX_DRAFTS, VerifyPlan
+from .planner.args import step_cap_of
 from .stats import AcceptanceStats
 
 __all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
@@ -103,12 +104,15 @@ class AdaptiveVerifier:
             vLLM's choice), in [0, 1].
         verification: how drafts are verified, "onehot" or "probs" (see
             :func:`adaptive_verify.plan_verification`); "global" warns unless it is "onehot".
+        max_step_ms: a latency target per step (see :func:`adaptive_verify.plan_verification`): budgets, the
+            lagged one and the live ones, never make the step's modelled time exceed it (min_verify still wins).
     """
 
     def __init__(self, cost_table: CostTable, *, max_reqs: int, max_drafts: int, block_size: int,
                  mode: str = "lagged", graph_sizes: Sequence[int] = (), min_verify: int = 0,
                  device: Union[str, torch.device] = "cpu", online_calibration: bool = False,
-                 refresh_every: int = 100, prior: float = 1.0, verification: Optional[str] = None):
+                 refresh_every: int = 100, prior: float = 1.0, verification: Optional[str] = None,
+                 max_step_ms: Optional[float] = None):
         if not isinstance(cost_table, CostTable):
             raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
         if mode not in MODES:
@@ -122,6 +126,7 @@ class AdaptiveVerifier:
         self.block_size = check_int("block_size", block_size, lo=1, hi=planner.INT32_MAX)
         self.min_verify = check_int("min_verify", min_verify, lo=0, hi=self.max_drafts)
         self.prior = check_real("prior", prior, lo=0.0, hi=1.0)
+        self.max_step_ms = None if max_step_ms is None else check_real("max_step_ms", max_step_ms, lo=0.0, lo_open=True)
         self.mode = mode
         self.verification = verification
         sizes = tuple(graph_sizes) if graph_sizes else tuple(cost_table.graph_sizes)
@@ -191,12 +196,20 @@ class AdaptiveVerifier:
         return self.sts.temperatures if self.sts is not None else None
 
     def _bounds(self, drafts_host: np.ndarray, extra_tokens: int) -> tuple[int, int]:
-        """(B_min, B_max) of a step with these drafts (capacity and max_drafts respected)."""
+        """(B_min, B_max) of a step with these drafts (capacity, max_drafts and max_step_ms respected)."""
         d = np.minimum(drafts_host, self.max_drafts)
-        room = max(self.capacity - len(d) - extra_tokens, 0)
-        b_max = min(int(d.sum()), room)
-        # As the planner: forced drafts (min_verify) never push the step past its capacity.
-        return min(int(np.minimum(d, self.min_verify).sum()), b_max), b_max
+        R = len(d)
+        room = max(self.capacity - R - extra_tokens, 0)
+        b_room = min(int(d.sum()), room)
+        # As the planner: forced drafts (min_verify) never push the step past its capacity; they win over the
+        # latency target.
+        b_min = min(int(np.minimum(d, self.min_verify).sum()), b_room)
+        b_max = b_room
+        if self.max_step_ms is not None and R:
+            cap = step_cap_of(self.cost_table, R, R + extra_tokens, b_room, float(self.cost_table.fixed_cost(R)),
+                              self.max_step_ms)
+            b_max = max(b_min, min(b_room, cap))
+        return b_min, b_max
 
     def padded_tokens(self, n: int) -> int:
         """The smallest graph size >= n, or n itself above the largest (eager); 0 for 0."""
@@ -211,7 +224,7 @@ class AdaptiveVerifier:
         idx = _host_ints("req_indices", req_indices, R)
         if R and (idx.min() < 0 or idx.max() >= self.max_reqs):
             raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
-        if R > 1 and np.unique(idx).shape[0] != R:
+        if R > 1 and int(np.bincount(idx, minlength=1).max()) > 1:  # O(R + max_reqs): no sort per step
             raise ValueError("req_indices must be distinct (one persistent slot per request)")
         return idx
 
@@ -295,7 +308,8 @@ class AdaptiveVerifier:
         np.minimum(drafts, self.max_drafts, out=d_np, casting="unsafe")
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         planner.choose_budget(None, d, table, conf=conf, mode="global", min_verify=self.min_verify,
-                              capacity=self.capacity - extra_tokens, out=self._lag_budget)
+                              capacity=self.capacity - extra_tokens, out=self._lag_budget,
+                              max_step_ms=self.max_step_ms)
         return min(max(int(self._lag_budget), b_min), b_max)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None) -> None:
@@ -372,7 +386,8 @@ class AdaptiveVerifier:
     def plan(self, conf: torch.Tensor, drafts: torch.Tensor, context_lens: Optional[torch.Tensor] = None,
              block_table: Optional[torch.Tensor] = None, anchor_tokens: Optional[torch.Tensor] = None,
              draft_tokens: Optional[torch.Tensor] = None, budget: Optional[int] = None, *,
-             extra_tokens: int = 0, padded_tokens: Optional[int] = None, token_offset: int = 0) -> VerifyPlan:
+             extra_tokens: int = 0, padded_tokens: Optional[int] = None, token_offset: int = 0,
+             weights: Optional[torch.Tensor] = None) -> VerifyPlan:
         """This step's allocation and varlen metadata, in persistent buffers (one per (R, padded size)).
 
         conf [R, K] float32 on the device, drafts [R] int32; metadata inputs as in
@@ -381,6 +396,9 @@ class AdaptiveVerifier:
         (for CUDA graphs: the captured call reads it at every replay; then padded_tokens is required).
         padded_tokens: the step's padded decode-token count (default from the budget: R + budget
         rounded to a graph size, with extra_tokens counted).
+        weights: [R] float32 request priorities on the device (see :func:`adaptive_verify.plan_verification`);
+        they rank this step's live allocation. The lagged budget (plan_budget) is unweighted: it is a count,
+        sized on each request's previous confidences.
         CUDA graphs: capture this call once per (R, padded size) and replay it with new inputs copied into
         the captured tensors and the budget as a 0-d tensor. Host values are frozen at capture: keep
         extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
@@ -414,7 +432,8 @@ class AdaptiveVerifier:
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
                   draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
-                  capacity=self.capacity - extra_tokens, conf=conf, survival_out=self._survival_buffer(R, conf.shape[1]))
+                  capacity=self.capacity - extra_tokens, conf=conf, survival_out=self._survival_buffer(R, conf.shape[1]),
+                  max_step_ms=self.max_step_ms, weights=weights)
         if self.mode in ("greedy", "global"):
             plan = planner.plan_verification(None, drafts, table, mode=self.mode, verification=self.verification, **kw)
         else:

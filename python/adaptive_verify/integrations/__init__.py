@@ -1,13 +1,17 @@
 """Adapters between this library's structures and those of serving engines.
 
 - :mod:`adaptive_verify.integrations.vllm`: vLLM v1 (``SpecDecodeMetadata``, ``CommonAttentionMetadata``-style
-  attention fields, the rejection sampler's per-request output lists).
-- :mod:`adaptive_verify.integrations.sglang`: SGLang's EAGLE verify path, chain drafts (``topk == 1``) only.
+  attention fields, the rejection sampler's per-request output lists) and vLLM's own adaptive verification
+  (``patch_manager``).
+- :mod:`adaptive_verify.integrations.sglang`: SGLang's EAGLE verify path, chain drafts (``topk == 1``) only, and
+  DSpark's ragged verify layout.
 
 Neither module imports its engine: they work on plain tensors, lists and duck-typed objects, and return
 dicts whose keys are the engine's field names (``SomeEngineClass(**d)`` builds the real object where it is
-importable). They were written against the engines' public source (see docs/integrations/) and are tested
-against stand-in objects shaped like the engines' classes, not against the engines themselves.
+importable). They are tested against stand-in objects (tests/test_integrations.py) and against the real vLLM 0.33.0
+and SGLang 0.5.23 packages (tests/integration/, installed by tests/integration/install_peers.sh). The one engine
+module touched at run time is the patched manager's own (``patch_manager``'s GPU path takes vLLM's
+``AdmittedDraftCounts`` from it when called), never at import.
 
 The helpers below are shared by both adapters. Every error is a ``ValueError`` naming the argument.
 """

@@ -22,7 +22,10 @@ import torch
 
 from . import _check_int, _check_tensor, _num_reqs, _plan_field, _relative_starts
 
-__all__ = ["verify_input", "verify_output", "chain_from_sglang"]
+__all__ = ["verify_input", "verify_output", "chain_from_sglang", "ragged_layout_fields", "TESTED_SGLANG_VERSION"]
+
+#: The SGLang release the adapter is tested against (tests/integration/peers.txt).
+TESTED_SGLANG_VERSION = "0.5.23"
 
 MAX_DRAFTS = 32
 
@@ -148,3 +151,42 @@ def verify_output(plan, output_tokens: torch.Tensor, num_emitted: torch.Tensor, 
         out["accepted_rows"] = accept_index[inside]
         out["accept_length_per_req_cpu"] = [int(x) for x in out["accept_length"].tolist()]
     return out
+
+
+def ragged_layout_fields(plan, graph_num_tokens: int, num_reqs: Optional[int] = None, *,
+                         verify_lens_host=None) -> dict:
+    """The fields of SGLang's ``RaggedVerifyLayout`` (``sglang/srt/speculative/ragged_verify.py``, its DSpark
+    varlen verify path) from our plan: ``RaggedVerifyLayout(**d)`` builds it and runs its own checks.
+
+    SGLang's ``verify_lens`` count the anchor (every row verifies at least 1 token): ours plus one.
+    graph_num_tokens: the padded token count of the step's target-verify graph (host int, e.g. the ``padded``
+        of ``AdaptiveVerifier.plan_budget``), >= the step's R + budget tokens.
+    verify_lens_host: optional host copy of ``plan.verify_lens[:R]``; with it the layout also carries
+        ``verify_lens_cpu`` and ``total_verify_tokens`` (SGLang checks them against graph_num_tokens), without
+        it the layout is device-only (SGLang's ``from_verify_lens_device``), and nothing syncs.
+
+    Returns ``verify_lens`` [R] int32, ``graph_num_tokens``, ``extend_start_loc`` [R] int32 (each row's first
+    token, 0-based), ``qo_indptr_device`` [R + 1] int32, and with verify_lens_host ``verify_lens_cpu`` (list)
+    and ``total_verify_tokens``.
+    """
+    R = _num_reqs(plan, num_reqs)
+    g = _check_int("graph_num_tokens", graph_num_tokens, lo=0)
+    starts = _relative_starts(plan, R).to(torch.int32)
+    d = {
+        "verify_lens": (plan.verify_lens[:R] + 1).to(torch.int32),
+        "graph_num_tokens": g,
+        "extend_start_loc": starts[:-1].clone(),
+        "qo_indptr_device": starts,
+    }
+    if verify_lens_host is not None:
+        if isinstance(verify_lens_host, torch.Tensor):
+            verify_lens_host = verify_lens_host.tolist()
+        try:
+            host = [int(x) + 1 for x in verify_lens_host]
+        except (TypeError, ValueError):
+            raise ValueError("verify_lens_host must be a sequence of ints") from None
+        if len(host) != R:
+            raise ValueError(f"verify_lens_host must have num_reqs = {R} entries, got {len(host)}")
+        d["verify_lens_cpu"] = host
+        d["total_verify_tokens"] = sum(host)
+    return d

@@ -1,9 +1,10 @@
 """vLLM v1 adapter: our plan and sampler outputs in vLLM's structures, and vLLM's drafts in ours.
 
 Where each call goes in vLLM's loop, and which vLLM metadata each output replaces: docs/integrations/vllm.md.
-Nothing here imports vLLM. Functions return dicts keyed by vLLM's field names (``SpecDecodeMetadata``,
-``CommonAttentionMetadata``), so ``cls(**d)`` builds the real object where vLLM is installed;
-:func:`build` drops the keys a given class does not take (field sets differ between vLLM versions).
+Nothing here imports vLLM (tests/integration checks it against vLLM 0.33.0). Functions return dicts keyed by
+vLLM's field names (``SpecDecodeMetadata``, ``CommonAttentionMetadata``), so ``cls(**d)`` builds the real object
+where vLLM is installed; :func:`build` drops the keys a given class does not take (field sets differ between vLLM
+versions). :func:`patch_manager` drives vLLM's own ``AdaptiveVerificationManager`` with this library's planner.
 
 Scope: the decode requests of one step, the rows of one :class:`~adaptive_verify.VerifyPlan`, every
 scheduled token's logits computed (each verified token yields one logit row, as in our layout). A step that
@@ -19,9 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Optional, Sequence
+import types
+from typing import TYPE_CHECKING, Optional, Sequence
 
+import numpy as np
 import torch
+
+if TYPE_CHECKING:  # imported where used: the adapters load no more than they need
+    from ..cost import CostTable
 
 from . import _check_int, _check_tensor, _host_verify_lens, _num_reqs, _plan_field, _relative_starts
 
@@ -38,11 +44,19 @@ __all__ = [
     "output_token_ids",
     "sampled_token_ids",
     "build",
+    "TESTED_VLLM_VERSION",
+    "cost_table_from_vllm",
+    "budget_kwargs",
+    "patch_manager",
 ]
+
+#: The vLLM release the manager patch and the differential tests were checked against
+#: (tests/integration/peers.txt). :func:`patch_manager` checks the manager's attributes, not this version.
+TESTED_VLLM_VERSION = "0.33.0"
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's padding in the rejection sampler's output, and ours
 PAD_SLOT_ID = -1  # vLLM's slot of a padding token, and ours (the planner writes -1)
-MAX_DRAFTS = 32  # our K limit (also vLLM's MAX_SPEC_LEN in the versions we read)
+MAX_DRAFTS = 32  # our K limit (vLLM 0.33.0's MAX_SPEC_LEN is 128, older versions' 32)
 
 SPEC_DECODE_FIELDS = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "cu_num_sampled_tokens",
                       "target_logits_indices", "bonus_logits_indices", "logits_indices")
@@ -258,18 +272,236 @@ def sampled_token_ids(output_tokens: torch.Tensor, num_emitted: torch.Tensor, nu
 
 def build(cls, fields: dict):
     """``cls(**fields)`` with only the keys ``cls`` takes (a dataclass or any class with named init
-    parameters): vLLM's SpecDecodeMetadata gained ``cu_num_sampled_tokens`` in later versions, and
-    CommonAttentionMetadata's field set varies between versions."""
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-    else:
-        try:
-            params = inspect.signature(cls).parameters
-        except (TypeError, ValueError):
-            raise ValueError(f"cls must be a dataclass or a class with an inspectable __init__, got {cls!r}") from None
-        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            return cls(**fields)
-        names = set(params)
+    parameters): field sets differ between vLLM versions (``SpecDecodeMetadata.cu_num_sampled_tokens`` appeared
+    in later versions; ``CommonAttentionMetadata`` gains and loses fields). A field ``cls`` requires that
+    ``fields`` lacks is a ValueError naming it (vLLM 0.33's ``CommonAttentionMetadata`` requires
+    ``query_start_loc_cpu``: pass ``host_copies=True`` to :func:`attention_metadata`, or add the runner's own
+    host copy)."""
     if not isinstance(fields, dict):
         raise ValueError(f"fields must be a dict, got {type(fields).__name__}")
+    if dataclasses.is_dataclass(cls) and isinstance(cls, type):
+        params = [(f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                  for f in dataclasses.fields(cls) if f.init]
+    else:
+        try:
+            sig = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            raise ValueError(f"cls must be a dataclass or a class with an inspectable __init__, got {cls!r}") from None
+        if any(p.kind == p.VAR_KEYWORD for p in sig.values()):
+            return cls(**fields)
+        params = [(n, p.default is p.empty) for n, p in sig.items()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    lacking = [n for n, required in params if required and n not in fields]
+    if lacking:
+        raise ValueError(f"fields lacks {', '.join(lacking)}, required by {getattr(cls, '__name__', cls)}")
+    names = {n for n, _ in params}
     return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# vLLM's own adaptive verification (vllm/v1/worker/gpu/spec_decode/adaptive_verification.py, model runner v2):
+# its AdaptiveVerificationManager, driven by this library's planner.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def cost_table_from_vllm(cost_tables) -> "CostTable":
+    """Our :class:`~adaptive_verify.CostTable` with exactly the costs of vLLM's dense tables.
+
+    cost_tables: ``AdaptiveVerificationManager.cost_tables``, i.e. ``(draft_table, verify_table)`` as
+        ``build_cost_tables_from_curves`` returns them: float64 arrays indexed by request count (0..max_num_reqs)
+        and by token count (0..max_num_batched_tokens).
+
+    Every count >= 1 becomes a measured point (no graph sizes: vLLM's staircase and eager tail are already in
+    the values), so ``verify_cost(n) == verify_table[n]`` and ``draft_cost(r) == draft_table[r]`` for every
+    n, r >= 1; ``max_tokens = len(verify_table) - 1`` (vLLM's ``max_num_batched_tokens``). The planner's
+    kernels read the verify costs as float32 (vLLM compares float64): see docs/integrations/vllm.md for what
+    that rounding changes.
+    """
+    from ..cost import CostTable
+
+    if not isinstance(cost_tables, (tuple, list)) or len(cost_tables) != 2:
+        raise ValueError(f"cost_tables must be vLLM's (draft_table, verify_table) pair, got {type(cost_tables).__name__}")
+    draft, verify = (np.asarray(t, dtype=np.float64).reshape(-1) for t in cost_tables)
+    if draft.shape[0] < 2 or verify.shape[0] < 2:
+        raise ValueError(f"cost_tables must cover at least 1 request and 1 token, got lengths "
+                         f"{draft.shape[0]} and {verify.shape[0]}")
+    if not (np.isfinite(draft).all() and np.isfinite(verify).all()) or (draft < 0).any() or (verify[1:] <= 0).any():
+        raise ValueError("cost_tables must hold finite costs, draft >= 0 and verify > 0 (vLLM clamps them so)")
+    return CostTable.from_points(
+        {n: float(verify[n]) for n in range(1, verify.shape[0])},
+        {r: float(draft[r]) for r in range(1, draft.shape[0])},
+        max_tokens=verify.shape[0] - 1,
+        metadata={"source": "vllm AdaptiveVerificationManager.cost_tables"},
+    )
+
+
+def budget_kwargs(num_reqs: int, num_non_draft_tokens: int, max_total_logits: int, num_bonus_tokens: int = 1,
+                  max_tokens: Optional[int] = None) -> dict:
+    """:func:`adaptive_verify.choose_budget` keyword arguments for one vLLM step (model runner v2).
+
+    The planner's rows are every scheduled request, in any order (a prefill chunk is a row with 0 drafts), so
+    the drafter is priced at all of them, as vLLM does. num_non_draft_tokens: the step's scheduled tokens minus
+    its drafts (one anchor per decode request plus the prompt chunks): the rows' own token is counted by the
+    planner, the rest is ``extra_tokens``. vLLM caps the draft budget by logit rows,
+    ``max_total_logits - num_reqs * num_bonus_tokens``; that becomes the planner's token ``capacity`` (bounded by
+    ``max_tokens``, the cost table's).
+
+    Not expressible: vLLM's numerator counts only the requests that sample this step, the planner counts every
+    row (``extra_emitting`` adds, it cannot subtract), so a prompt chunk that does not finish its prompt counts
+    as one emitted token here (docs/integrations/vllm.md, "Differential results").
+    """
+    R = _check_int("num_reqs", num_reqs, lo=0)
+    nd = _check_int("num_non_draft_tokens", num_non_draft_tokens, lo=R)
+    logits = _check_int("max_total_logits", max_total_logits, lo=0)
+    bonus = _check_int("num_bonus_tokens", num_bonus_tokens, lo=1)
+    capacity = nd + max(0, logits - R * bonus)
+    if max_tokens is not None:
+        capacity = min(capacity, _check_int("max_tokens", max_tokens, lo=nd))
+    return {"extra_tokens": nd - R, "capacity": capacity}
+
+
+_MANAGER_ATTRS = ("cost_tables", "req_states", "num_speculative_steps", "num_bonus_tokens", "_max_total_logits",
+                  "_stale_confidences", "_stale_idx", "_confidence_probs", "_batch_draft_capacity",
+                  "_num_non_draft_tokens", "_cu_num_logits", "query_start_loc", "_batch_budget",
+                  "_copy_admitted_drafts_to_host", "get_num_tokens", "reallocate_drafts")
+
+
+class _HostCounts:
+    """Admitted draft counts already on the host (a CPU manager): vLLM's ``AdmittedDraftCounts`` interface."""
+
+    def __init__(self, counts: torch.Tensor):
+        self._counts = counts
+
+    def wait(self) -> np.ndarray:
+        return self._counts.numpy()
+
+
+class _Patch:
+    """What :func:`patch_manager` keeps on the manager: the original methods and our cost table, rebuilt
+    whenever vLLM replaces ``cost_tables`` (``set_cost_curves``)."""
+
+    def __init__(self, get_num_tokens, reallocate_drafts):
+        self.original = (get_num_tokens, reallocate_drafts)
+        self._key = None
+        self._table = None
+
+    def table(self, cost_tables):
+        if self._key is not cost_tables:
+            self._table, self._key = cost_table_from_vllm(cost_tables), cost_tables
+        return self._table
+
+
+def _patched_get_num_tokens(self, num_tokens_per_req: dict, draft_tokens: dict) -> int:
+    """vLLM's ``get_num_tokens`` contract (token count of the step once the draft budget is chosen; the budget
+    stashed in ``_batch_budget`` for ``compact_batch`` / ``reallocate_drafts``), with the budget chosen by
+    :func:`adaptive_verify.choose_budget` ("global" on the stale confidences: the lagged mode)."""
+    from ..planner import choose_budget, prefix_survival
+
+    if self.cost_tables is None:
+        raise RuntimeError("manager.cost_tables is None: vLLM sets it by profiling (set_cost_curves) first")
+    table = self._adaptive_verify_patch.table(self.cost_tables)
+    req_ids = list(num_tokens_per_req)
+    R = len(req_ids)
+    scheduled = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=R)
+    drafts = np.fromiter((len(draft_tokens.get(r, ())) for r in req_ids), dtype=np.int32, count=R)
+    non_draft = scheduled - drafts
+    slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64, count=R)
+    budget = 0
+    if R and drafts.any():
+        # [R, K] host float32: the confidences vLLM's budget ranks (new requests hold its prior, 1.0).
+        stale = np.ascontiguousarray(self._stale_confidences[self._stale_idx].np[slots], dtype=np.float32)
+        d = torch.from_numpy(drafts)
+        kw = budget_kwargs(R, int(non_draft.sum()), self._max_total_logits, self.num_bonus_tokens, table.max_tokens)
+        survival = prefix_survival(torch.from_numpy(stale), d)
+        budget = int(choose_budget(survival, d, table, mode="global", **kw))
+    self._batch_budget = (
+        {r: int(n) for r, n in zip(req_ids, drafts)},
+        {r: int(n) for r, n in zip(req_ids, non_draft)},
+        budget,
+    )
+    return int(non_draft.sum()) + budget
+
+
+def _patched_reallocate_drafts(self, req_ids: list, idx_mapping: torch.Tensor):
+    """vLLM's ``reallocate_drafts`` contract: the step's budget given to the drafts with the highest live
+    survival, in canonical order (:func:`adaptive_verify.plan_verification`, mode "fixed"), written to the
+    manager's persistent buffers (admitted counts, ``cu_num_logits``, ``query_start_loc``)."""
+    from ..planner import plan_verification, prefix_survival
+
+    batch_budget, self._batch_budget = self._batch_budget, None
+    if batch_budget is None:
+        raise RuntimeError("reallocate_drafts needs get_num_tokens first (it chooses the step's budget)")
+    drafts_per_req, non_draft_per_req, budget = batch_budget
+    R = idx_mapping.shape[0]
+    drafts = np.fromiter((drafts_per_req[r] for r in req_ids), dtype=np.int32, count=R)
+    non_draft = np.fromiter((non_draft_per_req[r] for r in req_ids), dtype=np.int32, count=R)
+    num_tokens = int(non_draft.sum()) + budget
+    device = idx_mapping.device
+    caps = self._batch_draft_capacity[:R]
+    if budget == 0:
+        caps.zero_()
+    else:
+        d = torch.from_numpy(drafts).to(device, non_blocking=True)
+        # [R, K] live confidences of this step's requests (vLLM's persistent per-slot table).
+        conf = self._confidence_probs[idx_mapping.long()].contiguous()
+        plan = plan_verification(prefix_survival(conf, d), d, mode="fixed", budget=budget,
+                                 num_tokens_padded=R + budget)
+        caps.copy_(plan.verify_lens)
+    non_draft_dev = self._num_non_draft_tokens[:R]
+    non_draft_dev.copy_(torch.from_numpy(non_draft).to(device, non_blocking=True))
+    # Logit rows per request: its admitted drafts plus its bonus rows; query tokens: admitted drafts plus its
+    # non-draft tokens. (For a decode-only step this query_start_loc is the plan's own.)
+    self._cu_num_logits[:1].zero_()
+    torch.cumsum(caps + self.num_bonus_tokens, dim=0, out=self._cu_num_logits[1: R + 1])
+    self.query_start_loc[:1].zero_()
+    torch.cumsum(caps + non_draft_dev, dim=0, out=self.query_start_loc[1: R + 1])
+    self.query_start_loc[R + 1:].fill_(num_tokens)
+    admitted = None
+    if self._copy_admitted_drafts_to_host and 0 < budget < int(drafts.sum()):
+        if device.type == "cuda":
+            # GPU-only (not run by the CPU tests): the same pinned copy and event vLLM's method records.
+            module = __import__(type(self).__module__, fromlist=["AdmittedDraftCounts"])
+            host = self._admitted_drafts_cpu[:R]
+            current = torch.cuda.current_stream(device)
+            self._copy_stream.wait_stream(current)
+            with torch.cuda.stream(self._copy_stream):
+                host.copy_(caps, non_blocking=True)
+                self._admitted_drafts_event.record()
+            admitted = module.AdmittedDraftCounts(host, self._admitted_drafts_event)
+        else:
+            admitted = _HostCounts(caps.clone())
+    return self._cu_num_logits[: R + 1], self.query_start_loc, budget, admitted
+
+
+def patch_manager(manager):
+    """Make an installed vLLM's ``AdaptiveVerificationManager`` use this library's planner. Returns it.
+
+    Replaces, on this instance only, the two methods where vLLM decides:
+
+    - ``get_num_tokens`` (host, scheduling): the draft budget is :func:`adaptive_verify.choose_budget`
+      (mode "global") on vLLM's stale confidences, with vLLM's cost tables (:func:`cost_table_from_vllm`) and
+      its logit-row capacity (:func:`budget_kwargs`). vLLM ranks the same survivals; what can differ is listed
+      in docs/integrations/vllm.md.
+    - ``reallocate_drafts`` (device): the budget is allocated by :func:`adaptive_verify.plan_verification`
+      (mode "fixed") on the live confidences, in the canonical order (survival desc, position asc, request
+      asc: the same integers on every TP rank), instead of a ``torch.topk`` whose order among equal survivals
+      is unspecified; then vLLM's ``cu_num_logits`` and ``query_start_loc`` buffers are written from it.
+
+    Everything else (profiling, ``set_cost_curves``, ``record_confidences``, ``add_request`` and its prior of
+    1.0, ``compact_batch``) stays vLLM's. Drafts are counted as vLLM counts them (the length of each request's
+    scheduled list); their ids are not read, since under async scheduling those lists hold ``-1`` placeholders,
+    which the planner would take for invalidated drafts. Idempotent. Checked against vLLM 0.33.0 (TESTED_VLLM_VERSION): a
+    manager lacking an attribute the patch uses raises ValueError naming it. The CUDA-event paths (vLLM's
+    ``record_confidences``, the admitted-count copy to the host) run only on a GPU; the tests exercise the rest
+    on the CPU (tests/integration/test_peer_vllm_manager.py).
+    """
+    lacking = [a for a in _MANAGER_ATTRS if not hasattr(manager, a)]
+    if lacking:
+        raise ValueError(f"manager lacks {', '.join(lacking)}: not a vLLM {TESTED_VLLM_VERSION}-style "
+                         f"AdaptiveVerificationManager ({type(manager).__name__})")
+    if isinstance(getattr(manager, "_adaptive_verify_patch", None), _Patch):
+        return manager
+    manager._adaptive_verify_patch = _Patch(manager.get_num_tokens, manager.reallocate_drafts)
+    manager.get_num_tokens = types.MethodType(_patched_get_num_tokens, manager)
+    manager.reallocate_drafts = types.MethodType(_patched_reallocate_drafts, manager)
+    return manager

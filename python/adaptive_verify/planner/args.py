@@ -17,13 +17,14 @@ from typing import Optional
 
 import torch
 
-from .._checks import INT32_MAX, check_int
+from .._checks import INT32_MAX, check_int, check_real
 from .._validate import MAX_DRAFTS, check_device, check_tensor
 from ..cost import MAX_TOKENS_LIMIT, CostTable
 from .tree_plan import MAX_TREE_NODES, MAX_TREE_REQS, TreeVerifyPlan
 from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}  # planner/params.h Mode
+NO_STEP_CAP = 1 << 62  # planner/params.h kNoStepCap: no latency target
 
 
 @dataclasses.dataclass
@@ -54,6 +55,8 @@ class PlanArgs:
     num_reqs_padded: int
     num_tokens_padded: int
     conf: Optional[torch.Tensor] = None  # [R, K] float32 confidences: the kernel writes survival from them
+    weights: Optional[torch.Tensor] = None  # [R] float32 priorities (None: all 1)
+    step_cap: int = NO_STEP_CAP  # most drafts max_step_ms allows (B_min wins over it)
     parents: Optional[torch.Tensor] = None  # [R, N] int32: a draft-tree plan (K = N; drafts are the tree sizes)
 
 
@@ -110,7 +113,7 @@ def resolve_plan_args(
     survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
     extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None, anchor_tokens=None,
     draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None, allowed_modes=tuple(MODES),
-    costs=None, conf=None, survival_out=None, parents=None,
+    costs=None, conf=None, survival_out=None, weights=None, max_step_ms=None, parents=None,
 ) -> PlanArgs:
     """Validates every planner argument (errors name the argument) and fills the defaults. ``costs(cost_table,
     R, max_n, device, need_verify) -> (draft_cost, verify_cost)`` looks the cost arrays up (the ops pass a
@@ -192,21 +195,41 @@ def resolve_plan_args(
                 f"got {tuple(draft_tokens.shape)}"
             )
 
+    if weights is not None:  # values: the CPU kernel refuses unusable ones, the CUDA kernel weighs them 1 (counted)
+        _tensor("weights", weights, dtype=torch.float32, device=device, shape=(R,))
+
     a = PlanArgs(
         survival=survival, drafts=drafts, R=R, K=K, device=device, mode=mode, fixed_budget=0,
         budget_in=budget_in, min_verify=min_verify, max_verify=max_verify, extra_tokens=0,
         extra_emitting=0, budget_cap=0, verify_cost=None, draft_cost=0.0,
         context_lens=context_lens, block_table=block_table, block_size=block_size or 0,
         anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=0,
-        num_reqs_padded=num_reqs_padded, num_tokens_padded=0, conf=conf, parents=parents,
+        num_reqs_padded=num_reqs_padded, num_tokens_padded=0, conf=conf, weights=weights, parents=parents,
     )
     resolve_step(a, cost_table, capacity, num_tokens_padded, costs or _table_costs, budget=budget,
-                 extra_tokens=extra_tokens, extra_emitting=extra_emitting, token_offset=token_offset)
+                 extra_tokens=extra_tokens, extra_emitting=extra_emitting, token_offset=token_offset,
+                 max_step_ms=max_step_ms)
     return a
 
 
+def step_cap_of(cost_table: CostTable, R: int, anchors: int, budget_cap: int, draft_cost: float,
+                max_step_ms: float) -> int:
+    """Most drafts B such that no budget up to B makes the modelled step time (the float32 sum fixed_cost(R) +
+    verify_cost(R + extra_tokens + B), as the kernels add) exceed max_step_ms. A shifted view
+    (``CostTable.shifted``, prompt chunks priced at the margin) is measured on its base curve at the real token
+    count: the target bounds the step's time, prompt included."""
+    base = getattr(cost_table, "_base", None)
+    if base is not None:
+        anchors += cost_table._shift
+        cost_table = base
+    costs = cost_table.verify_array(anchors + budget_cap, "cpu")[anchors: anchors + budget_cap + 1]
+    over = (torch.tensor(draft_cost, dtype=torch.float32) + costs).double() > max_step_ms
+    first = int(over.to(torch.uint8).argmax()) if bool(over.any()) else budget_cap + 1
+    return max(first - 1, 0)
+
+
 def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *, budget, extra_tokens,
-                 extra_emitting, token_offset) -> None:
+                 extra_emitting, token_offset, max_step_ms=None) -> None:
     """Fills a's per-step fields: the ones a decode loop may change every step (the cost table, e.g. a shifted
     view per prompt chunk, the capacity, a host budget, the prompt chunk's size, the token offset) and what they
     decide (B_max, the default T_pad, the cost arrays). The rest of ``a`` is already validated; the ops'
@@ -254,10 +277,17 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
     verify_cost, draft_cost = None, 0.0
     if cost_table is not None:
         draft_cost, verify_cost = costs(cost_table, R, anchors + budget_cap, a.device, need_verify)
+    step_cap = NO_STEP_CAP
+    if max_step_ms is not None:
+        max_step_ms = check_real("max_step_ms", max_step_ms, lo=0.0, lo_open=True)
+        if cost_table is None:
+            raise ValueError("max_step_ms needs a cost_table (the step's modelled cost decides the cap)")
+        step_cap = step_cap_of(cost_table, R, anchors, budget_cap, draft_cost, max_step_ms)
     a.fixed_budget, a.extra_tokens, a.extra_emitting, a.token_offset = fixed_budget, extra_tokens, extra_emitting, \
         token_offset
     a.budget_cap, a.num_tokens_padded, a.verify_cost, a.draft_cost = budget_cap, num_tokens_padded, verify_cost, \
         draft_cost
+    a.step_cap = step_cap
 
 
 def check_out(out, a: PlanArgs) -> VerifyPlan:

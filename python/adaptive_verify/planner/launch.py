@@ -13,16 +13,19 @@ from .._binding import PlannerParams
 from .._ext import _C, check_status
 from .._validate import ptr, stream_of
 from .args import MODES, PlanArgs
+from .tree_plan import tree_status_messages
 from .verify_plan import VerifyPlan
 
 _MODE_NAMES = {v: k for k, v in MODES.items()}
+TREE_STATUS = tree_status_messages(_C)
 
 
 def fill_step(p: PlannerParams, a: PlanArgs) -> None:
     """The struct fields resolve_step decides (what a decode loop changes step to step)."""
     p.fixed_budget, p.extra_tokens, p.extra_emitting, p.token_offset = a.fixed_budget, a.extra_tokens, \
         a.extra_emitting, a.token_offset
-    p.budget_cap, p.draft_cost, p.num_tokens_padded = a.budget_cap, a.draft_cost, a.num_tokens_padded
+    p.budget_cap, p.draft_cost, p.num_tokens_padded, p.step_cap = a.budget_cap, a.draft_cost, a.num_tokens_padded, \
+        a.step_cap
     if a.verify_cost is not None:
         p.verify_cost, p.verify_cost_len = a.verify_cost.data_ptr(), a.verify_cost.numel()
     else:
@@ -56,6 +59,7 @@ def make_params(a: PlanArgs, outs, budget_out: Tensor, expected: Tensor, err: Te
     if a.parents is not None:
         p.parents, p.parents_stride = a.parents.data_ptr(), a.parents.stride(0)
     p.num_reqs, p.max_drafts, p.mode = a.R, a.K, MODES[a.mode]
+    p.weights = ptr(a.weights)
     p.budget_in = ptr(a.budget_in)
     p.min_verify, p.max_verify = a.min_verify, a.max_verify
     p.context_lens = ptr(a.context_lens)
@@ -92,7 +96,7 @@ def launch_at(address: int, on_cuda: bool, device: torch.device, op: str, tree: 
     draft-tree plan (its errors name tree_sizes)."""
     status = _C.plan(address, on_cuda, stream_of(device) if on_cuda else 0)
     if status:
-        check_status(status, op, device, tree)
+        check_status(status, op, device, TREE_STATUS if tree else None)
 
 
 def launch_plan(a: PlanArgs, outs, budget_out: Tensor, expected: Tensor, err: Tensor) -> PlannerParams:
@@ -114,18 +118,19 @@ _TREE_OUTPUTS = ("tree_mask", "token_parent", "token_node", "token_depth")
 @torch.library.custom_op("adaptive_verify::plan_into", mutates_args=_PLAN_MUTATES)
 def _plan_into(survival: Tensor, drafts: Tensor, budget_in: Optional[Tensor], verify_cost: Optional[Tensor],
                context_lens: Optional[Tensor], block_table: Optional[Tensor], anchor_tokens: Optional[Tensor],
-               draft_tokens: Optional[Tensor], survival_out: Optional[Tensor], parents: Optional[Tensor],
-               verify_lens: Optional[Tensor], budget: Tensor, expected_tokens: Tensor, num_tokens: Optional[Tensor],
+               draft_tokens: Optional[Tensor], survival_out: Optional[Tensor], weights: Optional[Tensor],
+               parents: Optional[Tensor], verify_lens: Optional[Tensor],
+               budget: Tensor, expected_tokens: Tensor, num_tokens: Optional[Tensor],
                query_start_loc: Optional[Tensor], token_req: Optional[Tensor], seq_lens: Optional[Tensor],
                positions: Optional[Tensor], slot_mapping: Optional[Tensor], input_ids: Optional[Tensor],
                tree_mask: Optional[Tensor], token_parent: Optional[Tensor], token_node: Optional[Tensor],
                token_depth: Optional[Tensor], error_counts: Tensor, config: List[int], draft_cost: float) -> None:
     """config = [mode, fixed_budget, min_verify, max_verify, extra_tokens, extra_emitting, budget_cap, block_size,
-    token_offset, num_reqs_padded, num_tokens_padded] (PlanArgs). With survival_out, ``survival`` holds the
-    confidences and the kernel writes the survival into survival_out. With parents, a draft-tree plan (the tree
+    token_offset, num_reqs_padded, num_tokens_padded, step_cap] (PlanArgs). With survival_out, ``survival`` holds
+    the confidences and the kernel writes the survival into survival_out. With parents, a draft-tree plan (the tree
     outputs are then given)."""
     (mode, fixed_budget, min_verify, max_verify, extra_tokens, extra_emitting, budget_cap, block_size, token_offset,
-     num_reqs_padded, num_tokens_padded) = config
+     num_reqs_padded, num_tokens_padded, step_cap) = config
     R, K = survival.shape
     conf = None
     if survival_out is not None:
@@ -136,7 +141,7 @@ def _plan_into(survival: Tensor, drafts: Tensor, budget_in: Optional[Tensor], ve
                  verify_cost=verify_cost, draft_cost=draft_cost, context_lens=context_lens, block_table=block_table,
                  block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
                  token_offset=token_offset, num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded,
-                 conf=conf, parents=parents)
+                 conf=conf, weights=weights, step_cap=step_cap, parents=parents)
     outs = dict(verify_lens=verify_lens, num_tokens=num_tokens, query_start_loc=query_start_loc, token_req=token_req,
                 seq_lens=seq_lens, positions=positions, slot_mapping=slot_mapping, input_ids=input_ids,
                 tree_mask=tree_mask, token_parent=token_parent, token_node=token_node, token_depth=token_depth)
@@ -151,10 +156,10 @@ def _(*args, **kwargs):
 def pack_plan_args(a: PlanArgs):
     """PlanArgs -> (input tensors, config, draft_cost) in plan_into's argument order (inputs up to parents)."""
     config = [MODES[a.mode], a.fixed_budget, a.min_verify, a.max_verify, a.extra_tokens, a.extra_emitting, a.budget_cap,
-              a.block_size, a.token_offset, a.num_reqs_padded, a.num_tokens_padded]
+              a.block_size, a.token_offset, a.num_reqs_padded, a.num_tokens_padded, a.step_cap]
     first, survival_out = (a.survival, None) if a.conf is None else (a.conf, a.survival)
     return (first, a.drafts, a.budget_in, a.verify_cost, a.context_lens, a.block_table, a.anchor_tokens,
-            a.draft_tokens, survival_out, a.parents), config, a.draft_cost
+            a.draft_tokens, survival_out, a.weights, a.parents), config, a.draft_cost
 
 
 def run_traced(a: PlanArgs, out: Optional[VerifyPlan], budget_out: Tensor, expected: Tensor) -> None:

@@ -70,13 +70,14 @@ class _Call:
         self.workspace, self.expected, self.op = workspace, expected, op  # workspace/expected: kept alive
 
     def restep(self, step, cost_table) -> bool:
-        """Re-derives the per-step fields for a new step = (id(cost_table), capacity, budget, extra_tokens,
-        extra_emitting, token_offset); False when they change the padded token count (the outputs must then be
-        checked again: the caller revalidates, and this entry is re-stepped on every use until replaced)."""
-        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step
+        """Re-derives the per-step fields for a new step (id(cost_table), then capacity, budget, extra_tokens,
+        extra_emitting, token_offset and max_step_ms, each after its type); False when they change the padded token
+        count (the outputs must then be checked again: the caller revalidates, and this entry is re-stepped on
+        every use until replaced)."""
+        _, _, capacity, _, budget, _, extra_tokens, _, extra_emitting, _, token_offset, _, max_step_ms = step
         padded = self.a.num_tokens_padded
         resolve_step(self.a, cost_table, capacity, self.padded, _costs, budget=budget, extra_tokens=extra_tokens,
-                     extra_emitting=extra_emitting, token_offset=token_offset)
+                     extra_emitting=extra_emitting, token_offset=token_offset, max_step_ms=max_step_ms)
         fill_step(self.params, self.a)
         self.table = cost_table  # held: its id is in self.step
         if self.a.num_tokens_padded != padded:
@@ -186,6 +187,8 @@ def choose_budget(
     draft_tokens: Optional[torch.Tensor] = None,
     conf: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
+    weights: Optional[torch.Tensor] = None,
+    max_step_ms: Optional[float] = None,
     parents: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Budget B (0-d int32 tensor on survival's device) for ``mode`` in "global", "greedy", "all".
@@ -195,7 +198,8 @@ def choose_budget(
     to the new step's [B_min, B_max]. Arguments as in :func:`plan_verification` (``draft_tokens``: only a
     negative id, an invalidated draft, matters here: it ends its request's candidates).
     ``conf``: [R, K] confidences instead of survival (pass survival=None): the survival is computed in the same
-    call. ``out``: a 0-d int32 tensor to write the budget into (returned).
+    call. ``out``: a 0-d int32 tensor to write the budget into (returned). ``weights``, ``max_step_ms``: as in
+    :func:`plan_verification`.
 
     ``parents``: [R, N] int32 (N <= 63) makes each row a draft tree (docs/design.md, "Draft trees"): ``drafts``
     are then the tree sizes, survival (or conf, through :func:`tree_survival`) is per node, taken as given but
@@ -203,9 +207,10 @@ def choose_budget(
     depends on the survival multiset, min_verify and max_verify (both by node index), exactly as
     :func:`plan_tree_verification` chooses it. ``draft_tokens`` then also removes duplicate siblings.
     """
-    tensors = (survival, conf, drafts, draft_tokens, out, parents)
-    statics = (mode, min_verify, max_verify)
-    step = (id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
+    tensors = (survival, conf, drafts, draft_tokens, out, weights, parents)
+    statics = (mode, type(min_verify), min_verify, type(max_verify), max_verify)
+    step = (id(cost_table), type(capacity), capacity, type(None), None, type(extra_tokens), extra_tokens,
+            type(extra_emitting), extra_emitting, int, 0, type(max_step_ms), max_step_ms)  # plan_verification's layout
     compiling = torch.compiler.is_compiling()
     key = None
     if not compiling:
@@ -218,7 +223,8 @@ def choose_budget(
             return out
     kw = dict(mode=mode, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, draft_tokens=draft_tokens,
-              allowed_modes=("global", "greedy", "all"), conf=conf, parents=parents)
+              allowed_modes=("global", "greedy", "all"), conf=conf, weights=weights, max_step_ms=max_step_ms,
+              parents=parents)
     a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
     if out is None:
         out = torch.empty((), dtype=torch.int32, device=a.device)
@@ -262,6 +268,8 @@ def plan_verification(
     verification: Optional[str] = None,
     conf: Optional[torch.Tensor] = None,
     survival_out: Optional[torch.Tensor] = None,
+    weights: Optional[torch.Tensor] = None,
+    max_step_ms: Optional[float] = None,
 ) -> VerifyPlan:
     """Chooses the budget, allocates it to the highest-survival drafts, and writes varlen metadata.
 
@@ -302,6 +310,15 @@ def plan_verification(
         conf: [R, K] float32 confidences instead of ``survival`` (pass survival=None): the same call computes
             the survival exactly as :func:`prefix_survival` does (NaNs counted as there) and plans on it.
             survival_out: [R, K] float32 contiguous buffer for that survival (scratch when None).
+        weights: [R] float32 request priorities (finite, >= 0; default all 1): candidates rank by w_r * a[r, j]
+            (then position, request: still prefix-closed) and Theta's numerator is sum_r w_r (1 + its verified
+            survivals); ``expected_tokens`` stays unweighted. Unusable values raise on the CPU and weigh 1 on
+            CUDA (counted as ``weight_out_of_range``). Fixed before the step's drafts, so every lossless mode
+            stays lossless.
+        max_step_ms: a latency target: the budget never makes the step's modelled cost (``fixed_cost(R) +
+            verify_cost(R + extra_tokens + B)``, the kernel's float32 sum) exceed it; B_max shrinks to the last
+            budget before the first one over the target. min_verify's forced drafts still win when they alone
+            exceed it. Needs the cost table.
 
     Host cost: a call that repeats an earlier call's objects (same tensors, same ``out``, same settings; the cost
     table, capacity, budget, extra_tokens, extra_emitting and token_offset may change) skips validation and
@@ -316,7 +333,7 @@ def plan_verification(
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
               block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
               num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded, conf=conf,
-              survival_out=survival_out)
+              survival_out=survival_out, weights=weights, max_step_ms=max_step_ms)
     return run_plan("plan_verification", VerifyPlan, survival, drafts, cost_table, kw, out)
 
 
@@ -327,11 +344,14 @@ def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, o
     budget = kw["budget"]
     budget_tensor = budget if isinstance(budget, torch.Tensor) else None
     tensors = (survival, kw["conf"], drafts, kw["context_lens"], kw["block_table"], kw["anchor_tokens"],
-               kw["draft_tokens"], budget_tensor, kw["survival_out"], kw.get("parents"))
-    statics = (kw["mode"], kw["min_verify"], kw["max_verify"], kw["block_size"], kw["num_reqs_padded"],
-               kw["num_tokens_padded"])
-    step = (id(cost_table), kw["capacity"], None if budget_tensor is not None else budget, kw["extra_tokens"],
-            kw["extra_emitting"], kw["token_offset"])
+               kw["draft_tokens"], budget_tensor, kw["survival_out"], kw["weights"], kw.get("parents"))
+    # Scalars with their types, so a bool or a float never passes where an earlier call's int was validated.
+    statics = tuple(x for name in ("mode", "min_verify", "max_verify", "block_size", "num_reqs_padded",
+                                   "num_tokens_padded") for x in ((kw[name],) if name == "mode" else
+                                                                  (type(kw[name]), kw[name])))
+    host_budget = None if budget_tensor is not None else budget
+    step = (id(cost_table),) + tuple(x for v in (kw["capacity"], host_budget, kw["extra_tokens"], kw["extra_emitting"],
+                                                 kw["token_offset"], kw["max_step_ms"]) for x in (type(v), v))
     compiling = torch.compiler.is_compiling()
     key = None
     if isinstance(out, plan_type) and not compiling:

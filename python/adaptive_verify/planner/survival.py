@@ -14,6 +14,9 @@ from .._callcache import CallCache
 from .._ext import _C, check_status
 from .._validate import check_tensor, stream_of
 from .args import parents_tensor, survival_and_drafts
+from .tree_plan import tree_status_messages
+
+TREE_STATUS = tree_status_messages(_C)
 
 # (conf, drafts, out) of a decode loop's calls -> their filled struct (see _callcache.py)
 _CALLS = CallCache()
@@ -111,7 +114,7 @@ def _run(params: SurvivalParams, device: torch.device, op: str = "prefix_surviva
     on_cuda = device.type == "cuda"
     status = _C.prefix_survival(ctypes.addressof(params), on_cuda, stream_of(device) if on_cuda else 0)
     if status:
-        check_status(status, op, device, tree=bool(params.parents))
+        check_status(status, op, device, TREE_STATUS if params.parents else None)
 
 
 @torch.library.custom_op("adaptive_verify::prefix_survival_into", mutates_args=("survival", "error_counts"))

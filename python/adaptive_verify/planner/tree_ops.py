@@ -35,6 +35,8 @@ def plan_tree_verification(
     out: Optional[TreeVerifyPlan] = None,
     conf: Optional[torch.Tensor] = None,
     survival_out: Optional[torch.Tensor] = None,
+    weights: Optional[torch.Tensor] = None,
+    max_step_ms: Optional[float] = None,
 ) -> TreeVerifyPlan:
     """Chooses the budget over every request's draft-tree nodes, gives it to the best nodes, and writes the tree's
     varlen metadata: :func:`plan_verification` for trees, in one CUDA launch (no host sync; graph-capturable with
@@ -63,7 +65,9 @@ def plan_tree_verification(
             ValueError on CPU, and on CUDA removes the later node and its subtree (counted in "duplicate_sibling").
         conf: [R, N] confidences instead of survival (pass survival=None): the same call computes the survival
             exactly as :func:`tree_survival` does, optionally into survival_out ([R, N] float32 contiguous).
-        Everything else as in :func:`plan_verification` (modes "greedy", "global", "fixed", "all").
+        weights: [R] request priorities: nodes rank by w_r * survival (capped by the parent's, so still
+            ancestor-closed) and Theta is weighted, as in :func:`plan_verification`; expected_tokens stays unweighted.
+        Everything else as in :func:`plan_verification` (modes "greedy", "global", "fixed", "all"; max_step_ms).
 
     Returns a :class:`TreeVerifyPlan`: request r's block is its anchor then its verified nodes in increasing node
     index (q_len = 1 + verify_lens[r]); positions are context_lens + depth, slot_mapping the slot of KV index
@@ -74,7 +78,7 @@ def plan_tree_verification(
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
               block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
               num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded, conf=conf,
-              survival_out=survival_out, parents=parents)
+              survival_out=survival_out, weights=weights, max_step_ms=max_step_ms, parents=parents)
     if parents is None:
         raise ValueError("parents is required (a [R, N] int32 tensor; a chain is parents[r, j] = j - 1)")
     return run_plan("plan_tree_verification", TreeVerifyPlan, survival, tree_sizes, cost_table, kw, out)

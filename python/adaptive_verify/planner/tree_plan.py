@@ -14,6 +14,11 @@ MAX_TREE_NODES = 63
 MAX_TREE_REQS = (1 << 21) - 1
 
 
+def tree_status_messages(_C) -> dict:
+    """check_status's wording for the tree ops, where the kernels' drafts are the tree sizes."""
+    return {_C.STATUS_DRAFTS_OUT_OF_RANGE: "tree_sizes: every value must lie in [0, N] where N = survival.shape[1]"}
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeVerifyPlan(VerifyPlan):
     """Outputs of :func:`adaptive_verify.plan_tree_verification`: :class:`VerifyPlan`'s fields, where

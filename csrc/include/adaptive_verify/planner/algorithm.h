@@ -109,6 +109,7 @@ struct Workspace {
   int32_t* tile;     // [threads + 1] token offsets of a tile of requests
   uint8_t* depth;      // trees: [n_slots] depth of each candidate node (null for chains)
   uint64_t* verified;  // trees: [R] verified nodes of each request, bit j for node j (null for chains)
+  float wscale = 1.f;  // weights' scale c = max(1, max w) (plan() sets it; 1 without weights)
 };
 
 // Bytes of a Workspace for n_slots slots, num buckets, R requests and `threads` threads, and its carving.
@@ -160,8 +161,14 @@ struct RowWalk {
   bool nan;         // the window was cut by a NaN survival
   bool bad_drafts;  // drafts[r] outside [0, K] (clamped)
 };
-AV_HD RowWalk walk_row(const Params& p, int32_t r, int32_t* words) {
+AV_HD float request_weight(const Params& p, int32_t r, float wscale) {
+  const float w = p.weights[r];
+  return div_rn(weight_ok(w) ? w : 1.f, wscale);
+}
+
+AV_HD RowWalk walk_row(const Params& p, int32_t r, int32_t* words, float wscale) {
   const int32_t K = p.max_drafts;
+  const float wr = p.weights != nullptr ? request_weight(p, r, wscale) : 1.f;
   int32_t drafts = p.drafts[r];
   RowWalk w{0, false, drafts < 0 || drafts > K};
   drafts = drafts < 0 ? 0 : (drafts > K ? K : drafts);
@@ -185,7 +192,9 @@ AV_HD RowWalk walk_row(const Params& p, int32_t r, int32_t* words) {
     }
     const float s = sanitize(raw);
     running = s < running ? s : running;
-    words[j] = int32_t(float_bits(running)) + (j < p.min_verify ? kForcedTag : 0);
+    // Weighted rank value w_r * a[r, j]: non-increasing along the row like a (rounding is monotone).
+    const float u = p.weights != nullptr ? mul_rn(wr, running) : running;
+    words[j] = int32_t(float_bits(u)) + (j < p.min_verify ? kForcedTag : 0);
   }
   w.cap = j;
   for (; j < K; ++j) words[j] = kNoSlot;
@@ -276,7 +285,8 @@ AV_HD WalkTotals generic_walk_and_count(const Params& p, Backend& be, const Work
   uint64_t cand = 0, forced = 0, nan_rows = 0, bad = 0, bad_parents = 0, duplicates = 0;
   for (int32_t r = be.tid(); r < R; r += be.threads()) {
     if (p.parents != nullptr) {
-      const TreeWalk w = walk_tree_row(p, r, ws.words + int64_t(r) * K, ws.depth + int64_t(r) * K);
+      const TreeWalk w = walk_tree_row(p, r, ws.words + int64_t(r) * K, ws.depth + int64_t(r) * K,
+                                        p.weights != nullptr ? request_weight(p, r, ws.wscale) : 1.f);
       cand += uint64_t(w.cand);
       forced += uint64_t(w.forced);
       nan_rows += w.nan;
@@ -285,7 +295,7 @@ AV_HD WalkTotals generic_walk_and_count(const Params& p, Backend& be, const Work
       duplicates += uint64_t(w.duplicates);
       continue;
     }
-    const RowWalk w = walk_row(p, r, ws.words + int64_t(r) * K);
+    const RowWalk w = walk_row(p, r, ws.words + int64_t(r) * K, ws.wscale);
     cand += uint64_t(w.cap);
     forced += uint64_t(p.min_verify < w.cap ? p.min_verify : w.cap);
     nan_rows += w.nan;
@@ -661,11 +671,41 @@ AV_HD int64_t scan_budget(Backend& be, Order<Backend>& order, const ThetaEval& t
 // Returns kOk, or on a strict backend (the CPU's) the first invalid input: drafts (tree sizes) out of range, a
 // tree's bad parent or duplicate sibling before any output is written, a block table too short after writing
 // (the slot is -1 there, as on CUDA, which counts all of them instead).
+// Unweighted expected tokens of the allocation, R + the survival sum of the verified drafts (with weights the
+// budget search sums weighted survivals): recomputed from the rows, the same running minimum as walk_row (a tree:
+// the same cap by the parent as walk_tree_row, over its verified nodes).
 template <typename Backend>
-AV_HD int plan(const Params& p, Backend& be, const Workspace& ws) {
+AV_HD uint64_t unweighted_verified_fixed(const Params& p, Backend& be, const Workspace& ws) {
+  uint64_t part = 0;
+  for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
+    const float* row = p.survival + int64_t(r) * p.survival_stride;
+    if (p.parents != nullptr) {  // verified nodes are ancestor-closed: each one's parent is capped before it
+      const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+      float capped[kMaxTreeNodes];
+      for (uint64_t rest = ws.verified[r]; rest; rest &= rest - 1) {
+        const int32_t j = lowest_bit64(rest), pj = par[j];
+        const float s = sanitize(row[j]), cap = pj >= 0 ? capped[pj] : 1.f;
+        capped[j] = s < cap ? s : cap;
+        part += to_fixed(capped[j]);
+      }
+      continue;
+    }
+    float running = 1.f;
+    for (int32_t j = 0; j < ws.lens[r]; ++j) {
+      const float s = sanitize(row[j]);
+      running = s < running ? s : running;
+      part += to_fixed(running);
+    }
+  }
+  return be.sum(part);
+}
+
+template <typename Backend>
+AV_HD int plan(const Params& p, Backend& be, const Workspace& ws_in) {
   const int32_t R = p.num_reqs, K = p.max_drafts;
   const int64_t n_slots = int64_t(R) * K;
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
+  Workspace ws = ws_in;
 
   // ---- 0. survival from confidences (plan's conf= path), exactly as the prefix_survival / tree_survival ops
   // compute it ----
@@ -686,6 +726,31 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws) {
     if (bad_parents && Backend::kStrict) return kErrBadParent;  // else the walk counts those it looks at
     if (nan_count) be.count_error(p.error_counts, kCountNanSurvival, nan_count);
     be.sync();
+  }
+
+  // ---- 0b. priorities: the weights' scale c = max(1, max w), and Theta's weighted constant sum_r w_r / c ----
+  uint64_t base_fixed = uint64_t(R + p.extra_emitting) << 32;
+  if (p.weights != nullptr) {
+    int64_t neg_max = 0;  // -bits of the largest usable weight (non-negative floats order like their bits)
+    uint64_t bad = 0;
+    for (int32_t r = be.tid(); r < R; r += be.threads()) {
+      const float w = p.weights[r];
+      if (!weight_ok(w)) {
+        ++bad;
+        continue;
+      }
+      const int64_t nb = -int64_t(float_bits(w));
+      neg_max = nb < neg_max ? nb : neg_max;
+    }
+    neg_max = be.min(neg_max);
+    bad = be.sum(bad);
+    if (bad && Backend::kStrict) return kErrWeights;
+    if (bad && be.tid() == 0) be.count_error(p.error_counts, kCountWeightOutOfRange, int32_t(bad));
+    const float wmax = bits_float(uint32_t(-neg_max));
+    ws.wscale = wmax > 1.f ? wmax : 1.f;
+    uint64_t part = 0;
+    for (int32_t r = be.tid(); r < R; r += be.threads()) part += to_fixed(request_weight(p, r, ws.wscale));
+    base_fixed = be.sum(part) + uint64_t(p.extra_emitting) * to_fixed(div_rn(1.f, ws.wscale));
   }
 
   // ---- 1-2. walk: a word per slot, then per bucket its candidates and their fixed-point survival sum ----
@@ -722,10 +787,12 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws) {
   Order<Backend> order{be, ws, bk, K, n_slots};
 
   // ---- 3. budget ----
-  const int64_t b_max = n_cand < p.budget_cap ? n_cand : p.budget_cap;
-  const int64_t b_min = n_forced < b_max ? n_forced : b_max;
-  const ThetaEval theta{uint64_t(R + p.extra_emitting) << 32, R + p.extra_tokens, p.verify_cost, p.verify_cost_len,
-                        p.draft_cost};
+  // Capacity wins over min_verify; min_verify wins over the latency target (step_cap).
+  const int64_t b_room = n_cand < p.budget_cap ? n_cand : p.budget_cap;
+  const int64_t b_min = n_forced < b_room ? n_forced : b_room;
+  int64_t b_max = b_room < p.step_cap ? b_room : p.step_cap;
+  b_max = b_max < b_min ? b_min : b_max;
+  const ThetaEval theta{base_fixed, R + p.extra_tokens, p.verify_cost, p.verify_cost_len, p.draft_cost};
   int64_t budget = b_max;
   if ((p.mode == kGreedy || p.mode == kGlobal) && b_min < b_max) {
     if (p.mode == kGlobal && cost_monotone_positive(be, theta, b_min, b_max)) {
@@ -742,13 +809,19 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws) {
   const uint64_t prefix = order.prefix(budget);
   if (be.tid() == 0) {
     *p.budget_out = int32_t(budget);
-    if (p.expected_tokens != nullptr) *p.expected_tokens = float(double((uint64_t(R) << 32) + prefix) / kFixedOne);
+    if (p.expected_tokens != nullptr && p.weights == nullptr)
+      *p.expected_tokens = float(double((uint64_t(R) << 32) + prefix) / kFixedOne);
   }
   if (!p.write_plan) return kOk;  // choose_budget: budget only
 
   // ---- 4. allocation: a request's verified drafts are its candidates ranked before the threshold ----
   be.count_verified(p, ws, order.threshold(budget, n_cand));
   be.sync();
+  if (p.weights != nullptr) {  // expected tokens stay unweighted
+    const uint64_t verified = unweighted_verified_fixed(p, be, ws);
+    if (be.tid() == 0 && p.expected_tokens != nullptr)
+      *p.expected_tokens = float(double((uint64_t(R) << 32) + verified) / kFixedOne);
+  }
 
   // ---- 5. metadata, then the padding lanes: every element of every padded buffer is written ----
   const MetadataTotals meta = be.write_metadata(p, ws);

@@ -37,6 +37,19 @@ AV_HD float mul_rn(float a, float b) {
 #endif
 }
 
+// a / b rounded to nearest (the device's division is otherwise approximate).
+AV_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// A usable priority weight: finite and >= 0 (NaN fails). Others count as 1 on the device (counted) and are an
+// error on the CPU.
+AV_HD bool weight_ok(float w) { return w >= 0.f && w <= 3.40282347e+38f; }
+
 // One request's prefix survival: out[j] = prod_{i <= j} sanitize(conf[i]) for j < drafts, 0 for j in
 // [drafts, K), a left-to-right product. The prefix_survival op and plan's confidence prologue both call this.
 // drafts must already lie in [0, K]. Returns the NaN confidences among the drafted positions (each counts as 0).

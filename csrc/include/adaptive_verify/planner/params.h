@@ -22,6 +22,8 @@ enum Mode : int32_t {
   kAll = 3,     // B = B_max: verify every candidate (fixed-k baseline)
 };
 
+constexpr int64_t kNoStepCap = int64_t(1) << 62;
+
 struct Params {
   // ---- candidates ----
   const float* survival = nullptr;  // [R, K] float32, row stride survival_stride, last dim contiguous
@@ -51,6 +53,15 @@ struct Params {
   int64_t extra_tokens = 0;            // non-draft tokens in the same step (prefill chunks)
   int64_t extra_emitting = 0;          // prefill requests that sample this step
   int64_t budget_cap = 0;              // capacity - R - extra_tokens (>= 0): most drafts that fit
+
+  // ---- priorities and a latency target ----
+  // Weights [R] float32 (finite, >= 0), or null (all 1): candidates rank by w_r * a[r, j] and Theta's numerator
+  // is sum_r w_r (1 + its verified survivals); expected_tokens stays unweighted. The kernel scales them by
+  // c = max(1, max_r w_r) so every weighted survival stays in [0, 1] (Theta's argmax does not change).
+  const float* weights = nullptr;
+  // Most drafts the step's latency target allows (the host derives it from max_step_ms and the cost curve);
+  // B_min wins over it. kNoStepCap when there is no target.
+  int64_t step_cap = kNoStepCap;
 
   // ---- cost: step_cost(R, n) = draft_cost + verify_cost[n] ----
   const float* verify_cost = nullptr;  // [verify_cost_len] float32 ms, indexed by total tokens n

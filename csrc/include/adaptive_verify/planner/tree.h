@@ -35,11 +35,13 @@ struct TreeWalk {
 };
 
 // Request r's N slot words (kNoSlot where no candidate) and the depth of each candidate (0 elsewhere). Nodes
-// j < min(tree size, max_verify) are looked at, in node order; node j is a candidate iff its parent is valid and
-// a candidate (or the anchor), its draft id (when draft_tokens is given) is not negative and not an earlier
-// sibling's, and its survival is not NaN. Checks happen in that order, each only if the earlier ones passed,
-// except the parent and duplicate checks, which report every node of the window (they are malformed inputs).
-AV_HD TreeWalk walk_tree_row(const Params& p, int32_t r, int32_t* words, uint8_t* depth) {
+// j < min(tree size, max_verify) are looked at, in node order; node j is a candidate iff its parent is valid, its
+// draft id (when draft_tokens is given) is not negative and not an earlier sibling's, its parent is a candidate
+// (or the anchor) and its survival is not NaN, checked in that order (a malformed parent or a duplicate is reported
+// whatever its ancestors). wr: the request's scaled weight (1 without weights): the word ranks wr * survival,
+// capped by the parent's word (rounding is monotone, so that is wr times the unweighted capped survival, as a
+// chain's walk_row ranks wr times its running minimum).
+AV_HD TreeWalk walk_tree_row(const Params& p, int32_t r, int32_t* words, uint8_t* depth, float wr) {
   const int32_t N = p.max_drafts;
   int32_t size = p.drafts[r];
   TreeWalk w;
@@ -83,11 +85,13 @@ AV_HD TreeWalk walk_tree_row(const Params& p, int32_t r, int32_t* words, uint8_t
       w.nan = true;
       continue;
     }
-    const float cap = pj >= 0 ? word_survival(words[pj]) : 1.f;
-    float s = sanitize(raw);
-    s = s < cap ? s : cap;
+    float u = mul_rn(wr, sanitize(raw));
+    if (pj >= 0) {
+      const float cap = word_survival(words[pj]);
+      u = u < cap ? u : cap;
+    }
     const bool forced = j < p.min_verify;
-    words[j] = int32_t(float_bits(s)) + (forced ? kForcedTag : 0);
+    words[j] = int32_t(float_bits(u)) + (forced ? kForcedTag : 0);
     depth[j] = uint8_t(pj >= 0 ? depth[pj] + 1 : 1);
     is_cand |= uint64_t(1) << j;
     ++w.cand;
