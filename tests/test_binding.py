@@ -18,7 +18,7 @@ from adaptive_verify._ext import _C
 
 STRUCTS = {name: getattr(_binding, name) for name in (
     "SurvivalParams", "PlannerParams", "ConfidenceParams", "LogitParams", "MarginParams", "StatsParams",
-    "RejectionParams", "SampleParams", "AttentionParams", "WriteKvParams")}
+    "RejectionParams", "SampleParams", "AttentionParams", "WriteKvParams", "CommitTreeKvParams")}
 
 
 @pytest.mark.parametrize("name", sorted(STRUCTS))
@@ -93,7 +93,8 @@ def test_planner_fields_by_name(monkeypatch):
     f = _fields(p, _binding.PlannerParams)
     plan = plan[0]
     want = dict(survival=survival.data_ptr(), survival_stride=9, drafts=drafts.data_ptr(), num_reqs=R, max_drafts=K,
-                conf=None, conf_stride=0, survival_out=None, weights=None, step_cap=1 << 62,
+                conf=None, conf_stride=0, survival_out=None, weights=None, step_cap=1 << 62, parents=None,
+                parents_stride=0,
                 mode=2, fixed_budget=0, budget_in=budget.data_ptr(), min_verify=2, max_verify=6, extra_tokens=17,
                 extra_emitting=19, budget_cap=min(R * 6, 300 - R - 17, 61 - R), verify_cost=None, verify_cost_len=0,
                 context_lens=ctx.data_ptr(), block_table=bt.data_ptr(), block_table_stride=13, max_blocks=13,
@@ -103,9 +104,26 @@ def test_planner_fields_by_name(monkeypatch):
                 expected_tokens=plan.expected_tokens.data_ptr(), num_tokens=plan.num_tokens.data_ptr(),
                 query_start_loc=plan.query_start_loc.data_ptr(), seq_lens=plan.seq_lens.data_ptr(),
                 token_req=plan.token_req.data_ptr(), positions=plan.positions.data_ptr(),
-                slot_mapping=plan.slot_mapping.data_ptr(), input_ids=plan.input_ids.data_ptr(), workspace=None)
+                slot_mapping=plan.slot_mapping.data_ptr(), input_ids=plan.input_ids.data_ptr(), tree_mask=None,
+                token_parent=None, token_node=None, token_depth=None, workspace=None)
     assert f.pop("draft_cost") == pytest.approx(0.25)
     assert f.pop("error_counts") == av.errors.error_buffer("cpu").data_ptr()
+    assert f == want
+
+    # The same call as a draft tree: parents and the four tree outputs, everything else in the same fields.
+    parents = torch.full((R, 10), -1, dtype=torch.int32)[:, :K]  # row stride 10
+    p, plan = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                        lambda: (av.plan_tree_verification(survival, parents, drafts, ct, **kw), survival, drafts,
+                                 parents))
+    f = _fields(p, _binding.PlannerParams)
+    plan = plan[0]
+    want.update(parents=parents.data_ptr(), parents_stride=10, tree_mask=plan.tree_mask.data_ptr(),
+                token_parent=plan.token_parent.data_ptr(), token_node=plan.token_node.data_ptr(),
+                token_depth=plan.token_depth.data_ptr())
+    for name in ("verify_lens", "budget_out", "expected_tokens", "num_tokens", "query_start_loc", "seq_lens",
+                 "token_req", "positions", "slot_mapping", "input_ids"):
+        want[name] = getattr(plan, "budget" if name == "budget_out" else name).data_ptr()
+    f.pop("draft_cost"), f.pop("error_counts")
     assert f == want
 
 
@@ -141,9 +159,14 @@ def test_survival_fields_by_name(monkeypatch):
     drafts = torch.tensor([4, 3, 2, 1, 0, 4], dtype=torch.int32)
     p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.survival", _binding.SurvivalParams,
                              lambda: (av.prefix_survival(conf, drafts), conf, drafts))
-    assert _fields(p, _binding.SurvivalParams) == dict(
-        conf=conf.data_ptr(), conf_stride=10, drafts=drafts.data_ptr(), num_reqs=6, max_drafts=4, survival=out.data_ptr(),
-        error_counts=av.errors.error_buffer("cpu").data_ptr())
+    want = dict(conf=conf.data_ptr(), conf_stride=10, parents=None, parents_stride=0, drafts=drafts.data_ptr(),
+                num_reqs=6, max_drafts=4, survival=out.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr())
+    assert _fields(p, _binding.SurvivalParams) == want
+    parents = torch.full((6, 7), -1, dtype=torch.int32)[:, :4]
+    p, (out, *_) = _captured(monkeypatch, "adaptive_verify.planner.survival", _binding.SurvivalParams,
+                             lambda: (av.tree_survival(conf, parents, drafts), conf, drafts, parents))
+    want.update(parents=parents.data_ptr(), parents_stride=7, survival=out.data_ptr())
+    assert _fields(p, _binding.SurvivalParams) == want
 
 
 def test_rejection_and_sample_fields_by_name(monkeypatch):
@@ -210,6 +233,16 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
         v_stride_h=D + 64, k_cache=kc.data_ptr(), v_cache=vc.data_ptr(), slot_mapping=slots.data_ptr(), num_tokens=T,
         num_kv_heads=Hkv, head_dim=D, block_size=bs, num_blocks=blocks, elem_size=2,
         error_counts=av.errors.error_buffer("cpu").data_ptr())
+    ctx = torch.tensor([5, 9], dtype=torch.int32)
+    offsets = torch.zeros(R, 11, dtype=torch.int32)[:, :6]  # row stride 11
+    accepted = torch.tensor([0, 3], dtype=torch.int32)
+    p, _ = _captured(monkeypatch, "adaptive_verify.attention", _binding.CommitTreeKvParams,
+                     lambda: av.commit_tree_kv(kc, vc, bt, ctx, offsets, accepted))
+    assert _fields(p, _binding.CommitTreeKvParams) == dict(
+        k_cache=kc.data_ptr(), v_cache=vc.data_ptr(), num_blocks=blocks, block_size=bs, row_bytes=Hkv * D * 2,
+        block_table=bt.data_ptr(), block_table_stride=3, max_blocks=3, context_lens=ctx.data_ptr(),
+        accepted_offsets=offsets.data_ptr(), accepted_offsets_stride=11, width=6, num_accepted=accepted.data_ptr(),
+        num_reqs=R, error_counts=av.errors.error_buffer("cpu").data_ptr())
 
 
 def test_confidence_area_fields_by_name(monkeypatch):

@@ -950,7 +950,8 @@ def _opcheck_plan_args(mode, with_meta):
     out = VerifyPlan.allocate(7, 30, positions=with_meta, slot_mapping=with_meta, input_ids=with_meta)
     err = torch.zeros(len(av_errors.error_buffer("cpu")), dtype=torch.int32)
     args = (*tensors, out.verify_lens, out.budget, out.expected_tokens, out.num_tokens, out.query_start_loc,
-            out.token_req, out.seq_lens, out.positions, out.slot_mapping, out.input_ids, err, config, draft_cost)
+            out.token_req, out.seq_lens, out.positions, out.slot_mapping, out.input_ids, None, None, None, None, err,
+            config, draft_cost)  # the four tree outputs: None for chains
     return args, out, (survival, drafts, table, kwargs)
 
 

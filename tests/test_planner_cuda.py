@@ -205,3 +205,155 @@ def test_cuda_matches_cpu_stress(kind, R, K, mode):
             cpu = _plan(prob, ct, **kw)
             gpu = _plan(gp, ct, **gkw)
         _assert_same(cpu, gpu, what)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Draft trees (plan_tree_verification, tree_survival): the same kernel with Params::parents set
+# ----------------------------------------------------------------------------------------------------------
+
+TREE_FIELDS = FIELDS + ("tree_mask", "token_parent", "token_node", "token_depth")
+
+
+def tree_problem(R, N, seed, *, style="levels", ties=False, nan=False, invalid=False, block_size=16):
+    """A batch of draft trees with metadata inputs; siblings carry distinct tokens."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.empty(R, N, dtype=torch.int32)
+    for j in range(N):
+        if style == "chain":
+            parents[:, j] = j - 1
+        elif style == "star":
+            parents[:, j] = -1
+        elif style == "levels":  # EAGLE-2 style: 4 nodes per level, each under one of the previous level's
+            parents[:, j] = -1 if j < 4 else (j // 4 - 1) * 4 + torch.randint(0, 4, (R,), generator=g)
+        else:
+            parents[:, j] = torch.randint(-1, j, (R,), generator=g) if j else -1
+    conf = torch.rand(R, N, generator=g) * 0.6 + 0.4
+    if ties:
+        conf = (conf * 4).round() / 4
+    sizes = torch.randint(0, N + 1, (R,), generator=g, dtype=torch.int32)
+    survival = av.tree_survival(conf, parents, sizes)
+    if nan and R > 2:
+        survival[1, 0] = float("nan")
+    ctx = torch.randint(0, 3000, (R,), generator=g, dtype=torch.int32)
+    max_blocks = (3000 + N + 1) // block_size + 2
+    block_table = torch.randint(0, 100000, (R, max_blocks), generator=g, dtype=torch.int32)
+    anchor = torch.randint(0, 150000, (R,), generator=g, dtype=torch.int32)
+    draft_tokens = torch.stack([torch.randperm(150000, generator=g)[:N] for _ in range(R)]).to(torch.int32)
+    if invalid:
+        draft_tokens[torch.rand(R, N, generator=g) < 0.1] = -1
+    return dict(survival=survival, parents=parents, tree_sizes=sizes, context_lens=ctx, block_table=block_table,
+                block_size=block_size, anchor_tokens=anchor, draft_tokens=draft_tokens)
+
+
+def _plan_tree(prob, ct, **kw):
+    rest = {k: v for k, v in prob.items() if k not in ("survival", "parents", "tree_sizes")}
+    return av.plan_tree_verification(prob["survival"], prob["parents"], prob["tree_sizes"], ct, **kw, **rest)
+
+
+def _assert_same_tree(a, b, what):
+    for f in TREE_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        if x is None or y is None:
+            assert x is None and y is None, (what, f)
+            continue
+        assert torch.equal(x.cpu(), y.cpu()), f"{what}: field {f} differs"
+
+
+TREE_CASES = [(0, "levels", False, False, False), (1, "random", True, False, False), (2, "star", False, True, True),
+              (3, "chain", True, False, False)]
+
+
+def tree_matches_cpu_cases(R, N, mode, cases=TREE_CASES):
+    """(problem, keyword arguments, label) of test_cuda_tree_matches_cpu (also run by test_planner_emu.py)."""
+    for seed, style, ties, nan, invalid in cases:
+        prob = tree_problem(R, N, seed + 13 * R, style=style, ties=ties, nan=nan, invalid=invalid)
+        kw = dict(mode=mode, min_verify=2 if N > 2 else 0, extra_tokens=3, extra_emitting=2, token_offset=5,
+                  num_reqs_padded=R + 5, num_tokens_padded=R + R * N + 11)
+        if mode == "fixed":
+            kw["budget"] = (R * N) // 3
+        yield prob, kw, f"tree R={R} N={N} mode={mode} seed={seed} {style}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("R,N", [(1, 1), (7, 5), (64, 16), (256, 31), (256, 63), (1024, 16)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_cuda_tree_matches_cpu(R, N, mode):
+    ct = _cost_table()
+    for prob, kw, what in tree_matches_cpu_cases(R, N, mode):
+        gp = _to(prob, "cuda")
+        _assert_same_tree(_plan_tree(prob, ct, **kw), _plan_tree(gp, ct, **kw), what)
+        if mode != "fixed":
+            b_cpu = av.choose_budget(prob["survival"], prob["tree_sizes"], ct, mode=mode, parents=prob["parents"])
+            b_gpu = av.choose_budget(gp["survival"], gp["tree_sizes"], ct, mode=mode, parents=gp["parents"])
+            assert int(b_cpu) == int(b_gpu)
+        conf = torch.rand(prob["survival"].shape)
+        assert torch.equal(av.tree_survival(conf, prob["parents"], prob["tree_sizes"]),
+                           av.tree_survival(conf.cuda(), gp["parents"], gp["tree_sizes"]).cpu())
+
+
+def bad_tree_inputs():
+    """A tree batch with every malformed value the device must survive, and the valid batch it must equal: the
+    offending nodes (bad parent, duplicate sibling) replaced by invalidated drafts (id -1), which remove a node and
+    its subtree without a count, and the tree sizes clamped. Returns (bad, equivalent, expected counters)."""
+    prob = tree_problem(6, 8, 77, style="random")
+    prob["tree_sizes"] = torch.tensor([8, 8, 8, 8, 9, -2], dtype=torch.int32)  # two outside [0, 8]
+    bad, good = dict(prob), dict(prob)
+    bad["parents"], good["parents"] = prob["parents"].clone(), prob["parents"].clone()
+    bad["draft_tokens"], good["draft_tokens"] = prob["draft_tokens"].clone(), prob["draft_tokens"].clone()
+    good["tree_sizes"] = torch.tensor([8, 8, 8, 8, 8, 0], dtype=torch.int32)
+    bad["parents"][0, 3] = 3  # its own parent: not topological
+    bad["parents"][1, 5] = -4  # out of range
+    bad["parents"][2, 2] = 40
+    for r, j in ((0, 3), (1, 5), (2, 2)):
+        good["parents"][r, j] = -1
+        good["draft_tokens"][r, j] = -1
+    p = int(prob["parents"][3, 6])  # node 6 of request 3 repeats an earlier sibling's token
+    sibling = next((q for q in range(6) if int(prob["parents"][3, q]) == p), None)
+    if sibling is None:  # make one: node 6 and node 0 both hang from the anchor
+        bad["parents"][3, 6] = good["parents"][3, 6] = -1
+        sibling = 0
+    bad["draft_tokens"][3, 6] = prob["draft_tokens"][3, sibling]
+    good["draft_tokens"][3, 6] = -1
+    return bad, good, dict(bad_parent=3, duplicate_sibling=1, drafts_out_of_range=2)
+
+
+@needs_cuda
+def test_cuda_tree_bad_inputs_are_counted_not_raised():
+    bad, good, counts = bad_tree_inputs()
+    ct = _cost_table()
+    av.reset_error_counts("cuda")
+    got = _plan_tree(_to(bad, "cuda"), ct, mode="all")
+    seen = av.error_counts("cuda")
+    assert {k: seen[k] for k in counts} == counts
+    _assert_same_tree(got, _plan_tree(good, ct, mode="all"), "bad inputs on CUDA")
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["global", "fixed"])
+def test_cuda_tree_graph_capture_and_replay(mode):
+    R, N, Rp = 64, 24, 72
+    Tp = Rp + R * N
+    ct = _cost_table()
+    first, second = (_to(tree_problem(R, N, s, style=st), "cuda") for s, st in ((3, "levels"), (4, "random")))
+    bufs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in first.items()}
+    budget = torch.tensor(100, dtype=torch.int32, device="cuda")
+    out = av.TreeVerifyPlan.allocate(Rp, Tp, "cuda", positions=True, slot_mapping=True, input_ids=True)
+    kw = dict(mode=mode, num_reqs_padded=Rp, num_tokens_padded=Tp, out=out)
+    if mode == "fixed":
+        kw["budget"] = budget
+    _plan_tree(bufs, ct, **kw)  # warm up: cost arrays, error buffer, shared-memory opt-in exist before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _plan_tree(bufs, ct, **kw)
+    for prob, b in ((second, 37), (first, 250)):
+        for k, v in prob.items():
+            if isinstance(v, torch.Tensor):
+                bufs[k].copy_(v)
+        budget.fill_(b)
+        for f in TREE_FIELDS:
+            getattr(out, f).fill_(-7)  # poison: replay must rewrite every element
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = _plan_tree(prob, ct, **{**kw, "out": None, **({"budget": b} if mode == "fixed" else {})})
+        _assert_same_tree(out, eager, "replay")

@@ -1,6 +1,7 @@
 """The planner's CUDA kernel (planner/kernel.cuh: the one planner algorithm, planner/algorithm.h, on a thread
 block), launched by its real launcher, runs on the CPU under the fiber emulator in tests/emu, and is compared
-with the C++ CPU kernel field by field, exactly: the cases of test_planner_cuda.py, without a GPU.
+with the C++ CPU kernel field by field, exactly: the cases of test_planner_cuda.py, chains and draft trees, without
+a GPU.
 
 The emulated kernel replaces adaptive_verify._C.plan for the duration of a call (it takes the same parameter
 struct), so the Python layer, its validation and its output allocation are the ones real calls use.
@@ -15,9 +16,11 @@ import torch
 import adaptive_verify as av
 import emu_build
 from adaptive_verify import errors as av_errors
-from test_planner_cuda import _assert_same, _cost_table, _plan, matches_cpu_cases, stress_cases
+from test_planner_cuda import (TREE_CASES, _assert_same, _assert_same_tree, _cost_table, _plan, _plan_tree,
+                               bad_tree_inputs, matches_cpu_cases, stress_cases, tree_matches_cpu_cases, tree_problem)
 
 ops_module = importlib.import_module("adaptive_verify.planner.launch")  # every planner launch passes there
+survival_module = importlib.import_module("adaptive_verify.planner.survival")
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +28,8 @@ def emu_lib(tmp_path_factory):
     lib = emu_build.build("planner_emu", tmp_path_factory)
     lib.av_emu_plan.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
     lib.av_emu_plan.restype = ctypes.c_int
+    lib.av_emu_prefix_survival.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    lib.av_emu_prefix_survival.restype = ctypes.c_int
     lib.av_emu_set_reverse.argtypes = [ctypes.c_int]
     return lib
 
@@ -37,6 +42,15 @@ def emulated(request, monkeypatch, emu_lib):
     proxy = emu_build.EmulatedC(ops_module._C, {
         "plan": lambda params, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_plan, params)})
     return emu_build.emulated_runner(monkeypatch, ops_module, proxy)
+
+
+@pytest.fixture(params=["forward", "reverse"])
+def emulated_survival(request, monkeypatch, emu_lib):
+    """run(fn): fn() with the emulated survival kernel in place of the CPU one."""
+    emu_lib.av_emu_set_reverse(request.param == "reverse")
+    proxy = emu_build.EmulatedC(survival_module._C, {
+        "prefix_survival": lambda params, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_prefix_survival, params)})
+    return emu_build.emulated_runner(monkeypatch, survival_module, proxy)
 
 
 def _compare(ct, cases, run):
@@ -116,3 +130,132 @@ def test_emulated_kernel_weights_and_step_cap(R, K, mode, emulated):
     assert av_errors.error_counts()["weight_out_of_range"] == (2 if R > 1 else 1)
     av_errors.reset_error_counts()
     _assert_same(av.plan_verification(survival, drafts, ct, **{**kw, "weights": ones}), emu, "bad weights")
+
+
+# ---- draft trees ----
+
+
+# (300, 63): 18900 nodes, past the kernel's shared memory (with the tree's depths): the global-workspace path, on
+# the cases that differ most (levels; star trees with NaNs and invalidated drafts), to keep the emulator's time down.
+@pytest.mark.parametrize("R,N", [(1, 1), (7, 5), (64, 16), (300, 63)])
+@pytest.mark.parametrize("mode", ["greedy", "global", "fixed", "all"])
+def test_emulated_tree_kernel_matches_cpu(R, N, mode, emulated):
+    ct = _cost_table()
+    cases = TREE_CASES[::2] if R * N > 4096 else TREE_CASES
+    for prob, kw, what in tree_matches_cpu_cases(R, N, mode, cases):
+        cpu = _plan_tree(prob, ct, **kw)
+        emu = emulated(lambda: _plan_tree(prob, ct, **kw))
+        _assert_same_tree(cpu, emu, what)
+        if mode != "fixed":
+            want = av.choose_budget(prob["survival"], prob["tree_sizes"], ct, mode=mode, parents=prob["parents"])
+            got = emulated(lambda: av.choose_budget(prob["survival"], prob["tree_sizes"], ct, mode=mode,
+                                                    parents=prob["parents"]))
+            assert int(got) == int(want)
+
+
+@pytest.mark.parametrize("R,N", [(1, 1), (83, 7), (256, 63)])
+def test_emulated_tree_kernel_plans_from_confidences(R, N, emulated):
+    """plan_tree_verification(conf=...): the kernel's tree-survival prologue gives the CPU kernel's bits and plan."""
+    prob = tree_problem(R, N, 5, style="random")
+    g = torch.Generator().manual_seed(R + N)
+    conf = torch.rand(R, N, generator=g) * 0.6 + 0.4
+    conf[torch.rand(R, N, generator=g) < 0.03] = float("nan")
+    ct = _cost_table()
+    rest = {k: v for k, v in prob.items() if k not in ("survival", "parents", "tree_sizes")}
+    results = []
+    for runner in (lambda fn: fn(), emulated):
+        av_errors.reset_error_counts()
+        survival = torch.full((R, N), -1.0)
+        plan = runner(lambda: av.plan_tree_verification(None, prob["parents"], prob["tree_sizes"], ct, conf=conf,
+                                                        survival_out=survival, min_verify=1, **rest))
+        results.append((plan, survival, av_errors.error_counts()))
+    (cpu, cpu_s, cpu_err), (emu, emu_s, emu_err) = results
+    _assert_same_tree(cpu, emu, "conf=")
+    assert torch.equal(cpu_s, emu_s) and cpu_err == emu_err
+    av_errors.reset_error_counts()
+
+
+def test_emulated_tree_survival_matches_cpu(emulated_survival):
+    for R, N, style in [(1, 1, "chain"), (50, 63, "levels"), (300, 9, "random")]:
+        prob = tree_problem(R, N, R, style=style)
+        conf = torch.rand(R, N) * 1.4 - 0.2
+        conf[0, 0] = float("nan")
+        av_errors.reset_error_counts()
+        want = av.tree_survival(conf, prob["parents"], prob["tree_sizes"])
+        cpu_err = av_errors.error_counts()
+        av_errors.reset_error_counts()
+        got = emulated_survival(lambda: av.tree_survival(conf, prob["parents"], prob["tree_sizes"]))
+        assert torch.equal(got, want) and av_errors.error_counts() == cpu_err
+    av_errors.reset_error_counts()
+
+
+def test_emulated_tree_bad_inputs_are_counted_not_raised(emulated):
+    """What the CPU rejects, the device makes safe and counts: a node with a bad parent or repeating a sibling's token
+    is no candidate (nor its subtree), tree sizes are clamped; the plan equals the CPU's on the equivalent valid
+    batch. tree_survival: a bad parent's node survives with 0, counted."""
+    bad, good, counts = bad_tree_inputs()
+    ct = _cost_table()
+    av_errors.reset_error_counts()
+    got = emulated(lambda: _plan_tree(bad, ct, mode="all"))
+    seen = av_errors.error_counts()
+    assert {k: seen[k] for k in counts} == counts
+    _assert_same_tree(got, _plan_tree(good, ct, mode="all"), "bad inputs under the emulator")
+    av_errors.reset_error_counts()
+
+
+def test_emulated_tree_survival_bad_parents_are_counted(emulated_survival):
+    bad, good, _ = bad_tree_inputs()
+    conf = torch.rand(bad["parents"].shape)
+    av_errors.reset_error_counts()
+    sizes = good["tree_sizes"]
+    got = emulated_survival(lambda: av.tree_survival(conf, bad["parents"], sizes))
+    assert av_errors.error_counts()["bad_parent"] == 3
+    zeroed = conf.clone()
+    for r, j in ((0, 3), (1, 5), (2, 2)):  # a bad parent's node survives with 0, and so does its subtree
+        zeroed[r, j] = 0.0
+    assert torch.equal(got, av.tree_survival(zeroed, good["parents"], sizes))
+    av_errors.reset_error_counts()
+
+
+@pytest.mark.parametrize("mode", ["global", "fixed"])
+def test_emulated_tree_replay_rewrites_every_output(mode, emulated):
+    """The emulator's CUDA-graph replay: one remembered kernel struct (fixed addresses, the budget a device tensor)
+    relaunched after new values land in the same input buffers, every output poisoned in between; each launch must
+    equal the CPU kernel's eager plan of the new values."""
+    R, N, Rp = 40, 20, 45
+    Tp = Rp + R * N
+    ct = _cost_table()
+    first, second = tree_problem(R, N, 3, style="levels"), tree_problem(R, N, 4, style="random")
+    bufs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in first.items()}
+    budget = torch.tensor(100, dtype=torch.int32)
+    out = av.TreeVerifyPlan.allocate(Rp, Tp, positions=True, slot_mapping=True, input_ids=True)
+    kw = dict(mode=mode, num_reqs_padded=Rp, num_tokens_padded=Tp, out=out)
+    if mode == "fixed":
+        kw["budget"] = budget
+    _plan_tree(bufs, ct, **kw)  # the "capture": validation, the struct remembered
+    for prob, b in ((second, 37), (first, 250), (second, 0)):
+        for k, v in prob.items():
+            if isinstance(v, torch.Tensor):
+                bufs[k].copy_(v)
+        budget.fill_(b)
+        for name in ("verify_lens", "budget", "num_tokens", "query_start_loc", "token_req", "seq_lens", "positions",
+                     "slot_mapping", "input_ids", "tree_mask", "token_parent", "token_node", "token_depth"):
+            getattr(out, name).fill_(-7)
+        replayed = emulated(lambda: _plan_tree(bufs, ct, **kw))
+        assert replayed.tree_mask.data_ptr() == out.tree_mask.data_ptr()  # the remembered struct's buffers
+        eager = _plan_tree(prob, ct, **{**kw, "out": None, **({"budget": b} if mode == "fixed" else {})})
+        _assert_same_tree(replayed, eager, f"replay budget={b}")
+
+
+def test_emulated_weighted_tree_kernel_matches_cpu(emulated):
+    """Weights and a latency target on trees: the block's weight reduction, weighted words capped by the parent's,
+    and the unweighted expected tokens over the verified nodes give the CPU kernel's integers."""
+    ct = _cost_table()
+    for R, N, seed in [(5, 7, 1), (120, 31, 2)]:
+        prob = tree_problem(R, N, seed, style="random" if seed == 1 else "levels")
+        g = torch.Generator().manual_seed(seed)
+        w = torch.tensor([0.0, 0.5, 1.0, 3.0, 7.5])[torch.randint(0, 5, (R,), generator=g)]
+        kw = dict(mode="global", min_verify=1, weights=w,
+                  max_step_ms=float(ct.fixed_cost(R) + ct.verify_cost(R + R * N // 3)))
+        _assert_same_tree(_plan_tree(prob, ct, **kw), emulated(lambda: _plan_tree(prob, ct, **kw)), f"weights R={R}")
+

@@ -1,4 +1,4 @@
-// C++ CPU verification attention over a paged KV cache, and KV writes.
+// C++ CPU verification attention over a paged KV cache, KV writes and the tree KV commit.
 //
 // Threads over (request, KV head) pairs for large problems (unlike the other CPU kernels: here each pair
 // is milliseconds of work, which dwarfs the cost of competing with torch's idle-spinning threads).
@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "adaptive_verify/attention/commit.h"
 #include "adaptive_verify/attention/cpu.h"
 #include "adaptive_verify/dtype.h"
 
@@ -204,6 +205,28 @@ int write_kv_cpu(const WriteKvParams& p) {
       const int64_t dst = (slot * p.num_kv_heads + h) * int64_t(bytes);
       std::memcpy(kc + dst, k + (t * p.k_stride_t + h * p.k_stride_h) * p.elem_size, bytes);
       std::memcpy(vc + dst, v + (t * p.v_stride_t + h * p.v_stride_h) * p.elem_size, bytes);
+    }
+  }
+  return kOk;
+}
+
+// Every path is checked before anything moves (a strict backend: an invalid one is a ValueError), then each path
+// is moved entry by entry in increasing depth (commit.h: no entry is overwritten before it is read).
+int commit_tree_kv_cpu(const CommitTreeKvParams& p) {
+  for (int32_t r = 0; r < p.num_reqs; ++r)
+    if (!accepted_path_ok(p, r)) return kErrAcceptedPath;
+  char* k = static_cast<char*>(p.k_cache);
+  char* v = static_cast<char*>(p.v_cache);
+  const size_t bytes = size_t(p.row_bytes);
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int32_t n = p.num_accepted[r], ctx = p.context_lens[r];
+    const int32_t* off = p.accepted_offsets + int64_t(r) * p.accepted_offsets_stride;
+    for (int32_t i = 1; i <= n; ++i) {
+      if (off[i] == i) continue;
+      const int64_t src = commit_slot(p, r, int64_t(ctx) + off[i]) * p.row_bytes;
+      const int64_t dst = commit_slot(p, r, int64_t(ctx) + i) * p.row_bytes;
+      std::memcpy(k + dst, k + src, bytes);
+      std::memcpy(v + dst, v + src, bytes);
     }
   }
   return kOk;

@@ -1,4 +1,5 @@
-// adaptive_verify._C's attention ops: verify_attention and write_kv (python/adaptive_verify/attention.py).
+// adaptive_verify._C's attention ops: verify_attention, write_kv and commit_tree_kv
+// (python/adaptive_verify/attention.py).
 #include <string>
 
 #include "adaptive_verify/attention/can_implement.h"
@@ -27,8 +28,10 @@ int verify_attention(uintptr_t params, bool on_cuda, uintptr_t stream) {
 void register_attention(py::module_& m) {
   using A = attention::AttentionParams;
   using W = attention::WriteKvParams;
+  using C = attention::CommitTreeKvParams;
   m.def("verify_attention", &verify_attention);
   def_op<W>(m, "write_kv", attention::write_kv_cpu, AV_CUDA_FN(attention::write_kv_cuda));
+  def_op<C>(m, "commit_tree_kv", attention::commit_tree_kv_cpu, AV_CUDA_FN(attention::commit_tree_kv_cuda));
   // Floats of CUDA workspace a call needs, from the sizes already in its parameter struct.
   m.def("attention_workspace_floats",
         [](uintptr_t params) { return attention::attention_workspace_floats(params_at<A>(params)); });
@@ -51,6 +54,11 @@ void register_attention(py::module_& m) {
       AV_FIELD(W, v_stride_h), AV_FIELD(W, k_cache), AV_FIELD(W, v_cache), AV_FIELD(W, slot_mapping),
       AV_FIELD(W, num_tokens), AV_FIELD(W, num_kv_heads), AV_FIELD(W, head_dim), AV_FIELD(W, block_size),
       AV_FIELD(W, num_blocks), AV_FIELD(W, elem_size), AV_FIELD(W, error_counts)});
+  m.attr("COMMIT_TREE_KV_PARAMS") = struct_layout<C>({
+      AV_FIELD(C, k_cache), AV_FIELD(C, v_cache), AV_FIELD(C, num_blocks), AV_FIELD(C, block_size),
+      AV_FIELD(C, row_bytes), AV_FIELD(C, block_table), AV_FIELD(C, block_table_stride), AV_FIELD(C, max_blocks),
+      AV_FIELD(C, context_lens), AV_FIELD(C, accepted_offsets), AV_FIELD(C, accepted_offsets_stride),
+      AV_FIELD(C, width), AV_FIELD(C, num_accepted), AV_FIELD(C, num_reqs), AV_FIELD(C, error_counts)});
 }
 
 }  // namespace bindings

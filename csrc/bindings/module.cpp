@@ -80,6 +80,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATUS_TOP_P") = int(kErrTopP);
   m.attr("STATUS_MIN_P") = int(kErrMinP);
   m.attr("STATUS_WEIGHTS") = int(kErrWeights);
+  m.attr("STATUS_BAD_PARENT") = int(kErrBadParent);
+  m.attr("STATUS_DUPLICATE_SIBLING") = int(kErrDuplicateSibling);
+  m.attr("STATUS_ACCEPTED_PATH") = int(kErrAcceptedPath);
   m.attr("NUM_ERROR_COUNTERS") = int(kNumErrorCounters);
   bindings::register_planner(m);
   bindings::register_confidence(m);

@@ -15,6 +15,11 @@
 //  - metadata: each request's run of tokens is written as whole vectors.
 //  - the in-bucket sort: insertion sort for the handful of keys a bucket usually holds, an LSD radix sort
 //    over the key bits that vary for big buckets (exact ties, tiny survivals below the resolved octaves).
+// Draft trees (Params::parents): rows are not prefixes, so the vector forms above do not apply. The walk is
+// walk_tree_row per request feeding the same histogram; the allocation is the generic one; the metadata walks each
+// request's verified nodes in order, keeping each node's offset and mask (the generic version, for a block's threads
+// taking tokens in parallel, recomputes them per token by climbing the parents: the same values, measured 10x
+// slower at R=256, N=63 here). The gather and the in-bucket sort are shared, with the tree key.
 // Scratch is thread_local and reused: a decode loop plans every step, so steady state allocates nothing.
 // At R=256, K=8 (2048 candidates) the whole plan takes a few microseconds (benchmarks/bench_planner.py).
 #include <algorithm>
@@ -36,12 +41,22 @@ namespace adaptive_verify {
 namespace planner {
 
 int prefix_survival_cpu(const SurvivalParams& p) {
-  for (int32_t r = 0; r < p.num_reqs; ++r)
-    if (p.drafts[r] < 0 || p.drafts[r] > p.max_drafts) return kErrDraftsOutOfRange;  // before any output
-  int32_t nan_count = 0;
-  for (int32_t r = 0; r < p.num_reqs; ++r)
-    nan_count += survival_row(p.conf + int64_t(r) * p.conf_stride, p.drafts[r], p.max_drafts,
-                              p.survival + int64_t(r) * p.max_drafts);
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int32_t size = p.drafts[r];
+    if (size < 0 || size > p.max_drafts) return kErrDraftsOutOfRange;  // before any output
+    if (p.parents == nullptr) continue;
+    const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+    for (int32_t j = 0; j < size; ++j)
+      if (par[j] < -1 || par[j] >= j) return kErrBadParent;
+  }
+  int32_t nan_count = 0, bad_parents = 0;
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const float* conf = p.conf + int64_t(r) * p.conf_stride;
+    float* out = p.survival + int64_t(r) * p.max_drafts;
+    nan_count += p.parents != nullptr ? tree_survival_row(conf, p.parents + int64_t(r) * p.parents_stride, p.drafts[r],
+                                                          p.max_drafts, out, &bad_parents)
+                                      : survival_row(conf, p.drafts[r], p.max_drafts, out);
+  }
   if (nan_count && p.error_counts) p.error_counts[kCountNanSurvival] += nan_count;
   return kOk;
 }
@@ -360,10 +375,12 @@ struct CpuBackend {
     grow(caps, size_t(R));
     std::memset(ws.ready, 0, size_t(bk.num));
     std::memset(ws.keep, 0, size_t(bk.num));
-    WalkTotals t{0, 0, 0, 0};
+    WalkTotals t{0, 0, 0, 0, 0, 0};
     // Rows whose every slot is a candidate and none forced take the vector walk; the window check (drafts in
-    // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) send every row to walk_row.
-    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr && p.weights == nullptr;
+    // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) and weights send every row to
+    // walk_row, and so does a tree (walk_tree_row).
+    const bool tree = p.parents != nullptr;
+    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr && p.weights == nullptr && !tree;
     int32_t full = 0;
     for (int32_t r = 0; r < R; ++r) {
       const int32_t drafts = p.drafts[r];
@@ -386,15 +403,29 @@ struct CpuBackend {
       }
     }
     for (int32_t r = 0; r < R; ++r) {
-      if (caps[r] < 0) {  // walk_row, then the histogram's inputs from its words
+      if (caps[r] < 0) {  // walk_row (walk_tree_row), then the histogram's inputs from its words
         const int64_t o = int64_t(r) * K;
-        const RowWalk w = walk_row(p, r, ws.words + o, ws.wscale);
-        if (w.bad_drafts) {
-          t.bad_drafts = 1;  // strict: the plan stops before writing anything
-          return t;
+        if (tree) {
+          const TreeWalk w = walk_tree_row(p, r, ws.words + o, ws.depth + o,
+                                            p.weights != nullptr ? request_weight(p, r, ws.wscale) : 1.f);
+          if (w.bad_size || w.bad_parents || w.duplicates) {  // strict: the plan stops before writing anything
+            t.bad_drafts = w.bad_size;
+            t.bad_parents = w.bad_parents;
+            t.duplicates = w.duplicates;
+            return t;
+          }
+          t.nan_rows += w.nan;
+          t.forced += w.forced;
+          caps[r] = w.cand;
+        } else {
+          const RowWalk w = walk_row(p, r, ws.words + o, ws.wscale);
+          if (w.bad_drafts) {
+            t.bad_drafts = 1;  // strict: the plan stops before writing anything
+            return t;
+          }
+          t.nan_rows += w.nan;
+          caps[r] = w.cap;
         }
-        t.nan_rows += w.nan;
-        caps[r] = w.cap;
         for (int32_t j = 0; j < K; ++j) {  // slots without a candidate count in the dummy bucket bk.num
           const int32_t u = ws.words[o + j];
           slot_bucket[size_t(o + j)] = uint16_t(u >= 0 ? bk.of(u) : bk.num);
@@ -403,7 +434,7 @@ struct CpuBackend {
       }
       t.cand += caps[r];
     }
-    if (p.min_verify > 0)
+    if (p.min_verify > 0 && !tree)  // a tree's forced nodes are counted by its walk
       for (int32_t r = 0; r < R; ++r) t.forced += p.min_verify < caps[r] ? p.min_verify : caps[r];
     for (int64_t i = n_slots; i < n_padded; ++i) ws.words[i] = kNoSlot;
     // Below 2^16 slots a bucket's count and survival sum share one word (count << 48: sums stay below
@@ -455,6 +486,7 @@ struct CpuBackend {
   }
 
   void count_verified(const Params& p, const Workspace& ws, const Threshold& th) {
+    if (p.parents != nullptr) return generic_count_verified(p, *this, ws, th);
     const int32_t R = p.num_reqs, K = p.max_drafts;
     if (th.none) {
       std::memcpy(ws.lens, caps.data(), size_t(R) * sizeof(int32_t));
@@ -469,7 +501,40 @@ struct CpuBackend {
     std::memcpy(p.verify_lens, ws.lens, size_t(R) * sizeof(int32_t));
   }
 
+  // A tree's tokens request by request, each node's offset and mask kept for its children (parents come first).
+  MetadataTotals write_tree_metadata(const Params& p, const Workspace& ws) {
+    const int32_t R = p.num_reqs, N = p.max_drafts;
+    int64_t tok = 0, slot_errors = 0;
+    int32_t offset_of[kMaxTreeNodes];
+    uint64_t mask_of[kMaxTreeNodes];
+    for (int32_t r = 0; r < R; ++r) {
+      const int32_t ctx = p.context_lens != nullptr ? p.context_lens[r] : 0;
+      if (p.query_start_loc != nullptr) p.query_start_loc[r] = int32_t(p.token_offset + tok);
+      if (p.seq_lens != nullptr) p.seq_lens[r] = ctx + 1 + ws.lens[r];
+      const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+      const uint8_t* depth = ws.depth + int64_t(r) * N;
+      slot_errors += !write_tree_token_fields(p, r, 0, tok++, -1, 0, -1, 1);
+      int32_t i = 1;
+      for (uint64_t rest = ws.verified[r]; rest; rest &= rest - 1, ++i, ++tok) {
+        const int32_t node = lowest_bit64(rest), pn = par[node];
+        const uint64_t mask = (pn < 0 ? uint64_t(1) : mask_of[pn]) | (uint64_t(1) << i);
+        offset_of[node] = i;
+        mask_of[node] = mask;
+        slot_errors += !write_tree_token_fields(p, r, i, tok, node, depth[node], pn < 0 ? 0 : offset_of[pn], mask);
+      }
+    }
+    for (int64_t t = tok; t < p.num_tokens_padded; ++t) {
+      if (p.token_req != nullptr) p.token_req[t] = -1;
+      if (p.positions != nullptr) p.positions[t] = 0;
+      if (p.slot_mapping != nullptr) p.slot_mapping[t] = -1;
+      if (p.input_ids != nullptr) p.input_ids[t] = 0;
+      write_tree_padding(p, t);
+    }
+    return MetadataTotals{tok, slot_errors};
+  }
+
   MetadataTotals write_metadata(const Params& p, const Workspace& ws) {
+    if (p.parents != nullptr) return write_tree_metadata(p, ws);
     const int32_t R = p.num_reqs, K = p.max_drafts;
     const int32_t* lens = ws.lens;
     const int64_t T_pad = p.num_tokens_padded;
@@ -522,15 +587,24 @@ struct CpuBackend {
   // Orders each bucket of [k0, k1) by candidate key (the slots arrive in slot order).
   void sort_buckets(const Workspace& ws, const Buckets& bk, int32_t K, int32_t k0, int32_t k1) {
     (void)bk;
+    const bool tree = ws.depth != nullptr;
     for (int32_t k = k0; k < k1; ++k) {
       const int64_t b = ws.count[k], n = ws.count[k + 1] - b;
       if (n <= 1) continue;
       if (keys.size() < size_t(n)) keys.resize(size_t(n));
       int32_t* slots = ws.sorted + b;
-      for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = slot_key(ws.words[slots[i]], slots[i], K);
+      if (tree) {
+        for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = slot_key(ws, ws.words[slots[i]], slots[i], K);
+      } else {
+        for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = slot_key(ws.words[slots[i]], slots[i], K);
+      }
       sort_keys(keys.data(), n, scratch);
-      for (int64_t i = 0; i < n; ++i) {  // key -> slot: request and position are its low fields
+      for (int64_t i = 0; i < n; ++i) {  // key -> slot: request and position (node) are its low fields
         const uint64_t key = keys[size_t(i)];
+        if (tree) {
+          slots[i] = int32_t(int64_t(tree_key_req(key)) * K + tree_key_node(key));
+          continue;
+        }
         const int64_t r = int64_t(key & ((uint64_t(1) << kReqBits) - 1));
         slots[i] = int32_t(r * K + int64_t((key >> kReqBits) & uint64_t(kMaxDrafts - 1)));
       }
@@ -551,7 +625,7 @@ int plan_cpu(const Params& p) {
   CpuBackend& be = *thread_backend();
   const int64_t n_slots = int64_t(p.num_reqs) * p.max_drafts;
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
-  const WorkspaceLayout layout = workspace_layout(n_slots, bk.num, p.num_reqs, 1, false);
+  const WorkspaceLayout layout = workspace_layout(n_slots, bk.num, p.num_reqs, 1, false, p.parents != nullptr);
   if (be.workspace.size() < size_t(layout.bytes)) be.workspace.resize(size_t(layout.bytes));
   return plan(p, be, carve_workspace(be.workspace.data(), layout));
 }

@@ -6,13 +6,14 @@ run the CUDA kernels, CPU tensors the C++ CPU kernels. ``adaptive_verify.referen
 torch oracle of every op.
 """
 from ._ext import build_info, cuda_available
-from .attention import verify_attention, write_kv
+from .attention import commit_tree_kv, verify_attention, write_kv
 from .calibration import OnlineSTS, calibration_report, fit_sts, load_temperatures, save_temperatures
 from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
-from .planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
+from .planner import (TreeVerifyPlan, VerifyPlan, choose_budget, plan_tree_verification, plan_verification,
+                      prefix_survival, tree_survival)
 from .sampling import rejection_sample, sample
 from .stats import AcceptanceStats
 from .verifier import AdaptiveVerifier
@@ -25,10 +26,12 @@ __all__ = [
     "CostTable",
     "MarginEstimator",
     "OnlineSTS",
+    "TreeVerifyPlan",
     "VerifyPlan",
     "build_info",
     "calibration_report",
     "choose_budget",
+    "commit_tree_kv",
     "confidence",
     "confidence_from_logits",
     "cuda_available",
@@ -36,11 +39,13 @@ __all__ = [
     "error_counts",
     "fit_sts",
     "load_temperatures",
+    "plan_tree_verification",
     "plan_verification",
     "prefix_survival",
     "rejection_sample",
     "reset_error_counts",
     "sample",
+    "tree_survival",
     "verify_attention",
     "write_kv",
     "save_temperatures",

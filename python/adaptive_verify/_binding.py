@@ -54,6 +54,7 @@ RejectionParams = struct_type("REJECTION_PARAMS", _C.REJECTION_PARAMS)
 SampleParams = struct_type("SAMPLE_PARAMS", _C.SAMPLE_PARAMS)
 AttentionParams = struct_type("ATTENTION_PARAMS", _C.ATTENTION_PARAMS)
 WriteKvParams = struct_type("WRITE_KV_PARAMS", _C.WRITE_KV_PARAMS)
+CommitTreeKvParams = struct_type("COMMIT_TREE_KV_PARAMS", _C.COMMIT_TREE_KV_PARAMS)
 
 
 def call(op, params, on_cuda: bool, stream: int) -> int:

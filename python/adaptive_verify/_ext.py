@@ -52,6 +52,15 @@ def check_status(status: int, op: str, device: torch.device, messages: dict | No
         raise RuntimeError(f"adaptive_verify.{op}: CUDA launch failed: {_C.error_string(status)}")
     messages = {
         _C.STATUS_DRAFTS_OUT_OF_RANGE: "drafts: every value must lie in [0, K] where K = survival.shape[1]",
+        _C.STATUS_BAD_PARENT: "parents: every parents[r, j] with j < tree_sizes[r] must lie in [-1, j) (parents "
+                              "before children, -1 for the anchor)",
+        _C.STATUS_DUPLICATE_SIBLING: "draft_tokens: two children of one node carry the same token (siblings must "
+                                     "be distinct)",
+        _C.STATUS_ACCEPTED_PATH: "accepted_offsets / num_accepted: for every request, num_accepted[r] must lie in "
+                                 "[0, min(accepted_offsets.shape[1] - 1, 63)], context_lens[r] >= 0, "
+                                 "accepted_offsets[r, 1..num_accepted[r]] must increase strictly from >= 1 and stay "
+                                 "below 64, and both context_lens + offset and context_lens + depth must fall in "
+                                 "the request's blocks (block ids in [0, num_blocks))",
         _C.STATUS_BLOCK_TABLE_TOO_SHORT: (
             "block_table: too few blocks per request for context_lens + q_len positions "
             "(or a negative context length)"

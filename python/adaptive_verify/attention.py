@@ -1,4 +1,5 @@
-"""Varlen verification attention over a paged KV cache, and KV writes (docs/design.md, "Verification attention").
+"""Varlen verification attention over a paged KV cache, KV writes and the draft-tree KV commit (docs/design.md,
+"Verification attention", "Draft trees").
 
 Each request verifies a different number of tokens (q_len = 1 + verify_lens, chosen on the device), so
 the attention reads every length from device memory: query token i of request r attends to KV positions
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import errors
-from ._binding import AttentionParams, WriteKvParams, call
+from ._binding import AttentionParams, CommitTreeKvParams, WriteKvParams, call
 from ._checks import check_real
 from ._ext import _C, check_status
 from ._validate import check_device, check_tensor, kernel_choice, ptr, run_op, stream_of
@@ -260,5 +261,69 @@ def _write_kv_(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapp
 
 
 @_write_kv_.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+def commit_tree_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                   context_lens: torch.Tensor, accepted_offsets: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    """Moves each request's accepted draft-tree path to the KV indices the next step expects (docs/design.md,
+    "Draft trees"): a verified block's K/V were written at KV index context_lens + offset (slot_mapping of
+    :func:`plan_tree_verification`), but the accepted path must sit at context_lens + depth.
+
+    accepted_offsets: [R, W] int32, row r the accepted path as offsets within its verified block, the anchor first
+    (entry i is the path's token at depth i; entry 0, the anchor's offset 0, is not read); num_accepted: [R] int32,
+    accepted nodes (the anchor not counted): entries 1..num_accepted[r] move from context_lens[r] +
+    accepted_offsets[r, i] to context_lens[r] + i, in place in the caches ([num_blocks, block_size, Hkv, D],
+    contiguous, same dtype) through block_table ([R, max_blocks] int32) and context_lens ([R] int32, the KV length
+    before the step). Entries already at their depth stay (a chain's path: a no-op). A path is valid when
+    num_accepted[r] lies in [0, min(W - 1, 63)], its offsets increase strictly from >= 1 and stay below 64, and every
+    source and destination falls in the request's blocks (ids in [0, num_blocks)); on CPU an invalid path raises
+    ValueError before anything moves, on CUDA that request moves nothing and is counted in
+    ``error_counts()["accepted_path"]``: never a read or write outside the request's blocks. One launch, every length
+    read on the device: graph-safe.
+    """
+    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4,
+                 inner_contiguous=False)
+    device = check_device("k_cache", k_cache)
+    _cache("v_cache", v_cache, k_cache.dtype, device)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
+    R = block_table.shape[0]
+    if device.type == "cuda" and R > 65535:
+        raise ValueError(f"block_table: at most 65535 requests per call on CUDA, got {R}")
+    check_tensor("context_lens", context_lens, dtypes=(torch.int32,), device=device, shape=(R,),
+                 inner_contiguous=False)
+    check_tensor("accepted_offsets", accepted_offsets, dtypes=(torch.int32,), device=device, ndim=2)
+    if accepted_offsets.shape[0] != R or accepted_offsets.shape[1] < 1:
+        raise ValueError(f"accepted_offsets must have shape [R, >= 1] = [{R}, >= 1], got "
+                         f"{tuple(accepted_offsets.shape)}")
+    check_tensor("num_accepted", num_accepted, dtypes=(torch.int32,), device=device, shape=(R,),
+                 inner_contiguous=False)
+    run_op(_commit_tree_kv_, _launch_commit_tree_kv, k_cache, v_cache, block_table, context_lens, accepted_offsets,
+           num_accepted, errors.error_buffer(device))
+
+
+def _launch_commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted, err):
+    p = CommitTreeKvParams()
+    p.num_blocks, p.block_size, Hkv, D = k_cache.shape
+    p.k_cache, p.v_cache, p.row_bytes = k_cache.data_ptr(), v_cache.data_ptr(), Hkv * D * k_cache.element_size()
+    p.block_table, p.block_table_stride, p.max_blocks = block_table.data_ptr(), block_table.stride(0), \
+        block_table.shape[1]
+    p.context_lens, p.num_accepted, p.num_reqs = context_lens.data_ptr(), num_accepted.data_ptr(), block_table.shape[0]
+    p.accepted_offsets, p.accepted_offsets_stride = accepted_offsets.data_ptr(), accepted_offsets.stride(0)
+    p.width, p.error_counts = accepted_offsets.shape[1], err.data_ptr()
+    _raise_for(call(_C.commit_tree_kv, p, k_cache.is_cuda, stream_of(k_cache.device)), "commit_tree_kv",
+               k_cache.device)
+
+
+@torch.library.custom_op("adaptive_verify::commit_tree_kv_", mutates_args=("k_cache", "v_cache", "error_counts"))
+def _commit_tree_kv_(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, context_lens: Tensor,
+                     accepted_offsets: Tensor, num_accepted: Tensor, error_counts: Tensor) -> None:
+    _launch_commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted, error_counts)
+
+
+@_commit_tree_kv_.register_fake
 def _(*args, **kwargs):
     return None

@@ -35,6 +35,15 @@ COUNTER_NAMES = (
     "sampling_param_out_of_range",
     # plan_verification / choose_budget on CUDA: a weight that is NaN, negative or infinite weighs 1 (the CPU raises)
     "weight_out_of_range",
+    # draft trees on CUDA: parents[r, j] outside [-1, j): the node and its subtree are not candidates (tree_survival:
+    # survival 0); the CPU raises ValueError.
+    "bad_parent",
+    # draft trees on CUDA: a node whose draft id repeats an earlier sibling's: it and its subtree are not candidates
+    # (the CPU raises ValueError).
+    "duplicate_sibling",
+    # commit_tree_kv on CUDA: a request whose accepted path is invalid (offsets not increasing, num_accepted out of
+    # range, a slot outside its blocks or the cache): none of its entries is moved (the CPU raises ValueError).
+    "accepted_path",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

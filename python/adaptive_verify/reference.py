@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import numpy as np
 import torch
 
-from .planner import VerifyPlan
+from .planner import TreeVerifyPlan, VerifyPlan
 
 FIXED_ONE = 2**32  # survival 1.0 in 32.32 fixed point
 
@@ -180,9 +181,10 @@ def theta(a: _Args, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.
     return num.double() / cost.double()
 
 
-def choose(a: _Args):
-    """(budget, canonical order, P(budget) fixed point) for the resolved arguments."""
-    req, pos, s, n_forced = candidate_order(a)
+def choose(a: _Args, order=None):
+    """(budget, canonical order, P(budget) fixed point) for the resolved arguments. order: (req, pos, survival,
+    n_forced) of the candidates in canonical order (default: the chain's, candidate_order)."""
+    req, pos, s, n_forced = candidate_order(a) if order is None else order
     n_cand = req.numel()
     b_room = min(n_cand, a.budget_cap)
     b_min = min(n_forced, b_room)  # capacity wins over min_verify, min_verify over the latency target
@@ -204,11 +206,12 @@ def choose(a: _Args):
     return budget, (req, pos), int(prefix[budget])
 
 
-def choose_budget(survival, drafts, cost_table, **kwargs) -> torch.Tensor:
-    """Reference of adaptive_verify.choose_budget."""
+def choose_budget(survival, drafts, cost_table, *, parents=None, **kwargs) -> torch.Tensor:
+    """Reference of adaptive_verify.choose_budget (parents: draft trees, drafts their sizes)."""
     kwargs.setdefault("mode", "global")
     a = _resolve(survival, drafts, cost_table, **kwargs)
-    return torch.tensor(choose(a)[0], dtype=torch.int32, device=a.device)
+    order = None if parents is None else tree_candidate_order(a, parents)[:4]
+    return torch.tensor(choose(a, order)[0], dtype=torch.int32, device=a.device)
 
 
 def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan:
@@ -268,6 +271,138 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
         token_req=token_req,
         **extra,
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# draft trees (docs/design.md, "Draft trees"): loops over each request's nodes, as the design states them
+# ----------------------------------------------------------------------------------------------------
+
+
+def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.Tensor) -> torch.Tensor:
+    """a[r, j] = a[r, parents[r, j]] * clamp(conf[r, j], 0, 1) (the anchor, parent -1, survives with 1) for
+    j < tree_sizes[r], else 0. [R, N] float32, one float32 product per node."""
+    R, N = conf.shape
+    c = _sanitize(conf.float())
+    out = torch.zeros(R, N, dtype=torch.float32, device=conf.device)
+    for j in range(N):  # node order is topological: a parent's survival is final before its children's
+        p = parents[:, j].long()
+        base = torch.where(p >= 0, out.gather(1, p.clamp(0, N - 1)[:, None])[:, 0], torch.ones_like(out[:, 0]))
+        out[:, j] = torch.where(j < tree_sizes.long(), base * c[:, j], torch.zeros_like(base))
+    return out
+
+
+def tree_candidate_order(a: _Args, parents: torch.Tensor):
+    """Nodes in canonical order: forced (node < min_verify) first, then survival descending, depth, request, node.
+
+    A node is a candidate when j < min(tree size, max_verify), its parent is the anchor or a candidate, its draft
+    id (draft_tokens given) is not negative nor an earlier sibling's, and its survival is not NaN. Its survival is
+    clamped to [0, 1] and capped by its parent's; with weights it ranks by the float32 product w_r * that survival.
+    Returns (req, node, ranked value, n_forced, depth, survival) as tensors in that order (float32 values)."""
+    surv, par = a.survival.float().cpu(), parents.long().cpu().tolist()
+    w = None if a.weights is None else request_weights(a)[0].numpy()
+    ids = None if a.draft_tokens is None else a.draft_tokens.long().cpu().tolist()
+    cands = []  # (not forced, -survival, depth, request, node)
+    for r in range(a.R):
+        kept = {}  # candidate node -> (survival, depth)
+        siblings = set()  # (parent, id) of the nodes seen
+        for j in range(min(max(int(a.drafts[r]), 0), a.K, a.max_verify)):
+            p = par[r][j]
+            if ids is not None:
+                if ids[r][j] < 0:
+                    continue
+                duplicate = (p, ids[r][j]) in siblings
+                siblings.add((p, ids[r][j]))
+                if duplicate:
+                    continue
+            if p >= 0 and p not in kept:
+                continue
+            raw = float(surv[r, j])
+            if raw != raw:
+                continue
+            s = min(float(_sanitize(surv[r, j])), kept[p][0] if p >= 0 else 1.0)
+            kept[j] = (s, kept[p][1] + 1 if p >= 0 else 1)
+            ranked = s if w is None else float(np.float32(w[r]) * np.float32(s))
+            cands.append((j >= a.min_verify, -ranked, kept[j][1], r, j, s))
+    cands.sort()
+    n_forced = sum(1 for c in cands if not c[0])
+    long, f32 = dict(dtype=torch.long), dict(dtype=torch.float32)
+    return (torch.tensor([c[3] for c in cands], **long), torch.tensor([c[4] for c in cands], **long),
+            torch.tensor([-c[1] for c in cands], **f32), n_forced, torch.tensor([c[2] for c in cands], **long),
+            torch.tensor([c[5] for c in cands], **f32))
+
+
+def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwargs) -> TreeVerifyPlan:
+    """Reference of adaptive_verify.plan_tree_verification (same arguments, ``out`` excepted)."""
+    kwargs.setdefault("mode", "global")
+    a = _resolve(survival, tree_sizes, cost_table, **kwargs)
+    dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
+    order = tree_candidate_order(a, parents)
+    budget, (req, node), prefix = choose(a, order[:4])
+    if a.weights is not None:  # expected tokens stay unweighted: the verified nodes' own survivals
+        prefix = int((order[5][:budget] * FIXED_ONE).long().sum())
+    verified = [sorted(int(n) for n, q in zip(node[:budget], req[:budget]) if int(q) == r) for r in range(R)]
+    par = parents.long().tolist()
+    ctx = [0] * R if a.context_lens is None else a.context_lens.long().tolist()
+    depth_of = {}  # (request, node) -> depth
+    rows = []  # one per token: (request, offset, node, depth, parent offset, mask)
+    for r in range(R):
+        offset = {n: 1 + i for i, n in enumerate(verified[r])}  # the anchor is offset 0
+        rows.append((r, 0, -1, 0, -1, 1))
+        for n in verified[r]:
+            p = par[r][n]
+            depth_of[r, n] = 1 + (depth_of[r, p] if p >= 0 else 0)
+            mask, q = 1 | (1 << offset[n]), p
+            while q >= 0:  # itself, its ancestors and the anchor
+                mask, q = mask | (1 << offset[q]), par[r][q]
+            rows.append((r, offset[n], n, depth_of[r, n], offset[p] if p >= 0 else 0, mask))
+    T = len(rows)
+    i32 = dict(dtype=torch.int32, device=dev)
+
+    def lanes(values, pad, dtype=torch.int32):  # [Tp]: the tokens' values, then padding
+        return torch.tensor(values + [pad] * (Tp - T), dtype=dtype, device=dev)
+
+    q_len = [1 + len(v) for v in verified]
+    starts = [a.token_offset + sum(q_len[:r]) for r in range(R + 1)]
+    out = dict(
+        verify_lens=torch.tensor([len(v) for v in verified] + [0] * (Rp - R), **i32),
+        budget=torch.tensor(budget, **i32),
+        expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
+        num_tokens=torch.tensor(a.token_offset + T, **i32),
+        query_start_loc=torch.tensor(starts + [starts[-1]] * (Rp - R), **i32),
+        token_req=lanes([t[0] for t in rows], -1),
+        tree_mask=lanes([t[5] for t in rows], 0, torch.int64),
+        token_parent=lanes([t[4] for t in rows], -1),
+        token_node=lanes([t[2] for t in rows], -1),
+        token_depth=lanes([t[3] for t in rows], 0),
+    )
+    if a.context_lens is not None:
+        out["seq_lens"] = torch.tensor([ctx[r] + q_len[r] for r in range(R)] + [0] * (Rp - R), **i32)
+        out["positions"] = lanes([ctx[t[0]] + t[3] for t in rows], 0)  # RoPE position: context_len + depth
+        if a.block_table is not None:
+            bt, bs = a.block_table.long().tolist(), a.block_size
+            kv = [ctx[t[0]] + t[1] for t in rows]  # KV index: context_len + offset
+            if any(k // bs >= len(bt[0]) for k in kv):
+                raise ValueError("block_table: too few blocks per request for context_lens + q_len positions")
+            out["slot_mapping"] = lanes([bt[t[0]][k // bs] * bs + k % bs for t, k in zip(rows, kv)], -1, torch.int64)
+    if a.anchor_tokens is not None:
+        anchors, ids = a.anchor_tokens.long().tolist(), a.draft_tokens.long().tolist()
+        out["input_ids"] = lanes([anchors[t[0]] if t[2] < 0 else ids[t[0]][t[2]] for t in rows], 0)
+    return TreeVerifyPlan(**out)
+
+
+def commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted):
+    """Reference of adaptive_verify.commit_tree_kv: for each request r and i = 1 .. num_accepted[r], the K/V entry at
+    KV index context_lens[r] + accepted_offsets[r, i] moves to context_lens[r] + i (the accepted node's depth), in
+    increasing i. Returns new caches (the inputs are not modified)."""
+    k, v = k_cache.clone(), v_cache.clone()
+    bs = k.shape[1]
+    for r in range(block_table.shape[0]):
+        for i in range(1, int(num_accepted[r]) + 1):
+            src, dst = int(context_lens[r]) + int(accepted_offsets[r, i]), int(context_lens[r]) + i
+            sb, db = int(block_table[r, src // bs]), int(block_table[r, dst // bs])
+            k[db, dst % bs] = k[sb, src % bs]
+            v[db, dst % bs] = v[sb, src % bs]
+    return k, v
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ enum Status : int {
   kErrTopP = 10,                // sampler: top_p outside (0, 1] (or NaN)
   kErrMinP = 11,                // sampler: min_p outside [0, 1] (or NaN)
   kErrWeights = 12,             // planner: a weight that is NaN, negative or infinite
+  kErrBadParent = 13,           // draft trees: parents[r, j] outside [-1, j) (not topological, out of range)
+  kErrDuplicateSibling = 14,    // draft trees: two children of one node carry the same draft id
+  kErrAcceptedPath = 15,        // commit_tree_kv: an accepted path that is not a valid move (offsets, lengths)
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -50,6 +53,9 @@ enum ErrorCounter : int {
   kCountQueryLenOutOfRange = 6, // rejection_sample: q_len < 0, > K + 1 or rows past T (clamped / padding)
   kCountSamplingParamOutOfRange = 7,  // top_k < 0, top_p or min_p NaN / outside their range: that filter is off
   kCountWeightOutOfRange = 8,   // planner weights NaN, negative or infinite: the request weighs 1
+  kCountBadParent = 9,          // draft trees: a parent outside [-1, j): the node (and its subtree) is no candidate
+  kCountDuplicateSibling = 10,  // draft trees: a node repeating an earlier sibling's id: it (and its subtree) is none
+  kCountAcceptedPath = 11,      // commit_tree_kv: a request whose accepted path is invalid: nothing of it is moved
   kNumErrorCounters = 16,
 };
 

@@ -29,6 +29,7 @@ int stats_update_cuda(const StatsParams& p, void* stream);
 
 namespace attention {
 int write_kv_cuda(const WriteKvParams& p, void* stream);
+int commit_tree_kv_cuda(const CommitTreeKvParams& p, void* stream);
 int verify_attention_cuda(const AttentionParams& p, void* stream);
 }  // namespace attention
 

@@ -15,6 +15,8 @@ On a CUDA device it also reports the CUDA kernel's device time (profiler kernel 
 call inside a CUDA graph, kernel launches per call, and the same chain on the GPU, against the cost of an
 empty one-kernel launch measured in the same process (the launch-latency floor).
 Inputs: confidences uniform in [0.4, 1], every request drafts K tokens, the bundled example cost table.
+
+``--tree`` benchmarks the draft-tree planner instead (bench/planner_tree.py).
 """
 from __future__ import annotations
 
@@ -201,16 +203,51 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _use_cuda(device: str) -> bool:
+    use = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use:
+        from .._ext import cuda_available
+
+        if not cuda_available():
+            raise RuntimeError("CUDA benchmark requested but CUDA kernels cannot run here")
+    return use
+
+
+def _run_tree(args) -> dict:
+    from . import planner_tree
+
+    result = planner_tree.run(example_cost_table(), args.reqs or planner_tree.R_VALUES,
+                              args.drafts or planner_tree.N_VALUES, use_cuda=_use_cuda(args.device),
+                              min_time_s=args.min_time)
+    result["tree"] = True
+    return result
+
+
+def _report(result: dict) -> str:
+    if result.get("tree"):
+        from . import planner_tree
+
+        return planner_tree.report(result)
+    return report(result)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     def add_arguments(ap):
-        ap.add_argument("--reqs", type=int, nargs="+", default=list(R_VALUES), help="R values")
-        ap.add_argument("--drafts", type=int, nargs="+", default=list(K_VALUES), help="K values")
+        ap.add_argument("--reqs", type=int, nargs="+", default=None, help=f"R values (default {list(R_VALUES)}; "
+                        "with --tree 1 64 256)")
+        ap.add_argument("--drafts", type=int, nargs="+", default=None, help=f"K values (default {list(K_VALUES)}); "
+                        "with --tree N, nodes per request (default 16 32 63)")
+        ap.add_argument("--tree", action="store_true", help="the draft-tree planner (plan_tree_verification)")
         ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
+    def run_args(a):
+        if a.tree:
+            return _run_tree(a)
+        return run(a.reqs or R_VALUES, a.drafts or K_VALUES, device=a.device, min_time_s=a.min_time)
+
     return cli_main(argv, prog="adaptive-verify bench planner", description=__doc__.split("\n\n")[0],
-                    add_arguments=add_arguments, report=report,
-                    run=lambda a: run(a.reqs, a.drafts, device=a.device, min_time_s=a.min_time))
+                    add_arguments=add_arguments, report=_report, run=run_args)
 
 if __name__ == "__main__":
     raise SystemExit(main())

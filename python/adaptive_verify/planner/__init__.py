@@ -32,17 +32,25 @@ Decisions where the design is silent (also in the docstrings below):
   starting at index 0; their global token index is ``token_offset + index``, which is what
   query_start_loc holds. ``num_tokens`` is ``token_offset + sum(q_len)`` (the end of the decode tokens).
 
-Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``args.py`` validation and defaults (and their
-bounds), ``survival.py`` prefix_survival, ``ops.py`` choose_budget and plan_verification with their remembered
-calls, ``launch.py`` the kernel struct and the custom op torch.compile traces. The algorithm itself is written once, in
+Draft trees (docs/design.md, "Draft trees"): the same planner with ``parents`` given. Candidates are nodes,
+ordered by survival descending, depth, request, node index (forced nodes first); every prefix is ancestor-closed.
+``tree_survival`` computes node survival, ``choose_budget(..., parents=)`` the budget, ``plan_tree_verification``
+the plan and the tree layout (TreeVerifyPlan). A chain given as a tree gives the chain planner's integers.
+
+Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``tree_plan.py`` TreeVerifyPlan, ``args.py`` validation
+and defaults (and their bounds), ``survival.py`` prefix_survival and tree_survival, ``ops.py`` choose_budget and
+plan_verification with their remembered calls, ``tree_ops.py`` plan_tree_verification, ``launch.py`` the kernel struct and the custom op torch.compile traces. The algorithm itself is written once, in
 csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel and the CUDA kernel instantiate it.
 """
 from .args import MODES, PlanArgs, resolve_plan_args
 from .ops import VERIFICATIONS, choose_budget, plan_verification
-from .survival import prefix_survival
+from .survival import prefix_survival, tree_survival
+from .tree_ops import plan_tree_verification
+from .tree_plan import MAX_TREE_NODES, MAX_TREE_REQS, TreeVerifyPlan
 from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
 from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX
 
-__all__ = ["INT32_MAX", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MODES", "PlanArgs", "VERIFICATIONS", "VerifyPlan", "choose_budget",
-           "plan_verification", "prefix_survival", "resolve_plan_args"]
+__all__ = ["INT32_MAX", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS", "MODES", "PlanArgs",
+           "TreeVerifyPlan", "VERIFICATIONS", "VerifyPlan", "choose_budget", "plan_tree_verification",
+           "plan_verification", "prefix_survival", "resolve_plan_args", "tree_survival"]

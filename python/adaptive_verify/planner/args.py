@@ -2,7 +2,8 @@
 
 Bounds (so that nothing narrows silently, nothing allocates without limit, and the kernels' int32/64-bit
 fields hold every value; docs/design.md "Planner"):
-- K in [1, 32] (5 position bits of the candidate key), R <= MAX_REQS (26 request bits);
+- K in [1, 32] (5 position bits of the candidate key), R <= MAX_REQS (26 request bits); draft trees (parents
+  given): N in [1, 63] (the anchor and every node fit a 64-bit mask), R <= MAX_TREE_REQS (21 request bits);
 - extra_tokens, extra_emitting, capacity, token_offset in [0, 2^31 - 1]; num_reqs_padded in [R, MAX_REQS];
   num_tokens_padded in [R, MAX_TOKENS] and token_offset + num_tokens_padded <= 2^31 - 1;
 - block_size in [1, 2^31 - 1]; a fixed budget is any int >= 0 (clamped to [B_min, B_max]);
@@ -19,6 +20,7 @@ import torch
 from .._checks import INT32_MAX, check_int, check_real
 from .._validate import MAX_DRAFTS, check_device, check_tensor
 from ..cost import MAX_TOKENS_LIMIT, CostTable
+from .tree_plan import MAX_TREE_NODES, MAX_TREE_REQS, TreeVerifyPlan
 from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
 
 MODES = {"greedy": 0, "global": 1, "fixed": 2, "all": 3}  # planner/params.h Mode
@@ -55,6 +57,7 @@ class PlanArgs:
     conf: Optional[torch.Tensor] = None  # [R, K] float32 confidences: the kernel writes survival from them
     weights: Optional[torch.Tensor] = None  # [R] float32 priorities (None: all 1)
     step_cap: int = NO_STEP_CAP  # most drafts max_step_ms allows (B_min wins over it)
+    parents: Optional[torch.Tensor] = None  # [R, N] int32: a draft-tree plan (K = N; drafts are the tree sizes)
 
 
 def _tensor(name, t, *, dtype, device, shape=None, ndim=None, inner_contiguous=False):
@@ -69,20 +72,36 @@ def int32_tensor(name, t, device, shape):
     return _tensor(name, t, dtype=torch.int32, device=device, shape=shape)
 
 
-def survival_and_drafts(survival, drafts, name="survival"):
-    """(R, K, device, drafts as int32) of a [R, K] float32 tensor and its [R] draft counts."""
+def survival_and_drafts(survival, drafts, name="survival", tree=False):
+    """(R, K, device, drafts as int32) of a [R, K] float32 tensor and its [R] draft counts. tree: a draft tree's
+    [R, N] tensor and its [R] tree sizes (named tree_sizes), N <= MAX_TREE_NODES."""
     if not isinstance(survival, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(survival).__name__}")
+    shape = "[R, N]" if tree else "[R, K]"
     if survival.dim() != 2:
-        raise ValueError(f"{name} must have shape [R, K], got {tuple(survival.shape)}")
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(survival.shape)}")
     _tensor(name, survival, dtype=torch.float32, device=None, inner_contiguous=True)
     R, K = survival.shape
-    if not 1 <= K <= MAX_DRAFTS:
-        raise ValueError(f"{name}.shape[1] (K, drafts per request) must be in [1, {MAX_DRAFTS}], got {K}")
-    if R > MAX_REQS:
-        raise ValueError(f"{name}.shape[0] (R, requests) must be <= {MAX_REQS}, got {R}")
+    if tree:
+        if not 1 <= K <= MAX_TREE_NODES:
+            raise ValueError(f"{name}.shape[1] (N, nodes per request) must be in [1, {MAX_TREE_NODES}], got {K}")
+        if R > MAX_TREE_REQS:
+            raise ValueError(f"{name}.shape[0] (R, requests) must be <= {MAX_TREE_REQS} for trees, got {R}")
+    else:
+        if not 1 <= K <= MAX_DRAFTS:
+            raise ValueError(f"{name}.shape[1] (K, drafts per request) must be in [1, {MAX_DRAFTS}], got {K}")
+        if R > MAX_REQS:
+            raise ValueError(f"{name}.shape[0] (R, requests) must be <= {MAX_REQS}, got {R}")
     device = check_device(name, survival)
-    return R, K, device, int32_tensor("drafts", drafts, device, (R,))
+    return R, K, device, int32_tensor("tree_sizes" if tree else "drafts", drafts, device, (R,))
+
+
+def parents_tensor(parents, R: int, N: int, device):
+    """[R, N] int32 parents (int64 converted), last dim contiguous. Values are checked by the kernels (the CPU
+    raises ValueError naming parents; CUDA counts them), since checking them here would sync a GPU."""
+    if isinstance(parents, torch.Tensor) and parents.dtype == torch.int64:
+        parents = parents.to(torch.int32)
+    return _tensor("parents", parents, dtype=torch.int32, device=device, shape=(R, N), inner_contiguous=True)
 
 
 def _table_costs(cost_table: CostTable, R: int, max_n: int, device, need_verify: bool):
@@ -94,7 +113,7 @@ def resolve_plan_args(
     survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
     extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None, anchor_tokens=None,
     draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None, allowed_modes=tuple(MODES),
-    costs=None, conf=None, survival_out=None, weights=None, max_step_ms=None,
+    costs=None, conf=None, survival_out=None, weights=None, max_step_ms=None, parents=None,
 ) -> PlanArgs:
     """Validates every planner argument (errors name the argument) and fills the defaults. ``costs(cost_table,
     R, max_n, device, need_verify) -> (draft_cost, verify_cost)`` looks the cost arrays up (the ops pass a
@@ -102,11 +121,15 @@ def resolve_plan_args(
 
     With ``conf`` ([R, K] confidences) instead of ``survival`` (which must then be None), the kernel computes
     the survival itself into ``survival_out`` ([R, K] float32 contiguous, allocated when None): PlanArgs.survival
-    is that buffer and PlanArgs.conf the confidences."""
+    is that buffer and PlanArgs.conf the confidences.
+
+    With ``parents`` ([R, N] int32) the rows are draft trees: ``drafts`` are the tree sizes, survival (or conf) is
+    [R, N] per node, and N <= MAX_TREE_NODES."""
+    tree = parents is not None
     if conf is not None:
         if survival is not None:
             raise ValueError("pass either survival or conf (confidences), not both")
-        R, K, device, drafts = survival_and_drafts(conf, drafts, name="conf")
+        R, K, device, drafts = survival_and_drafts(conf, drafts, name="conf", tree=tree)
         if survival_out is None:
             survival_out = torch.empty(R, K, dtype=torch.float32, device=device)
         else:
@@ -117,7 +140,9 @@ def resolve_plan_args(
             raise ValueError("survival is required (or pass conf= to compute it in the same call)")
         if survival_out is not None:
             raise ValueError("survival_out is only written with conf= (survival is then computed from it)")
-        R, K, device, drafts = survival_and_drafts(survival, drafts)
+        R, K, device, drafts = survival_and_drafts(survival, drafts, tree=tree)
+    if tree:
+        parents = parents_tensor(parents, R, K, device)
     if not isinstance(mode, str) or mode not in allowed_modes:
         raise ValueError(f"mode must be one of {list(allowed_modes)}, got {mode!r}")
     max_verify = K if max_verify is None else check_int("max_verify", max_verify, lo=0, hi=K)
@@ -179,7 +204,7 @@ def resolve_plan_args(
         extra_emitting=0, budget_cap=0, verify_cost=None, draft_cost=0.0,
         context_lens=context_lens, block_table=block_table, block_size=block_size or 0,
         anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=0,
-        num_reqs_padded=num_reqs_padded, num_tokens_padded=0, conf=conf, weights=weights,
+        num_reqs_padded=num_reqs_padded, num_tokens_padded=0, conf=conf, weights=weights, parents=parents,
     )
     resolve_step(a, cost_table, capacity, num_tokens_padded, costs or _table_costs, budget=budget,
                  extra_tokens=extra_tokens, extra_emitting=extra_emitting, token_offset=token_offset,
@@ -267,8 +292,9 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
 
 def check_out(out, a: PlanArgs) -> VerifyPlan:
     """out= must hold every buffer this call writes, with the right dtype, device and shape (contiguous)."""
-    if not isinstance(out, VerifyPlan):
-        raise TypeError(f"out must be a VerifyPlan (see VerifyPlan.allocate), got {type(out).__name__}")
+    kind = TreeVerifyPlan if a.parents is not None else VerifyPlan
+    if not isinstance(out, kind):
+        raise TypeError(f"out must be a {kind.__name__} (see {kind.__name__}.allocate), got {type(out).__name__}")
     i32, dev = torch.int32, a.device
     Rp, Tp = a.num_reqs_padded, a.num_tokens_padded
     _tensor("out.verify_lens", out.verify_lens, dtype=i32, device=dev, shape=(Rp,))
@@ -283,6 +309,9 @@ def check_out(out, a: PlanArgs) -> VerifyPlan:
         "slot_mapping": (a.block_table is not None, torch.int64, (Tp,)),
         "input_ids": (a.anchor_tokens is not None, i32, (Tp,)),
     }
+    if a.parents is not None:
+        wanted.update(tree_mask=(True, torch.int64, (Tp,)), token_parent=(True, i32, (Tp,)),
+                      token_node=(True, i32, (Tp,)), token_depth=(True, i32, (Tp,)))
     for name, (needed, dtype, shape) in wanted.items():
         t = getattr(out, name)
         if needed and t is None:

@@ -1,4 +1,5 @@
-"""The planner's public ops: choose_budget and plan_verification (prefix_survival: survival.py).
+"""The planner's public ops: choose_budget and plan_verification (prefix_survival: survival.py; the draft-tree
+plan, plan_tree_verification: tree_ops.py, on the same call path).
 
 Host path (docs/design.md, "Host overhead"): a call repeating an earlier call's argument objects (a decode loop's
 persistent buffers and settings) reuses its validation and its filled kernel struct (_callcache.py); what a loop
@@ -21,6 +22,7 @@ from ..cost import CostTable
 from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
 from .survival import prefix_survival
+from .tree_plan import TreeVerifyPlan
 from .verify_plan import VerifyPlan
 
 VERIFICATIONS = (None, "onehot", "probs")
@@ -92,7 +94,7 @@ class _Call:
                      self.op)
 
     def run(self) -> None:
-        launch_at(self.addr, self.on_cuda, self.a.device, self.op)
+        launch_at(self.addr, self.on_cuda, self.a.device, self.op, self.a.parents is not None)
 
 
 _CALLS = CallCache()
@@ -101,8 +103,7 @@ _CALLS = CallCache()
 def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
     if out is None:
         return args
-    return args + (out.verify_lens, out.budget, out.expected_tokens, out.num_tokens, out.query_start_loc,
-                   out.token_req, out.seq_lens, out.positions, out.slot_mapping, out.input_ids)
+    return args + tuple(getattr(out, f.name) for f in dataclasses.fields(out))
 
 
 def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
@@ -139,6 +140,7 @@ def _owns_inputs(a: PlanArgs, kw: dict, survival, conf, drafts) -> bool:
     return ((a.survival is survival or (conf is not None and a.conf is conf)) and a.drafts is drafts
             and a.context_lens is kw.get("context_lens") and a.block_table is kw.get("block_table")
             and a.anchor_tokens is kw.get("anchor_tokens") and a.draft_tokens is kw.get("draft_tokens")
+            and a.parents is kw.get("parents")
             and (a.budget_in is budget or not isinstance(budget, torch.Tensor)))
 
 
@@ -187,6 +189,7 @@ def choose_budget(
     out: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
     max_step_ms: Optional[float] = None,
+    parents: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Budget B (0-d int32 tensor on survival's device) for ``mode`` in "global", "greedy", "all".
 
@@ -197,8 +200,14 @@ def choose_budget(
     ``conf``: [R, K] confidences instead of survival (pass survival=None): the survival is computed in the same
     call. ``out``: a 0-d int32 tensor to write the budget into (returned). ``weights``, ``max_step_ms``: as in
     :func:`plan_verification`.
+
+    ``parents``: [R, N] int32 (N <= 63) makes each row a draft tree (docs/design.md, "Draft trees"): ``drafts``
+    are then the tree sizes, survival (or conf, through :func:`tree_survival`) is per node, taken as given but
+    capped by the parent's (no running minimum along node index, which is right for chains only), and the budget
+    depends on the survival multiset, min_verify and max_verify (both by node index), exactly as
+    :func:`plan_tree_verification` chooses it. ``draft_tokens`` then also removes duplicate siblings.
     """
-    tensors = (survival, conf, drafts, draft_tokens, out, weights)
+    tensors = (survival, conf, drafts, draft_tokens, out, weights, parents)
     statics = (mode, type(min_verify), min_verify, type(max_verify), max_verify)
     step = (id(cost_table), type(capacity), capacity, type(None), None, type(extra_tokens), extra_tokens,
             type(extra_emitting), extra_emitting, int, 0, type(max_step_ms), max_step_ms)  # plan_verification's layout
@@ -214,7 +223,8 @@ def choose_budget(
             return out
     kw = dict(mode=mode, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, draft_tokens=draft_tokens,
-              allowed_modes=("global", "greedy", "all"), conf=conf, weights=weights, max_step_ms=max_step_ms)
+              allowed_modes=("global", "greedy", "all"), conf=conf, weights=weights, max_step_ms=max_step_ms,
+              parents=parents)
     a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
     if out is None:
         out = torch.empty((), dtype=torch.int32, device=a.device)
@@ -319,30 +329,39 @@ def plan_verification(
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
     if mode == "global":
         _warn_global_live(verification)
-    budget_tensor = budget if isinstance(budget, torch.Tensor) else None
-    tensors = (survival, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget_tensor,
-               survival_out, weights)
-    # Scalars with their types, so a bool or a float never passes where an earlier call's int was validated.
-    statics = (mode, type(min_verify), min_verify, type(max_verify), max_verify, type(block_size), block_size,
-               type(num_reqs_padded), num_reqs_padded, type(num_tokens_padded), num_tokens_padded)
-    host_budget = None if budget_tensor is not None else budget
-    step = (id(cost_table), type(capacity), capacity, type(host_budget), host_budget, type(extra_tokens), extra_tokens,
-            type(extra_emitting), extra_emitting, type(token_offset), token_offset, type(max_step_ms), max_step_ms)
-    compiling = torch.compiler.is_compiling()
-    key = None
-    if isinstance(out, VerifyPlan) and not compiling:
-        key, call = _call("plan", tensors, statics, step, cost_table, out)
-        if call is not None:
-            call.run()
-            return call.result
     kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
               block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
               num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded, conf=conf,
               survival_out=survival_out, weights=weights, max_step_ms=max_step_ms)
+    return run_plan("plan_verification", VerifyPlan, survival, drafts, cost_table, kw, out)
+
+
+def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, out):
+    """plan_verification's and plan_tree_verification's call (kw: their keyword arguments, ``parents`` for trees):
+    the remembered launch when ``out`` and every argument object repeat an earlier call's, else validation, the
+    launch, and remembering it."""
+    budget = kw["budget"]
+    budget_tensor = budget if isinstance(budget, torch.Tensor) else None
+    tensors = (survival, kw["conf"], drafts, kw["context_lens"], kw["block_table"], kw["anchor_tokens"],
+               kw["draft_tokens"], budget_tensor, kw["survival_out"], kw["weights"], kw.get("parents"))
+    # Scalars with their types, so a bool or a float never passes where an earlier call's int was validated.
+    statics = tuple(x for name in ("mode", "min_verify", "max_verify", "block_size", "num_reqs_padded",
+                                   "num_tokens_padded") for x in ((kw[name],) if name == "mode" else
+                                                                  (type(kw[name]), kw[name])))
+    host_budget = None if budget_tensor is not None else budget
+    step = (id(cost_table),) + tuple(x for v in (kw["capacity"], host_budget, kw["extra_tokens"], kw["extra_emitting"],
+                                                 kw["token_offset"], kw["max_step_ms"]) for x in (type(v), v))
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if isinstance(out, plan_type) and not compiling:
+        key, call = _call(op, tensors, statics, step, cost_table, out)
+        if call is not None:
+            call.run()
+            return call.result
     a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
     if out is None:
-        out = VerifyPlan.allocate(
+        out = plan_type.allocate(
             a.num_reqs_padded, a.num_tokens_padded, a.device, positions=a.context_lens is not None,
             slot_mapping=a.block_table is not None, input_ids=a.anchor_tokens is not None,
         )
@@ -354,9 +373,9 @@ def plan_verification(
     p = make_params(a, out, out.budget, out.expected_tokens, errors.error_buffer(a.device))
     ws = workspace_for(a)
     p.workspace = 0 if ws is None else ws.data_ptr()
-    launch(p, a.device, "plan_verification")
+    launch(p, a.device, op)
     result = _present(out, a)
-    if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
+    if key is not None and _owns_inputs(a, kw, survival, kw["conf"], drafts):
         _CALLS.put(key, (out, *tensors), _signature_tensors(tensors, out),
-                   _Call(a, p, result, step, cost_table, num_tokens_padded, ws, None, "plan_verification"))
+                   _Call(a, p, result, step, cost_table, kw["num_tokens_padded"], ws, None, op))
     return result

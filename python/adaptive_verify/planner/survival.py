@@ -1,4 +1,5 @@
-"""prefix_survival: confidences -> prefix survival (docs/design.md, "Planner"), a thin wrapper over _C."""
+"""prefix_survival and tree_survival: confidences -> survival of each draft (docs/design.md, "Planner") or of each
+tree node ("Draft trees"), thin wrappers over one kernel (_C.prefix_survival; parents set for trees)."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,10 @@ from .._binding import SurvivalParams
 from .._callcache import CallCache
 from .._ext import _C, check_status
 from .._validate import check_tensor, stream_of
-from .args import survival_and_drafts
+from .args import parents_tensor, survival_and_drafts
+from .tree_plan import tree_status_messages
+
+TREE_STATUS = tree_status_messages(_C)
 
 # (conf, drafts, out) of a decode loop's calls -> their filled struct (see _callcache.py)
 _CALLS = CallCache()
@@ -55,23 +59,70 @@ def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor, *, out: Optional[t
     return out
 
 
-def _params(conf: Tensor, drafts: Tensor, out: Tensor, err: Tensor) -> SurvivalParams:
+def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.Tensor, *,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Survival of each draft-tree node: a[r, j] = a[r, parents[r, j]] * clamp(conf[r, j], 0, 1), the anchor
+    (parent -1) surviving with 1, for j < tree_sizes[r]; 0 for j >= tree_sizes[r] (docs/design.md, "Draft trees").
+
+    conf: [R, N] float32 (last dim contiguous), the probability that node j is accepted given that its parent was;
+    parents: [R, N] int32 (int64 is converted), topological (parents[r, j] in [-1, j)); tree_sizes: [R] int32 in
+    [0, N]; N <= 63. Returns survival [R, N] float32 (into ``out`` when given). Each product is one float32
+    multiplication, parent first, identical on CPU and GPU, so a chain (parents j - 1) gives
+    :func:`prefix_survival`'s bits. NaN confidences count as 0 and are counted in
+    ``error_counts()["nan_survival"]``. On CPU, tree_sizes outside [0, N] or a parent outside [-1, j) raise
+    ValueError naming the argument; on CUDA tree sizes are clamped (counted in "drafts_out_of_range") and a node
+    with a bad parent gets survival 0, as do its descendants (counted in "bad_parent").
+    """
+    compiling = torch.compiler.is_compiling()
+    remember = out is not None and not compiling
+    if remember:
+        key = ("tree", id(conf), id(parents), id(tree_sizes), id(out))
+        hit = _CALLS.get(key)
+        if hit is not None:
+            params, on_cuda = hit
+            _run(params, conf.device, "tree_survival")
+            return out
+    R, N, device, sizes32 = survival_and_drafts(conf, tree_sizes, name="conf", tree=True)
+    parents32 = parents_tensor(parents, R, N, device)
+    if out is None:
+        out = torch.empty(R, N, dtype=torch.float32, device=device)
+    else:
+        check_tensor("out", out, dtypes=(torch.float32,), device=device, shape=(R, N), inner_contiguous=False)
+    err = errors.error_buffer(device)
+    if compiling:
+        _prefix_survival_into(conf, sizes32, out, err, parents32)
+        return out
+    params = _params(conf, sizes32, out, err, parents32)
+    _run(params, device, "tree_survival")
+    if remember and sizes32 is tree_sizes and parents32 is parents:  # int64 copies are per call
+        _CALLS.put(key, (conf, parents, tree_sizes, out), (conf, parents, tree_sizes, out),
+                   (params, device.type == "cuda"))
+    return out
+
+
+def _params(conf: Tensor, drafts: Tensor, out: Tensor, err: Tensor, parents: Optional[Tensor] = None) -> SurvivalParams:
     p = SurvivalParams()
     p.num_reqs, p.max_drafts = conf.shape
     p.conf, p.conf_stride, p.drafts = conf.data_ptr(), conf.stride(0), drafts.data_ptr()
     p.survival, p.error_counts = out.data_ptr(), err.data_ptr()
+    if parents is not None:
+        p.parents, p.parents_stride = parents.data_ptr(), parents.stride(0)
     return p
 
 
-def _run(params: SurvivalParams, device: torch.device) -> None:
+def _run(params: SurvivalParams, device: torch.device, op: str = "prefix_survival") -> None:
     on_cuda = device.type == "cuda"
     status = _C.prefix_survival(ctypes.addressof(params), on_cuda, stream_of(device) if on_cuda else 0)
-    check_status(status, "prefix_survival", device)
+    if status:
+        check_status(status, op, device, TREE_STATUS if params.parents else None)
 
 
 @torch.library.custom_op("adaptive_verify::prefix_survival_into", mutates_args=("survival", "error_counts"))
-def _prefix_survival_into(conf: Tensor, drafts: Tensor, survival: Tensor, error_counts: Tensor) -> None:
-    _run(_params(conf, drafts, survival, error_counts), conf.device)
+def _prefix_survival_into(conf: Tensor, drafts: Tensor, survival: Tensor, error_counts: Tensor,
+                          parents: Optional[Tensor] = None) -> None:
+    """parents given: tree_survival (drafts are the tree sizes)."""
+    _run(_params(conf, drafts, survival, error_counts, parents), conf.device,
+         "prefix_survival" if parents is None else "tree_survival")
 
 
 @_prefix_survival_into.register_fake

@@ -11,6 +11,7 @@ namespace attention {
 int validate_attention_cpu(const AttentionParams& p);
 int verify_attention_cpu(const AttentionParams& p);
 int write_kv_cpu(const WriteKvParams& p);
+int commit_tree_kv_cpu(const CommitTreeKvParams& p);
 
 }  // namespace attention
 }  // namespace adaptive_verify

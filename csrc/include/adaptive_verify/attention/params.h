@@ -1,4 +1,4 @@
-// Arguments of verify_attention and write_kv as raw pointers and sizes (no torch types).
+// Arguments of verify_attention, write_kv and commit_tree_kv as raw pointers and sizes (no torch types).
 #pragma once
 
 #include <cstdint>
@@ -94,6 +94,28 @@ struct WriteKvParams {
   int32_t num_kv_heads = 0, head_dim = 0, block_size = 0;
   int64_t num_blocks = 0;
   int32_t elem_size = 0;  // bytes per element (the copy is dtype-agnostic)
+  int32_t* error_counts = nullptr;
+};
+
+// commit_tree_kv (docs/design.md, "Draft trees"): request r's accepted path, entries i = 1 .. num_accepted[r] of
+// accepted_offsets[r] (offsets within its verified block; entry 0 is the anchor's and is not read), moves from KV
+// index context_lens[r] + accepted_offsets[r, i] to context_lens[r] + i, its depth (commit.h says when a path is
+// valid).
+struct CommitTreeKvParams {
+  void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous
+  void* v_cache = nullptr;
+  int64_t num_blocks = 0;
+  int32_t block_size = 0;
+  int64_t row_bytes = 0;                  // bytes of one slot's K (or V) entry: Hkv * D * element size
+  const int32_t* block_table = nullptr;   // [R, max_blocks], row stride block_table_stride
+  int64_t block_table_stride = 0;
+  int32_t max_blocks = 0;
+  const int32_t* context_lens = nullptr;  // [R]
+  const int32_t* accepted_offsets = nullptr;  // [R, width], row stride accepted_offsets_stride
+  int64_t accepted_offsets_stride = 0;
+  int32_t width = 0;
+  const int32_t* num_accepted = nullptr;  // [R] accepted nodes (the anchor not counted)
+  int32_t num_reqs = 0;
   int32_t* error_counts = nullptr;
 };
 

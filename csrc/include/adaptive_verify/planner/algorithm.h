@@ -22,24 +22,21 @@
 //  - P(b) is 32.32 fixed point (integer, associative: a parallel sum gives the loop's bits) and Theta is
 //    compared in double (math.h ThetaEval), so every backend chooses the same budget.
 //  - Verified drafts of request r: its candidates whose key is below the key at rank `budget` (count_before).
+//  - Draft trees (Params::parents set) change three per-request pieces and nothing else (tree.h): the walk (a
+//    candidate per node, survival capped by the parent's), the key (tree_candidate_key: depth and node where a
+//    chain has its position; Workspace::depth holds each node's depth for it), and the metadata (the verified
+//    nodes of each request as a bit set, Workspace::verified, and the tree layout's tokens).
 #pragma once
 
 #include <cstdint>
 
 #include "adaptive_verify/planner/math.h"
 #include "adaptive_verify/planner/params.h"
+#include "adaptive_verify/planner/tree.h"
 
 namespace adaptive_verify {
 namespace planner {
 
-// ---- ranking words ----
-constexpr int32_t kForcedTag = int32_t(1) << 30;  // above the bits of every s in [0, 1]
-constexpr uint32_t kOneBits = 0x3f800000u;          // bits of 1.0f
-constexpr int32_t kNoSlot = -1;                     // a slot that holds no candidate (below every word)
-static_assert(kOneBits < uint32_t(kForcedTag), "the forced tag must sit above every survival's bits");
-
-AV_HD float word_survival(int32_t u) { return bits_float(uint32_t(u) & uint32_t(kForcedTag - 1)); }
-AV_HD uint64_t word_fixed(int32_t u) { return to_fixed(word_survival(u)); }
 AV_HD uint64_t word_key(int32_t u, int32_t j, int32_t r) {
   return candidate_key(u >= kForcedTag, word_survival(u), j, r);
 }
@@ -110,18 +107,23 @@ struct Workspace {
   uint8_t* keep;     // [num] global search: 1 where a bucket may hold the first argmax
   int32_t* lens;     // [R] verified drafts per request
   int32_t* tile;     // [threads + 1] token offsets of a tile of requests
+  uint8_t* depth;      // trees: [n_slots] depth of each candidate node (null for chains)
+  uint64_t* verified;  // trees: [R] verified nodes of each request, bit j for node j (null for chains)
   float wscale = 1.f;  // weights' scale c = max(1, max w) (plan() sets it; 1 without weights)
 };
 
 // Bytes of a Workspace for n_slots slots, num buckets, R requests and `threads` threads, and its carving.
+// Trees add a depth per slot and a verified-node set per request (-1 offsets for chains).
 struct WorkspaceLayout {
-  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, bytes;
+  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, depth, verified, bytes;
 };
 AV_HD int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
-AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, int32_t threads, bool with_tmp) {
+AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, int32_t threads, bool with_tmp,
+                                       bool tree = false) {
   WorkspaceLayout l{};
   int64_t at = 0;
   l.sum = at;    at = align16(at + int64_t(num + 1) * 8);
+  l.verified = tree ? at : -1;  at = align16(at + (tree ? int64_t(R) * 8 : 0));
   l.words = at;  at = align16(at + (n_slots + 15) / 16 * 16 * 4);
   l.sorted = at; at = align16(at + n_slots * 4);
   l.tmp = at;    at = align16(at + (with_tmp ? n_slots * 4 : 0));
@@ -131,6 +133,7 @@ AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, 
   l.tile = at;   at = align16(at + int64_t(threads + 1) * 4);
   l.ready = at;  at = align16(at + num);
   l.keep = at;   at = align16(at + num);
+  l.depth = tree ? at : -1;  at = align16(at + (tree ? n_slots : 0));
   l.bytes = at;
   return l;
 }
@@ -139,7 +142,15 @@ AV_HD Workspace carve_workspace(unsigned char* base, const WorkspaceLayout& l) {
                    reinterpret_cast<int32_t*>(base + l.tmp), reinterpret_cast<int32_t*>(base + l.count),
                    reinterpret_cast<uint64_t*>(base + l.sum), reinterpret_cast<int32_t*>(base + l.fill),
                    base + l.ready, base + l.keep, reinterpret_cast<int32_t*>(base + l.lens),
-                   reinterpret_cast<int32_t*>(base + l.tile)};
+                   reinterpret_cast<int32_t*>(base + l.tile), l.depth >= 0 ? base + l.depth : nullptr,
+                   l.verified >= 0 ? reinterpret_cast<uint64_t*>(base + l.verified) : nullptr};
+}
+
+// Key of the candidate in slot i = r * K + j of either kind (chains: j is the position; trees: the node).
+AV_HD uint64_t slot_key(const Workspace& ws, int32_t u, int64_t slot, int32_t K) {
+  if (ws.depth == nullptr) return slot_key(u, slot, K);
+  const int32_t r = int32_t(slot / K);
+  return tree_word_key(u, ws.depth[slot], r, int32_t(slot - int64_t(r) * K));
 }
 
 // ---- per-request pieces ----
@@ -193,16 +204,26 @@ AV_HD RowWalk walk_row(const Params& p, int32_t r, int32_t* words, float wscale)
 // The candidate at rank `budget` as the fields of its key: a request's verified drafts are its candidates
 // whose key is below it. none: every candidate is verified. tie: some candidate ranked before it has the
 // same word (only then do position and request decide).
+// Trees compare whole keys (tree_verified).
 struct Threshold {
   int32_t u = 0, j = 0, r = 0;
   bool none = true, tie = false;
+  uint64_t key = kNoCandidate;
 };
-AV_HD Threshold threshold_of(uint64_t key, bool tie) {
+AV_HD Threshold threshold_of(uint64_t key, bool tie, bool tree = false) {
   Threshold t;
   t.tie = tie;
+  t.key = key;
   if (key == kNoCandidate) return t;
   t.none = false;
-  t.u = int32_t(~uint32_t(key >> 31)) + ((key >> 63) == 0 ? kForcedTag : 0);
+  const int32_t forced = (key >> 63) == 0 ? kForcedTag : 0;
+  if (tree) {
+    t.u = int32_t(float_bits(tree_key_survival(key))) + forced;
+    t.j = tree_key_node(key);
+    t.r = tree_key_req(key);
+    return t;
+  }
+  t.u = int32_t(~uint32_t(key >> 31)) + forced;
   t.j = int32_t((key >> kReqBits) & uint64_t(kMaxDrafts - 1));
   t.r = int32_t(key & ((uint64_t(1) << kReqBits) - 1));
   return t;
@@ -214,6 +235,17 @@ AV_HD int32_t count_before(const Threshold& t, const int32_t* row, int32_t K, in
   int32_t n = 0;
   for (int32_t q = 0; q < K; ++q) n += row[q] > t.u || (t.tie && row[q] == t.u && (q < t.j || (q == t.j && r < t.r)));
   return n;
+}
+// Tree request r's verified nodes (its N slot words and depths): candidates whose key is below the threshold.
+// Not a prefix of the row, so the set is a bit mask (a tree's nodes fit 63 bits).
+AV_HD uint64_t tree_verified(const Threshold& t, const int32_t* row, const uint8_t* depth, int32_t N, int32_t r) {
+  uint64_t set = 0;
+  for (int32_t q = 0; q < N; ++q) {
+    const int32_t u = row[q];
+    const bool in = u >= 0 && (t.none || u > t.u || (t.tie && u == t.u && tree_word_key(u, depth[q], r, q) < t.key));
+    set |= uint64_t(in) << q;
+  }
+  return set;
 }
 
 // Writes token `tok` (local index) of request r, offset i within the request (0: the anchor).
@@ -236,7 +268,7 @@ AV_HD bool write_token(const Params& p, int32_t r, int32_t i, int64_t tok) {
 // ---- the phases a backend may specialise (the CPU's SIMD versions compute exactly these) ----
 
 struct WalkTotals {
-  int64_t cand, forced, nan_rows, bad_drafts;
+  int64_t cand, forced, nan_rows, bad_drafts, bad_parents, duplicates;  // the last two: trees only
 };
 
 // Phases 1-2: every request's slot words (walk_row), then per bucket the candidates (count) and their fixed-point
@@ -250,8 +282,19 @@ AV_HD WalkTotals generic_walk_and_count(const Params& p, Backend& be, const Work
     ws.sum[k] = 0;
     if (k < bk.num) ws.ready[k] = ws.keep[k] = 0;
   }
-  uint64_t cand = 0, forced = 0, nan_rows = 0, bad = 0;
+  uint64_t cand = 0, forced = 0, nan_rows = 0, bad = 0, bad_parents = 0, duplicates = 0;
   for (int32_t r = be.tid(); r < R; r += be.threads()) {
+    if (p.parents != nullptr) {
+      const TreeWalk w = walk_tree_row(p, r, ws.words + int64_t(r) * K, ws.depth + int64_t(r) * K,
+                                        p.weights != nullptr ? request_weight(p, r, ws.wscale) : 1.f);
+      cand += uint64_t(w.cand);
+      forced += uint64_t(w.forced);
+      nan_rows += w.nan;
+      bad += w.bad_size;
+      bad_parents += uint64_t(w.bad_parents);
+      duplicates += uint64_t(w.duplicates);
+      continue;
+    }
     const RowWalk w = walk_row(p, r, ws.words + int64_t(r) * K, ws.wscale);
     cand += uint64_t(w.cap);
     forced += uint64_t(p.min_verify < w.cap ? p.min_verify : w.cap);
@@ -272,6 +315,8 @@ AV_HD WalkTotals generic_walk_and_count(const Params& p, Backend& be, const Work
   t.forced = int64_t(be.sum(forced));
   t.nan_rows = int64_t(be.sum(nan_rows));
   t.bad_drafts = int64_t(be.sum(bad));  // the reductions' barriers also publish the histogram
+  t.bad_parents = p.parents != nullptr ? int64_t(be.sum(bad_parents)) : 0;  // uniform branches: the block agrees
+  t.duplicates = p.parents != nullptr ? int64_t(be.sum(duplicates)) : 0;
   return t;
 }
 
@@ -284,12 +329,18 @@ AV_HD void generic_gather(Backend& be, const Workspace& ws, const Buckets& bk, i
   }
 }
 
-// Phase 4: verified drafts per request (lens and verify_lens).
+// Phase 4: verified drafts per request (lens and verify_lens; trees also their verified nodes).
 template <typename Backend>
 AV_HD void generic_count_verified(const Params& p, Backend& be, const Workspace& ws, const Threshold& th) {
   const int32_t K = p.max_drafts;
   for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
     const int32_t* row = ws.words + int64_t(r) * K;
+    if (p.parents != nullptr) {
+      const uint64_t set = tree_verified(th, row, ws.depth + int64_t(r) * K, K, r);
+      ws.verified[r] = set;
+      ws.lens[r] = p.verify_lens[r] = popcount64(set);
+      continue;
+    }
     int32_t cap = 0;
     while (cap < K && row[cap] >= 0) ++cap;
     const int32_t L = count_before(th, row, K, r, cap);
@@ -326,7 +377,10 @@ AV_HD MetadataTotals generic_write_metadata(const Params& p, Backend& be, const 
         const int32_t mid = (lo + hi + 1) >> 1;
         if (ws.tile[mid] <= t) lo = mid; else hi = mid - 1;
       }
-      slot_errors += !write_token(p, r0 + lo, int32_t(t - ws.tile[lo]), tok_base + t);
+      const int32_t r = r0 + lo, i = int32_t(t - ws.tile[lo]);
+      slot_errors += !(p.parents != nullptr
+                           ? write_tree_token(p, r, ws.verified[r], ws.depth + int64_t(r) * p.max_drafts, i, tok_base + t)
+                           : write_token(p, r, i, tok_base + t));
     }
     tok_base += int64_t(total);
     be.sync();  // the tile offsets are rewritten by the next tile
@@ -336,6 +390,7 @@ AV_HD MetadataTotals generic_write_metadata(const Params& p, Backend& be, const 
     if (p.positions != nullptr) p.positions[t] = 0;
     if (p.slot_mapping != nullptr) p.slot_mapping[t] = -1;
     if (p.input_ids != nullptr) p.input_ids[t] = 0;
+    write_tree_padding(p, t);
   }
   return MetadataTotals{tok_base, int64_t(be.sum(slot_errors))};
 }
@@ -396,12 +451,16 @@ struct Order {
   AV_HD Threshold threshold(int64_t b, int64_t n_cand) {
     if (b >= n_cand) return Threshold{};
     const int32_t k = bucket_of_rank(b);
-    // Every earlier rank lies in a bucket < k, whose words exceed max_word(k); position 0, request 0 puts
-    // this key at or before every key of bucket k.
-    if (start(k) == b) return threshold_of(word_key(bk.max_word(k), 0, 0), false);
+    // Every earlier rank lies in a bucket < k, whose words exceed max_word(k); position (depth, node) 0 and
+    // request 0 put this key at or before every key of bucket k.
+    const bool tree = ws.depth != nullptr;
+    if (start(k) == b) {
+      const int32_t u = bk.max_word(k);
+      return threshold_of(tree ? tree_word_key(u, 0, 0, 0) : word_key(u, 0, 0), false, tree);
+    }
     materialise(k, k + 1);
     const int32_t u = word_at(b);
-    return threshold_of(slot_key(u, ws.sorted[b], K), word_at(b - 1) == u);
+    return threshold_of(slot_key(ws, u, ws.sorted[b], K), word_at(b - 1) == u, tree);
   }
 };
 
@@ -609,16 +668,28 @@ AV_HD int64_t scan_budget(Backend& be, Order<Backend>& order, const ThetaEval& t
 }
 
 // ---- the whole plan ----
-// Returns kOk, or on a strict backend (the CPU's) the first invalid input: drafts out of range before any
-// output is written, a block table too short after writing (the slot is -1 there, as on CUDA, which counts
-// both instead).
+// Returns kOk, or on a strict backend (the CPU's) the first invalid input: drafts (tree sizes) out of range, a
+// tree's bad parent or duplicate sibling before any output is written, a block table too short after writing
+// (the slot is -1 there, as on CUDA, which counts all of them instead).
 // Unweighted expected tokens of the allocation, R + the survival sum of the verified drafts (with weights the
-// budget search sums weighted survivals): recomputed from the rows, the same running minimum as walk_row.
+// budget search sums weighted survivals): recomputed from the rows, the same running minimum as walk_row (a tree:
+// the same cap by the parent as walk_tree_row, over its verified nodes).
 template <typename Backend>
 AV_HD uint64_t unweighted_verified_fixed(const Params& p, Backend& be, const Workspace& ws) {
   uint64_t part = 0;
   for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
     const float* row = p.survival + int64_t(r) * p.survival_stride;
+    if (p.parents != nullptr) {  // verified nodes are ancestor-closed: each one's parent is capped before it
+      const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+      float capped[kMaxTreeNodes];
+      for (uint64_t rest = ws.verified[r]; rest; rest &= rest - 1) {
+        const int32_t j = lowest_bit64(rest), pj = par[j];
+        const float s = sanitize(row[j]), cap = pj >= 0 ? capped[pj] : 1.f;
+        capped[j] = s < cap ? s : cap;
+        part += to_fixed(capped[j]);
+      }
+      continue;
+    }
     float running = 1.f;
     for (int32_t j = 0; j < ws.lens[r]; ++j) {
       const float s = sanitize(row[j]);
@@ -636,17 +707,23 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws_in) {
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
   Workspace ws = ws_in;
 
-  // ---- 0. survival from confidences (plan's conf= path), exactly as the prefix_survival op computes it ----
+  // ---- 0. survival from confidences (plan's conf= path), exactly as the prefix_survival / tree_survival ops
+  // compute it ----
   if (p.conf != nullptr) {
-    int32_t nan_count = 0;
+    int32_t nan_count = 0, bad_parents = 0;
     bool bad = false;
     for (int32_t r = be.tid(); r < R; r += be.threads()) {
       int32_t d = p.drafts[r];
       bad |= d < 0 || d > K;  // the walk counts these (clamped) once; a strict backend stops here
       d = d < 0 ? 0 : (d > K ? K : d);
-      nan_count += survival_row(p.conf + int64_t(r) * p.conf_stride, d, K, p.survival_out + int64_t(r) * K);
+      const float* conf = p.conf + int64_t(r) * p.conf_stride;
+      float* out = p.survival_out + int64_t(r) * K;
+      nan_count += p.parents != nullptr
+                       ? tree_survival_row(conf, p.parents + int64_t(r) * p.parents_stride, d, K, out, &bad_parents)
+                       : survival_row(conf, d, K, out);
     }
     if (bad && Backend::kStrict) return kErrDraftsOutOfRange;
+    if (bad_parents && Backend::kStrict) return kErrBadParent;  // else the walk counts those it looks at
     if (nan_count) be.count_error(p.error_counts, kCountNanSurvival, nan_count);
     be.sync();
   }
@@ -680,9 +757,13 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws_in) {
   const WalkTotals totals = be.walk_and_count(p, ws, bk);
   const int64_t n_cand = totals.cand, n_forced = totals.forced;
   if (totals.bad_drafts && Backend::kStrict) return kErrDraftsOutOfRange;
+  if (totals.bad_parents && Backend::kStrict) return kErrBadParent;
+  if (totals.duplicates && Backend::kStrict) return kErrDuplicateSibling;
   if (be.tid() == 0) {
     if (totals.nan_rows) be.count_error(p.error_counts, kCountNanSurvival, int32_t(totals.nan_rows));
     if (totals.bad_drafts) be.count_error(p.error_counts, kCountDraftsOutOfRange, int32_t(totals.bad_drafts));
+    if (totals.bad_parents) be.count_error(p.error_counts, kCountBadParent, int32_t(totals.bad_parents));
+    if (totals.duplicates) be.count_error(p.error_counts, kCountDuplicateSibling, int32_t(totals.duplicates));
   }
   {  // exclusive scan over buckets: first rank of each bucket, and P there
     const int32_t per = (bk.num + 1 + be.threads() - 1) / be.threads();

@@ -29,15 +29,16 @@ AV_HD int plan_threads(int64_t n_slots, int64_t num_reqs) {
   return int(want);
 }
 
-AV_HD WorkspaceLayout plan_layout(int64_t num_reqs, int64_t max_drafts, bool has_forced) {
+// tree: a draft-tree plan (Params::parents set), whose workspace also holds depths and verified-node sets.
+AV_HD WorkspaceLayout plan_layout(int64_t num_reqs, int64_t max_drafts, bool has_forced, bool tree) {
   const int64_t n_slots = num_reqs * max_drafts;
   return workspace_layout(n_slots, Buckets::make(n_slots, has_forced).num, int32_t(num_reqs),
-                          plan_threads(n_slots, num_reqs), true);
+                          plan_threads(n_slots, num_reqs), true, tree);
 }
 
 // Bytes of global workspace a plan needs: 0 when it fits shared memory.
-inline int64_t plan_workspace_bytes(int64_t num_reqs, int64_t max_drafts, bool has_forced) {
-  const int64_t bytes = plan_layout(num_reqs, max_drafts, has_forced).bytes;
+inline int64_t plan_workspace_bytes(int64_t num_reqs, int64_t max_drafts, bool has_forced, bool tree) {
+  const int64_t bytes = plan_layout(num_reqs, max_drafts, has_forced, tree).bytes;
   return bytes <= KernelConfig::kMaxSmemBytes ? 0 : bytes;
 }
 

@@ -1,6 +1,7 @@
 // CUDA planner: the one planner algorithm (algorithm.h) run by one thread block, survival -> budget ->
 // allocation -> metadata in ONE launch with no host synchronisation, so an engine can capture it in a CUDA
-// graph. Also prefix_survival's kernel.
+// graph. Draft trees run the same kernel (Params::parents set: algorithm.h calls tree.h's per-request pieces).
+// Also the kernel of prefix_survival and tree_survival (one thread per request).
 //
 // NOTES:
 //  - One block is the right shape: a decode step has at most a few thousand candidates, and every phase
@@ -185,10 +186,10 @@ struct CudaBackend {
       const int64_t b = ws.count[k], end = ws.count[k + 1];
       int64_t rank = b;
       if (end - b > 1) {
-        const uint64_t key = slot_key(u, i, K);
+        const uint64_t key = slot_key(ws, u, i, K);
         for (int64_t q = b; q < end; ++q) {
           const int32_t iq = ws.sorted[q];
-          rank += slot_key(ws.words[iq], iq, K) < key;
+          rank += slot_key(ws, ws.words[iq], iq, K) < key;
         }
       }
       ws.tmp[rank] = i;
@@ -207,15 +208,20 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) prefix_survival_ker
     atomicAdd(p.error_counts + kCountDraftsOutOfRange, 1);
     d = d < 0 ? 0 : p.max_drafts;
   }
-  const int32_t nan_count =
-      survival_row(p.conf + int64_t(r) * p.conf_stride, d, p.max_drafts, p.survival + int64_t(r) * p.max_drafts);
+  const float* conf = p.conf + int64_t(r) * p.conf_stride;
+  float* out = p.survival + int64_t(r) * p.max_drafts;
+  int32_t bad_parents = 0;
+  const int32_t nan_count = p.parents != nullptr ? tree_survival_row(conf, p.parents + int64_t(r) * p.parents_stride,
+                                                                     d, p.max_drafts, out, &bad_parents)
+                                                 : survival_row(conf, d, p.max_drafts, out);
   if (nan_count) atomicAdd(p.error_counts + kCountNanSurvival, nan_count);
+  if (bad_parents) atomicAdd(p.error_counts + kCountBadParent, bad_parents);
 }
 
 __global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const Params p) {
   AV_DYNAMIC_SMEM(smem);
   __shared__ detail::Scratch scratch;
-  const WorkspaceLayout layout = plan_layout(p.num_reqs, p.max_drafts, p.min_verify > 0);
+  const WorkspaceLayout layout = plan_layout(p.num_reqs, p.max_drafts, p.min_verify > 0, p.parents != nullptr);
   unsigned char* base = p.workspace != nullptr ? static_cast<unsigned char*>(p.workspace) : smem;
   CudaBackend be{scratch};
   plan(p, be, carve_workspace(base, layout));  // device statuses are counters, never a return value
@@ -229,7 +235,7 @@ inline cudaError_t launch_prefix_survival(const SurvivalParams& p, cudaStream_t 
 }
 
 inline cudaError_t launch_plan(const Params& p, cudaStream_t stream) {
-  const WorkspaceLayout layout = plan_layout(p.num_reqs, p.max_drafts, p.min_verify > 0);
+  const WorkspaceLayout layout = plan_layout(p.num_reqs, p.max_drafts, p.min_verify > 0, p.parents != nullptr);
   const bool smem = layout.bytes <= KernelConfig::kMaxSmemBytes;
   if (!smem && p.workspace == nullptr) return cudaErrorInvalidValue;
   static bool opted_in[64] = {};

@@ -79,6 +79,69 @@ AV_HD uint64_t candidate_key(bool forced, float s, int32_t pos, int32_t req) {
 
 AV_HD float key_survival(uint64_t key) { return bits_float(~uint32_t(key >> 31)); }
 
+// ---- draft trees (docs/design.md, "Draft trees") ----
+// Candidates are nodes; canonical order: forced first (node < min_verify), then survival descending, depth
+// ascending, request ascending, node ascending. Layout: [63] not forced | [62:33] 2^30 - 1 - bits(s) | [32:27]
+// depth (1..63) | [26:6] request | [5:0] node. s in [0, 1] has bits below 2^30, so 30 bits order it; the
+// depth (6 bits) and the node (6 bits) leave 21 request bits. For a chain (depth = position + 1, node =
+// position) this orders exactly as candidate_key: a chain given as a tree plans the chain's integers.
+constexpr int kTreeNodeBits = 6;
+constexpr int kTreeReqBits = 21;
+constexpr int32_t kMaxTreeNodes = 63;  // the anchor and every node fit a 64-bit attention mask
+constexpr int64_t kMaxTreeReqs = (int64_t(1) << kTreeReqBits) - 1;
+constexpr uint32_t kTreeSurvivalMask = (uint32_t(1) << 30) - 1;
+static_assert(kMaxTreeNodes < (1 << kTreeNodeBits), "node and depth fields hold 1..63");
+
+AV_HD uint64_t tree_candidate_key(bool forced, float s, int32_t depth, int32_t req, int32_t node) {
+  return (uint64_t(forced ? 0u : 1u) << 63) | (uint64_t(kTreeSurvivalMask - float_bits(s)) << 33) |
+         (uint64_t(uint32_t(depth)) << 27) | (uint64_t(uint32_t(req)) << kTreeNodeBits) | uint64_t(uint32_t(node));
+}
+AV_HD float tree_key_survival(uint64_t key) { return bits_float(kTreeSurvivalMask - uint32_t((key >> 33) & kTreeSurvivalMask)); }
+AV_HD int32_t tree_key_node(uint64_t key) { return int32_t(key & ((uint64_t(1) << kTreeNodeBits) - 1)); }
+AV_HD int32_t tree_key_req(uint64_t key) {
+  return int32_t((key >> kTreeNodeBits) & ((uint64_t(1) << kTreeReqBits) - 1));
+}
+
+AV_HD int popcount64(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popcll(x);
+#else
+  return __builtin_popcountll(x);
+#endif
+}
+// Index of the lowest set bit (x != 0).
+AV_HD int lowest_bit64(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+  return __ffsll(static_cast<long long>(x)) - 1;
+#else
+  return __builtin_ctzll(x);
+#endif
+}
+
+// One request's tree survival: out[j] = out[parents[j]] * sanitize(conf[j]) for j < size (the anchor,
+// parent -1, survives with 1), 0 for j in [size, N). Products are taken parent first, so a chain
+// (parents[j] = j - 1) gives survival_row's bits. A node whose parent is outside [-1, j) gets 0 (and so do its
+// descendants) and is added to *bad_parents. size must already lie in [0, N]. Returns the NaN confidences among
+// the drafted nodes (each counts as 0).
+AV_HD int32_t tree_survival_row(const float* conf, const int32_t* parents, int32_t size, int32_t N, float* out,
+                                int32_t* bad_parents) {
+  int32_t nan_count = 0;
+  for (int32_t j = 0; j < N; ++j) {
+    if (j >= size) {
+      out[j] = 0.f;
+      continue;
+    }
+    const int32_t pj = parents[j];
+    const bool ok = pj >= -1 && pj < j;
+    *bad_parents += !ok;
+    const float base = !ok ? 0.f : (pj < 0 ? 1.f : out[pj]);
+    const float c = conf[j];
+    nan_count += c != c;
+    out[j] = mul_rn(base, sanitize(c));
+  }
+  return nan_count;
+}
+
 // Survival in 32.32 fixed point; s * 2^32 is exact in float (power-of-two scale), the conversion
 // truncates identically on host and device.
 // s <= 1 so s * 2^32 <= 2^32 fits int64: the signed conversion is one instruction on x86-64.
@@ -89,6 +152,15 @@ AV_HD uint64_t to_fixed(float s) {
   return uint64_t(static_cast<int64_t>(s * 4294967296.0f));
 #endif
 }
+
+// ---- ranking words (algorithm.h): survival bits, plus kForcedTag for a forced candidate ----
+constexpr int32_t kForcedTag = int32_t(1) << 30;  // above the bits of every s in [0, 1]
+constexpr uint32_t kOneBits = 0x3f800000u;          // bits of 1.0f
+constexpr int32_t kNoSlot = -1;                     // a slot that holds no candidate (below every word)
+static_assert(kOneBits < uint32_t(kForcedTag), "the forced tag must sit above every survival's bits");
+
+AV_HD float word_survival(int32_t u) { return bits_float(uint32_t(u) & uint32_t(kForcedTag - 1)); }
+AV_HD uint64_t word_fixed(int32_t u) { return to_fixed(word_survival(u)); }
 
 // Theta(B) = (R + extra_emitting + P(B)) / step_cost(R, R + extra_tokens + B), the first factor in
 // fixed point (the common 2^32 scale does not change comparisons).

@@ -2,6 +2,10 @@
 // C++ CPU kernel and the CUDA kernel. The Python layer (python/adaptive_verify/planner/) validates every
 // tensor and fills this struct by field name (bindings export its layout); nullable pointers mark
 // optional inputs/outputs.
+//
+// Chains and draft trees share the struct: with `parents` set, request r's K slots are the nodes of its tree
+// (K = N, the most nodes per request, <= kMaxTreeNodes), drafts[r] is its tree size, and the tree outputs
+// are written (docs/design.md, "Draft trees").
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,12 @@ struct Params {
   const float* conf = nullptr;     // [R, K] float32, row stride conf_stride, last dim contiguous
   int64_t conf_stride = 0;
   float* survival_out = nullptr;   // [R, K] float32, contiguous
+
+  // ---- draft trees (null: chains). parents[r, j] is node j's parent node, -1 for the anchor; topological
+  // (parents[r, j] < j). The walk reads nodes j < min(drafts[r], max_verify) (the conf= prologue j < drafts[r]),
+  // and only what it reads is validated. ----
+  const int32_t* parents = nullptr;  // [R, N] int32, row stride parents_stride, last dim contiguous
+  int64_t parents_stride = 0;
 
   // ---- budget ----
   int32_t mode = kGreedy;
@@ -86,6 +96,12 @@ struct Params {
   int32_t* positions = nullptr;        // [T_pad]       (needs context_lens)
   int64_t* slot_mapping = nullptr;     // [T_pad]       (needs context_lens, block_table)
   int32_t* input_ids = nullptr;        // [T_pad]       (needs anchor_tokens, draft_tokens)
+  // trees only (nullable): bit i of tree_mask[t] set iff token t attends to its request's query token at offset
+  // i; the parent's offset within the request (-1: the anchor), the node index (-1: the anchor), the depth.
+  int64_t* tree_mask = nullptr;        // [T_pad]       padding 0
+  int32_t* token_parent = nullptr;     // [T_pad]       padding -1
+  int32_t* token_node = nullptr;       // [T_pad]       padding -1
+  int32_t* token_depth = nullptr;      // [T_pad]       padding 0
   int32_t* error_counts = nullptr;     // [kNumErrorCounters] on the kernel's device
 
   // CUDA only: global scratch of plan_workspace_bytes() bytes when the workspace does not fit shared memory
@@ -94,9 +110,13 @@ struct Params {
 };
 
 // prefix_survival: a[r, j] = prod_{i<=j} clamp(conf[r, i], 0, 1) for j < drafts[r], else 0.
+// tree_survival (parents set): a[r, j] = a[r, parents[r, j]] * clamp(conf[r, j], 0, 1), a[r, -1] = 1, for
+// j < drafts[r] (the tree size), else 0.
 struct SurvivalParams {
   const float* conf = nullptr;  // [R, K], row stride conf_stride
   int64_t conf_stride = 0;
+  const int32_t* parents = nullptr;  // [R, N], row stride parents_stride; null: chains
+  int64_t parents_stride = 0;
   const int32_t* drafts = nullptr;  // [R]
   int32_t num_reqs = 0;
   int32_t max_drafts = 0;
