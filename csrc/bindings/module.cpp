@@ -75,6 +75,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATUS_SEQ_LENS") = int(kErrSeqLens);
   m.attr("STATUS_BLOCK_ID_OUT_OF_RANGE") = int(kErrBlockIdOutOfRange);
   m.attr("STATUS_SLOT_OUT_OF_RANGE") = int(kErrSlotOutOfRange);
+  m.attr("STATUS_CONTEXT_LEN") = int(kErrContextLen);
   m.attr("NUM_ERROR_COUNTERS") = int(kNumErrorCounters);
   bindings::register_planner(m);
   bindings::register_confidence(m);

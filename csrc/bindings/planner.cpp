@@ -32,6 +32,7 @@ void register_planner(py::module_& m) {
       AV_FIELD(P, expected_tokens), AV_FIELD(P, num_tokens), AV_FIELD(P, query_start_loc), AV_FIELD(P, seq_lens),
       AV_FIELD(P, token_req), AV_FIELD(P, positions), AV_FIELD(P, slot_mapping), AV_FIELD(P, input_ids),
       AV_FIELD(P, error_counts), AV_FIELD(P, workspace)});
+  m.attr("PLANNER_MAX_CONTEXT_LEN") = int(planner::kMaxContextLen);
   m.attr("PLANNER_MODES") = py::make_tuple(int(planner::kGreedy), int(planner::kGlobal), int(planner::kFixed),
                                            int(planner::kAll));
 }

@@ -6,9 +6,14 @@ with a given set of argument objects validates everything and builds the kernel'
 calls with the same objects check only what could have changed in place without changing the object:
 
 - every tensor argument's data pointer, shape and strides (``resize_``, ``set_``, ``as_strided_``,
-  ``transpose_`` all change one of them, so such a tensor is validated again);
+  ``transpose_`` all change one of them, so such a tensor is validated again; a 1-D tensor's stride too, since
+  ``as_strided_`` on a view of a larger buffer keeps its pointer and shape and makes it non-contiguous);
 - the per-step scalars an op lists as such (a fixed budget, a prompt chunk's size), which the op re-derives
   from the remembered validation with a few integer checks.
+
+Scalars are compared by value AND type (``scalar_types``): ``True == 1`` and ``2.0 == 2`` in Python, so a key of
+values alone would let ``min_verify=True`` or ``budget=2.0`` reuse a call validated with ints and skip the check
+that rejects them.
 
 Keys hold the ``id()`` of each argument object and each entry holds a strong reference to it, so no other
 object can take that id while the entry lives. Entries are few (decode loops use one or two call shapes per
@@ -25,10 +30,13 @@ CALL_CACHE_SIZE = 16
 
 
 def tensor_signature(tensors) -> list:
-    """Data pointer and shape of each tensor, and the strides of those with more than one dimension (a 1-D
-    tensor cannot change its stride in place while keeping its pointer and shape unless its storage is larger
-    than it: only as_strided_ does that, and the kernels' writes still land inside that storage)."""
-    return [(t.data_ptr(), t.shape, t.stride()) if t.dim() > 1 else (t.data_ptr(), t.shape) for t in tensors]
+    """Data pointer, shape and strides of each tensor: the layout the remembered kernel struct was built for."""
+    return [(t.data_ptr(), t.shape, t.stride()) for t in tensors]
+
+
+def scalar_types(values: tuple) -> tuple:
+    """The types of a call's scalar arguments, for its key (values alone conflate True with 1 and 2.0 with 2)."""
+    return tuple(map(type, values))
 
 
 class CallCache:

@@ -199,6 +199,8 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     extra = {}  # the optional outputs
     if a.context_lens is not None:
         ctx = a.context_lens.long()
+        if bool(((ctx < 0) | (ctx > 2**31 - 65)).any()):  # docs/design.md: positions and seq_lens are int32
+            raise ValueError("context_lens: every value must lie in [0, 2^31 - 65]")
         extra["seq_lens"] = torch.zeros(Rp, **i32)
         extra["seq_lens"][:R] = (ctx + q_len).to(torch.int32)
         p = ctx[tr] + offset

@@ -30,6 +30,7 @@ enum Status : int {
   kErrSeqLens = 5,              // seq_lens[r] < q_len[r]
   kErrBlockIdOutOfRange = 6,    // a block id the request needs lies outside [0, num_blocks)
   kErrSlotOutOfRange = 7,       // write_kv: a slot other than -1 outside the cache
+  kErrContextLen = 8,           // planner: context_lens[r] outside [0, kMaxContextLen]
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -43,6 +44,7 @@ enum ErrorCounter : int {
   kCountNanConfidence = 4,      // NaN confidences skipped by AcceptanceStats.update
   kCountDraftIdOutOfRange = 5,  // rejection_sample: draft id outside [0, V) (rejected, never an index)
   kCountQueryLenOutOfRange = 6, // rejection_sample: q_len < 0, > K + 1 or rows past T (clamped / padding)
+  kCountContextLenOutOfRange = 7,  // planner: context_lens[r] outside [0, kMaxContextLen] (its metadata padding)
   kNumErrorCounters = 16,
 };
 

@@ -40,9 +40,9 @@ csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel and the CUD
 from .args import MODES, PlanArgs, resolve_plan_args
 from .ops import VERIFICATIONS, choose_budget, plan_verification
 from .survival import prefix_survival
-from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
+from .verify_plan import MAX_CONTEXT_LEN, MAX_REQS, MAX_TOKENS, VerifyPlan
 from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX
 
-__all__ = ["INT32_MAX", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MODES", "PlanArgs", "VERIFICATIONS", "VerifyPlan", "choose_budget",
+__all__ = ["INT32_MAX", "MAX_CONTEXT_LEN", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MODES", "PlanArgs", "VERIFICATIONS", "VerifyPlan", "choose_budget",
            "plan_verification", "prefix_survival", "resolve_plan_args"]

@@ -15,7 +15,7 @@ from typing import Optional, Union
 import torch
 
 from .. import errors
-from .._callcache import CallCache
+from .._callcache import CallCache, scalar_types
 from .._validate import check_tensor
 from ..cost import CostTable
 from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step
@@ -71,7 +71,7 @@ class _Call:
         """Re-derives the per-step fields for a new step = (id(cost_table), capacity, budget, extra_tokens,
         extra_emitting, token_offset); False when they change the padded token count (the outputs must then be
         checked again: the caller revalidates, and this entry is re-stepped on every use until replaced)."""
-        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step
+        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step[:6]
         padded = self.a.num_tokens_padded
         resolve_step(self.a, cost_table, capacity, self.padded, _costs, budget=budget, extra_tokens=extra_tokens,
                      extra_emitting=extra_emitting, token_offset=token_offset)
@@ -97,6 +97,12 @@ class _Call:
 _CALLS = CallCache()
 
 
+def _step(*values) -> tuple:
+    """A call's per-step arguments (id(cost_table), capacity, budget, extra_tokens, extra_emitting, token_offset)
+    followed by their types: a remembered call re-steps when either changes."""
+    return values + scalar_types(values)
+
+
 def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
     if out is None:
         return args
@@ -106,9 +112,10 @@ def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
 
 def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
     """The remembered call for these argument objects (re-stepped if the per-step arguments changed), or
-    (key, None)."""
+    (key, None). ``step`` ends with the types of its scalars (see _callcache.scalar_types), so a scalar of
+    another type is a changed step: re-stepping validates it."""
     try:
-        key = (op, id(out), *map(id, tensors), *statics)
+        key = (op, id(out), *map(id, tensors), *statics, *scalar_types(statics))
         call = _CALLS.get(key)
     except TypeError:  # an unhashable scalar: the validating path names it
         return None, None
@@ -196,7 +203,7 @@ def choose_budget(
     """
     tensors = (survival, conf, drafts, draft_tokens, out)
     statics = (mode, min_verify, max_verify)
-    step = (id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
+    step = _step(id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
     compiling = torch.compiler.is_compiling()
     key = None
     if not compiling:
@@ -271,11 +278,13 @@ def plan_verification(
         budget: "fixed" only: a Python int or a 0-d int32 (or int64) device tensor, clamped to
             [B_min, B_max].
         min_verify: forced drafts per request (ranked first). max_verify: cap per request (default K).
-        extra_tokens: non-draft tokens in the step (prefill chunks); extra_emitting: prefill requests
-            that sample this step (they add tokens to Theta's numerator).
+        extra_tokens: non-draft tokens in the step (prefill chunks), in [0, 2^31 - 1]; extra_emitting: prefill
+            requests that sample this step (they add tokens to Theta's numerator), in [0, MAX_REQS].
         capacity: most tokens in the step (default cost_table.max_tokens, else unbounded); must be
             >= R + extra_tokens.
-        context_lens: [R] int32 KV length before this step; enables seq_lens and positions.
+        context_lens: [R] int32 KV length before this step, in [0, MAX_CONTEXT_LEN = 2^31 - 65] (CPU: ValueError;
+            CUDA: that request's seq_lens and positions are written 0, its slots -1, and it is counted in
+            ``error_counts()["context_len_out_of_range"]``); enables seq_lens and positions.
         block_table: [R, max_blocks] int32 with block_size; enables slot_mapping. On CPU a block table
             too short for the positions raises ValueError; on CUDA the slot is -1 and it is counted.
         anchor_tokens: [R] int32 last emitted token; draft_tokens: [R, >= max_verify] int32; enable input_ids.
@@ -299,16 +308,16 @@ def plan_verification(
     launches the remembered kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that
     path (docs/design.md, "Host overhead").
     """
-    if verification not in VERIFICATIONS:
+    if not (verification is None or isinstance(verification, str)) or verification not in VERIFICATIONS:
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
-    if mode == "global":
+    if isinstance(mode, str) and mode == "global":
         _warn_global_live(verification)
     budget_tensor = budget if isinstance(budget, torch.Tensor) else None
     tensors = (survival, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget_tensor,
                survival_out)
     statics = (mode, min_verify, max_verify, block_size, num_reqs_padded, num_tokens_padded)
-    step = (id(cost_table), capacity, None if budget_tensor is not None else budget, extra_tokens, extra_emitting,
-            token_offset)
+    step = _step(id(cost_table), capacity, None if budget_tensor is not None else budget, extra_tokens,
+                 extra_emitting, token_offset)
     compiling = torch.compiler.is_compiling()
     key = None
     if isinstance(out, VerifyPlan) and not compiling:
