@@ -26,7 +26,7 @@ from typing import Union
 
 import torch
 
-from ._checks import FLOAT32_MAX
+from ._checks import FLOAT32_MAX, to_float
 from ._validate import device_arg
 from .confidence import draft_margin
 
@@ -53,7 +53,7 @@ def _check_pos_int(name, v, hi=None):
 
 
 def _check_positive_real(name, v):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 < v < math.inf):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 < to_float(name, v) < math.inf):
         raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
     return float(v)
 

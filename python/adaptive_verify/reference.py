@@ -53,7 +53,7 @@ class _Args:
     extra_emitting: int
     budget_cap: int
     verify_cost: Optional[torch.Tensor]  # float32 [n + 1]: the cost of every total token count the search needs
-    draft_cost: float
+    draft_cost: float  # cost_table.fixed_cost(R): the kernels' name for Theta's fixed term
     context_lens: Optional[torch.Tensor]
     block_table: Optional[torch.Tensor]
     block_size: Optional[int]
@@ -82,7 +82,9 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
     verify_cost = None
     draft_cost = 0.0
     if cost_table is not None:
-        draft_cost = float(cost_table.draft_cost(R))
+        # Theta's fixed term is the step's whole fixed cost, the drafter plus request_ms * R (docs/design.md,
+        # "Step cost"); draft_cost alone left a table's per-request term out of the reference.
+        draft_cost = float(cost_table.fixed_cost(R))
         top = R + extra_tokens + budget_cap
         if cost_table.max_tokens is not None:
             top = min(top, cost_table.max_tokens)

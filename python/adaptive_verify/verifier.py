@@ -398,8 +398,10 @@ class AdaptiveVerifier:
         extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
         after a replay tell the verifier which plan ran (``verifier.last_plan = plan``) before observe().
         """
-        if not isinstance(conf, torch.Tensor) or conf.dim() != 2:
-            raise TypeError("conf must be a float32 tensor [R, K]")
+        if not isinstance(conf, torch.Tensor):
+            raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
+        if conf.dim() != 2:
+            raise ValueError(f"conf must be a float32 tensor [R, K], got shape {tuple(conf.shape)}")
         R = conf.shape[0]
         if R > self.max_reqs or conf.shape[1] > self.max_drafts:
             raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
@@ -424,7 +426,8 @@ class AdaptiveVerifier:
         out = self._plan_buffers(key, wants)
         # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
         # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
-        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
+        # (A step of prompt tokens only, R = 0, may fill the capacity: no view is left to price, and none is needed.)
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens and R else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
                   draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,

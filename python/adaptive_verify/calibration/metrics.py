@@ -8,6 +8,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .._checks import to_float
+
 #: logit 20-fold, 20 flattens it 20-fold: wide enough for any drafter we have seen, fine enough that the
 #: grid step is well inside the 15% a fitted temperature is expected to be good to.
 DEFAULT_GRID = (0.05, 20.0, 200)
@@ -30,8 +32,10 @@ def default_grid(
     t_min: float = DEFAULT_GRID[0], t_max: float = DEFAULT_GRID[1], points: int = DEFAULT_GRID[2]
 ) -> torch.Tensor:
     """Geometric grid of ``points`` temperatures from ``t_min`` to ``t_max`` (float64, ascending)."""
-    if not (_is_real(t_min) and _is_real(t_max)) or not (0.0 < t_min <= t_max < math.inf):
+    if not (_is_real(t_min) and _is_real(t_max)) or \
+            not (0.0 < to_float("grid", t_min) <= to_float("grid", t_max) < math.inf):
         raise ValueError(f"grid bounds must satisfy 0 < t_min <= t_max < inf, got t_min={t_min!r}, t_max={t_max!r}")
+    t_min, t_max = float(t_min), float(t_max)
     if not isinstance(points, numbers.Integral) or isinstance(points, bool) or not 1 <= points <= MAX_GRID_POINTS:
         raise ValueError(f"grid points must be an int in [1, {MAX_GRID_POINTS}], got {points!r}")
     if points == 1 or t_min == t_max:

@@ -1,11 +1,13 @@
 """OnlineSTS: temperatures refreshed from AcceptanceStats while serving."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Optional, Union
 
 import torch
 
+from .._checks import to_float
 from .._validate import device_arg
 from .metrics import ArrayLike, _check_grid, _check_temperatures, _is_real
 
@@ -83,9 +85,9 @@ class OnlineSTS:
             raise ValueError(f"refresh_every must be an int >= 1, got {refresh_every!r}")
         if not _is_real(decay) or not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
-        if not _is_real(min_trials) or min_trials < 0:
+        if not _is_real(min_trials) or not 0 <= to_float("min_trials", min_trials) < math.inf:
             raise ValueError(f"min_trials must be a number >= 0, got {min_trials!r}")
-        if stats_conf not in ("calibrated", "raw"):
+        if not isinstance(stats_conf, str) or stats_conf not in ("calibrated", "raw"):
             raise ValueError(f"stats_conf must be 'calibrated' or 'raw', got {stats_conf!r}")
         if not isinstance(max_windows, numbers.Integral) or isinstance(max_windows, bool) or max_windows < 1:
             raise ValueError(f"max_windows must be an int >= 1, got {max_windows!r}")

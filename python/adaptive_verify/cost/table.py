@@ -134,7 +134,7 @@ class CostTable:
             draft = check_ms("draft_ms", draft_ms, what="constant", positive=False)
         else:
             raise TypeError(f"draft_ms must be a dict {{r: ms}} or a float, got {type(draft_ms).__name__}")
-        if draft_interpolation not in DRAFT_MODES:
+        if not isinstance(draft_interpolation, str) or draft_interpolation not in DRAFT_MODES:
             raise ValueError(f"draft_interpolation must be one of {DRAFT_MODES}, got {draft_interpolation!r}")
         request_ms = check_ms("request_ms", request_ms, what="per-request cost", positive=False)
         sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)

@@ -57,7 +57,7 @@ def confidence_case(rng) -> Case:
                     what="non-finite hidden")
     if r < 0.8:  # a bias or temperature that is not a finite float32
         if maybe(rng, 0.5):
-            kw["bias"] = pick(rng, list(NON_REALS) + [float("nan")])
+            kw["bias"] = pick(rng, [v for v in NON_REALS if v is not None] + [float("nan")])  # None: the default
             name = "bias"
         else:
             kw["temperature"] = pick(rng, [[0.0] * K, [-1.0] * K, [float("nan")] * K, [1.0] * (K + 1), "x", 3,
@@ -78,7 +78,7 @@ def confidence_case(rng) -> Case:
     else:
         kw2[name] = value
     return Case(kind, lambda: confidence(args["hidden"], args["weight"], out=args["out"], **kw2), guards=g,
-                names=(name, "hidden", "weight", "markov", "K", "R"), what=f"{name}: {desc}")
+                names=("hidden", "weight", "markov", "out", "K", "R"), what=f"{name}: {desc}")
 
 
 def from_logits_case(rng) -> Case:
@@ -108,7 +108,7 @@ def from_logits_case(rng) -> Case:
     args = dict(logits=logits, out=out)
     args[name] = value
     return Case(kind, lambda: confidence_from_logits(args["logits"], temperature, out=args["out"]), guards=g,
-                names=(name, "K", "R"), what=f"{name}: {desc}")
+                names=("logits", "out", "K", "R"), what=f"{name}: {desc}")
 
 
 def margin_case(rng) -> Case:

@@ -152,7 +152,8 @@ def _table_adversarial(rng) -> Case:
         return Case(kind if kind == "invalid" else "maybe", lambda: fn(arg), names=names, what=f"{which}({arg!r})")
 
     return Case(kind, lambda: CostTable.from_points(**kw), names=names + ("verify_ms",),
-                what=f"from_points {which}={str(kw.get(which))[:60]}")
+                what=f"from_points {which}=" + (type(kw[which]).__name__ if which == "metadata" else
+                                                str(kw.get(which))[:60]))
 
 
 def _json_adversarial(rng) -> Case:
@@ -229,8 +230,9 @@ def verifier_case(rng) -> Case:
                                                                torch.tensor(2**40)])
             pt = None if step_bad != "padded_tokens" else pick(rng, [-5, 2**31, 2**70, 1.5, "p", R - 1])
             plan = v.plan(c, d, budget=b, extra_tokens=extra, padded_tokens=pt)
-            if step_bad is None:
-                checks.append((v, conf.clone(), drafts.clone(), budget, padded, extra, plan))
+            if step_bad is None:  # the plan's buffers are the verifier's, rewritten by a later step: copy them
+                checks.append((v, conf.clone(), drafts.clone(), budget, padded, extra,
+                               (plan.verify_lens.clone(), plan.query_start_loc.clone(), plan.token_req.shape[0])))
             accepted = ints(rng, 0, K, (R,))
             vl = plan.verify_lens
             if step_bad == "verify_lens":
@@ -241,20 +243,19 @@ def verifier_case(rng) -> Case:
         return v
 
     def check(_):
-        for v, conf, drafts, budget, padded, extra, plan in checks:
+        for v, conf, drafts, budget, padded, extra, (verify_lens, query_start_loc, t_pad) in checks:
             R = conf.shape[0]
             if budget > padded - R - extra and padded >= R + extra:
                 raise Mismatch(f"plan_budget: budget {budget} does not fit padded {padded} with R={R}, extra={extra}")
             s = ref.prefix_survival(conf, drafts)
-            tbl = v.cost_table.shifted(extra) if extra else v.cost_table
-            kw = dict(min_verify=v.min_verify, num_tokens_padded=plan.token_req.shape[0],
-                      capacity=v.capacity - extra)
+            tbl = v.cost_table.shifted(extra) if extra and R else v.cost_table
+            kw = dict(min_verify=v.min_verify, num_tokens_padded=t_pad, capacity=v.capacity - extra)
             if v.mode in ("greedy", "global"):
                 want = ref.plan_verification(s, drafts, tbl, mode=v.mode, **kw)
             else:
                 want = ref.plan_verification(s, drafts, tbl, mode="fixed", budget=budget, **kw)
-            same("verify_lens", plan.verify_lens, want.verify_lens)
-            same("query_start_loc", plan.query_start_loc, want.query_start_loc)
+            same("verify_lens", verify_lens, want.verify_lens)
+            same("query_start_loc", query_start_loc, want.query_start_loc)
 
     names = (bad,) if bad else ((step_bad,) if step_bad else ())
     if step_bad in ("conf", "drafts"):

@@ -96,8 +96,8 @@ def plan_inputs(rng, *, metadata: bool) -> PlanInputs:
         if maybe(rng, 0.7):
             width = mv + small_int(rng, 3)
             kw["draft_tokens"] = ints(rng, 0, 50_000, (R, width))
-            if maybe(rng, 0.3) and R:
-                kw["draft_tokens"][ints(rng, 0, R - 1, (1,)).long(), ints(rng, 0, max(width - 1, 0), (1,)).long()] = -1
+            if maybe(rng, 0.3) and R and width:  # an invalidated draft
+                kw["draft_tokens"][int(rng.integers(0, R)), int(rng.integers(0, width))] = -1
             if maybe(rng, 0.8):
                 kw["anchor_tokens"] = ints(rng, 0, 50_000, (R,))
     elif maybe(rng, 0.2):

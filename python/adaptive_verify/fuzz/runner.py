@@ -26,6 +26,11 @@ from .ops import OPS
 #: Seconds a single case may run before it is a hang (the slowest valid cases, the attention reference on the
 #: largest problems, take a second or two on a loaded 2-core machine).
 CASE_TIMEOUT_S = 60.0
+#: Seconds a worker may take to start (Python, torch and the extension imported) on a loaded machine.
+STARTUP_S = 30.0
+#: Average seconds per case a chunk is allowed (most take milliseconds): a chunk past it is treated as a hang and
+#: its unreported cases run alone, each with CASE_TIMEOUT_S.
+CHUNK_S_PER_CASE = 4.0
 
 
 @dataclasses.dataclass
@@ -91,9 +96,9 @@ def run_chunk(seed: int, cases: list, timeout: float) -> tuple[list, Optional[st
     return records, why
 
 
-def _isolate(seed: int, case: list, chunk_why: str) -> dict:
+def _isolate(seed: int, case: list, chunk_why: str, case_timeout: float, startup: float) -> dict:
     """A case the chunk did not report, alone in a process: its own outcome, or crash / hang."""
-    records, why = run_chunk(seed, [case], CASE_TIMEOUT_S + 30)
+    records, why = run_chunk(seed, [case], startup + case_timeout)
     if records:
         rec = records[0]
         if rec["outcome"] in PASS and why is None:
@@ -107,8 +112,11 @@ def _isolate(seed: int, case: list, chunk_why: str) -> dict:
 
 def run_campaign(seed: int = 0, *, ops: Optional[list] = None, calls: Optional[int] = None,
                  minutes: Optional[float] = None, chunk: int = 200, jobs: int = 1,
-                 progress: Optional[Callable[[Report], None]] = None) -> Report:
-    """Runs cases until ``calls`` have run or ``minutes`` have passed (whichever is given; both: the first)."""
+                 progress: Optional[Callable[[Report], None]] = None, case_timeout: float = CASE_TIMEOUT_S,
+                 startup: float = STARTUP_S) -> Report:
+    """Runs cases until ``calls`` have run or ``minutes`` have passed (whichever is given; both: the first).
+    ``case_timeout``: seconds a case may take alone before it is a hang; ``startup``: seconds a worker may take
+    to start."""
     if calls is None and minutes is None:
         raise ValueError("give calls or minutes")
     ops = list(ops or OPS)
@@ -136,14 +144,14 @@ def run_campaign(seed: int = 0, *, ops: Optional[list] = None, calls: Optional[i
         return ids
 
     def work(ids: list) -> tuple[list, int]:
-        timeout = 30 + CASE_TIMEOUT_S + 4.0 * len(ids)
+        timeout = startup + case_timeout + CHUNK_S_PER_CASE * len(ids)
         records, why = run_chunk(seed, ids, timeout)
         n_proc = 1
         if why is not None:
             done = {(r["op"], r["index"]) for r in records}
             for case in ids:
                 if (case[0], case[1]) not in done:
-                    records.append(_isolate(seed, case, why))
+                    records.append(_isolate(seed, case, why, case_timeout, startup))
                     n_proc += 1
         return records, n_proc
 

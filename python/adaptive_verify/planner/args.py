@@ -261,6 +261,8 @@ def check_out(out, a: PlanArgs) -> VerifyPlan:
     }
     for name, (needed, dtype, shape) in wanted.items():
         t = getattr(out, name)
+        if t is not None and not isinstance(t, torch.Tensor):  # unused here, but remembered calls look at it
+            raise TypeError(f"out.{name} must be a torch.Tensor or None, got {type(t).__name__}")
         if needed and t is None:
             raise ValueError(f"out.{name} is None but this call produces it (allocate it in the VerifyPlan)")
         if needed:
