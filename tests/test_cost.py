@@ -639,13 +639,13 @@ def test_shifted_is_o1_exact_and_bounded():
     assert len(ct._shifted) <= table_mod.SHIFTED_CACHE_SIZE
     for x in (1, 300, 511, 512, 3000, 8191):
         s = ct.shifted(x)
-        base = ct.verify_cost(x) - ct.verify_cost(0)
+        at_x, at_0 = ct.verify_cost(x), ct.verify_cost(0)
         for n in sorted({0, 1, 7, 100, max(511 - x, 0), 8192 - x}):
             if n > 8192 - x:
                 continue
-            assert s.verify_cost(n) == ct.verify_cost(n + x) - base, (x, n)
+            assert s.verify_cost(n) == ct.verify_cost(n + x) - at_x + at_0, (x, n)  # the docstring's formula
         arr = s.verify_array(8192 - x)
-        want = torch.tensor([ct.verify_cost(n + x) - base for n in range(8192 - x + 1)], dtype=torch.float64)
+        want = torch.tensor([ct.verify_cost(n + x) - at_x + at_0 for n in range(8192 - x + 1)], dtype=torch.float64)
         assert torch.equal(arr, want.to(torch.float32)), x
     assert views[0].shifted(5) is ct.shifted(6)  # a view of a view is a view of the base
     assert ct.shifted(100).graph_sizes[0] == 4 and ct.shifted(100).graph_sizes[-1] == 412
@@ -667,10 +667,15 @@ def test_shifted_views_in_a_captured_graph_are_kept(monkeypatch):
 
 
 def test_shifted_of_a_tiny_first_point_is_valid():
-    """Found by fuzzing: {1: 1e-300, 2: 5, 10: 5} is a valid table, and so is its shifted view."""
+    """Found by fuzzing: {1: 1e-300, 2: 5, 10: 5} is a valid table, and so is its shifted view; and a view seen from
+    past the jump still prices every count at >= base(0) > 0 (issue 16: base(n + x) - (base(x) - base(0)) rounded
+    to a free step, 0.0; the documented order, base(n + x) - base(x) + base(0), cannot)."""
     ct = CostTable.from_points({1: 1e-300, 2: 5.0, 10: 5.0})
     s = ct.shifted(1)
     assert s.verify_cost(0) == 1e-300 and s.verify_cost(1) == 5.0 - 1e-300 + 1e-300
+    far = ct.shifted(5)
+    assert all(far.verify_cost(n) == 1e-300 for n in (0, 1, 5, 100))
+    assert (far.verify_array(100).double() == torch.tensor(1e-300).float().double()).all()
 
 
 def test_profile_points_cover_graph_sizes_and_an_eager_tail():

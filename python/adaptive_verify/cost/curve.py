@@ -200,17 +200,21 @@ class VerifyCurve:
 
 class ShiftedCurve:
     """``n -> base(n + shift) - base(shift) + base(0)``: the verify curve seen from ``shift`` prompt tokens
-    already in the step. O(1) to build; its dense values are a slice of the base's (one subtraction)."""
+    already in the step. O(1) to build; its dense values are a slice of the base's (a subtraction and an addition).
+
+    Evaluated in that order, left to right: the difference of two costs of a monotone curve is exactly >= 0, so
+    every value is >= base(0) > 0. (Subtracting base(shift) - base(0) instead rounds to a free step, cost 0.0,
+    when base(0) is tiny next to base(shift), as for a first point of 1e-300 ms.)"""
 
     def __init__(self, base: VerifyCurve, shift: int):
         self.base, self.shift = base, shift
-        self.delta = base.cost(shift) - base.cost(0)
+        self.at_shift, self.at_zero = base.cost(shift), base.cost(0)
 
     def cost(self, n: int) -> float:
-        return self.base.cost(n + self.shift) - self.delta
+        return self.base.cost(n + self.shift) - self.at_shift + self.at_zero
 
     def dense(self, length: int) -> np.ndarray:
-        return self.base.dense(self.shift + length)[self.shift:] - self.delta
+        return self.base.dense(self.shift + length)[self.shift:] - self.at_shift + self.at_zero
 
 
 class DraftCurve:
