@@ -15,7 +15,7 @@ from typing import Optional, Union
 import torch
 
 from .. import errors
-from .._callcache import CallCache, scalar_types
+from .._callcache import CallCache
 from .._validate import check_tensor
 from ..cost import CostTable
 from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step
@@ -71,7 +71,7 @@ class _Call:
         """Re-derives the per-step fields for a new step = (id(cost_table), capacity, budget, extra_tokens,
         extra_emitting, token_offset); False when they change the padded token count (the outputs must then be
         checked again: the caller revalidates, and this entry is re-stepped on every use until replaced)."""
-        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step[:6]
+        _, capacity, budget, extra_tokens, extra_emitting, token_offset = step
         padded = self.a.num_tokens_padded
         resolve_step(self.a, cost_table, capacity, self.padded, _costs, budget=budget, extra_tokens=extra_tokens,
                      extra_emitting=extra_emitting, token_offset=token_offset)
@@ -97,12 +97,6 @@ class _Call:
 _CALLS = CallCache()
 
 
-def _step(*values) -> tuple:
-    """A call's per-step arguments (id(cost_table), capacity, budget, extra_tokens, extra_emitting, token_offset)
-    followed by their types: a remembered call re-steps when either changes."""
-    return values + scalar_types(values)
-
-
 def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
     if out is None:
         return args
@@ -112,10 +106,10 @@ def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
 
 def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
     """The remembered call for these argument objects (re-stepped if the per-step arguments changed), or
-    (key, None). ``step`` ends with the types of its scalars (see _callcache.scalar_types), so a scalar of
-    another type is a changed step: re-stepping validates it."""
+    (key, None). The key holds the types of the static and per-step scalars (values alone conflate True with 1 and
+    2.0 with 2): a scalar of another type than the remembered call's is another call, which validates it."""
     try:
-        key = (op, id(out), *map(id, tensors), *statics, *scalar_types(statics))
+        key = (op, id(out), *map(id, tensors), *statics, *map(type, statics + step))
         call = _CALLS.get(key)
     except TypeError:  # an unhashable scalar: the validating path names it
         return None, None
@@ -203,7 +197,7 @@ def choose_budget(
     """
     tensors = (survival, conf, drafts, draft_tokens, out)
     statics = (mode, min_verify, max_verify)
-    step = _step(id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
+    step = (id(cost_table), capacity, None, extra_tokens, extra_emitting, 0)
     compiling = torch.compiler.is_compiling()
     key = None
     if not compiling:
@@ -316,8 +310,8 @@ def plan_verification(
     tensors = (survival, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget_tensor,
                survival_out)
     statics = (mode, min_verify, max_verify, block_size, num_reqs_padded, num_tokens_padded)
-    step = _step(id(cost_table), capacity, None if budget_tensor is not None else budget, extra_tokens,
-                 extra_emitting, token_offset)
+    step = (id(cost_table), capacity, None if budget_tensor is not None else budget, extra_tokens, extra_emitting,
+            token_offset)
     compiling = torch.compiler.is_compiling()
     key = None
     if isinstance(out, VerifyPlan) and not compiling:
