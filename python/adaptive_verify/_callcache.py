@@ -35,7 +35,8 @@ def tensor_signature(tensors, layout) -> list:
     """Data pointer, shape and layout of each tensor: the layout the remembered kernel struct was built for. Per
     tensor, ``layout`` says what holds it: 2 its strides (more than one dimension), 1 whether it is contiguous
     (1-D), 0 nothing more (0-d: a pointer and a shape say everything)."""
-    return [(t.data_ptr(), t.shape, t.stride() if k == 2 else (k and t.is_contiguous())) for t, k in zip(tensors, layout)]
+    return [(t.data_ptr(), t.shape, t.stride() if k == 2 else (k and t.is_contiguous()))
+            for t, k in zip(tensors, layout)]
 
 
 def layout_kind(t) -> int:

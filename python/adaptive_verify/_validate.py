@@ -25,7 +25,8 @@ def device_arg(name: str, device, *, kernels: bool = True) -> torch.device:
         raise ValueError(f"{name} must be a CPU or CUDA device, got {dev}")
     if dev.type == "cuda":
         if kernels and not cuda_available():
-            raise ValueError(f"{name} is {dev} but CUDA kernels cannot run here: {build_info()['cuda_unusable_reason']}")
+            reason = build_info()["cuda_unusable_reason"]
+            raise ValueError(f"{name} is {dev} but CUDA kernels cannot run here: {reason}")
         if not torch.cuda.is_available():
             raise ValueError(f"{name} is {dev} but torch {torch.__version__} has no usable CUDA device")
         if dev.index is not None and not 0 <= dev.index < torch.cuda.device_count():

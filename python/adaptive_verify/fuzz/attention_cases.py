@@ -9,7 +9,7 @@ from .. import reference as ref
 from ..attention import verify_attention, write_kv
 from .core import Case, Mismatch, close, counts, same
 from .guards import Guards
-from .values import int_arg, ints, maybe, pick, real_arg, small_int, tensor_variants
+from .values import int_arg, maybe, pick, real_arg, small_int, tensor_variants
 
 FAR = 2**30  # a block id no cache has: reading it would be gigabytes out of bounds
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 
 from .. import reference as ref
 from ..planner import MAX_CONTEXT_LEN, MAX_REQS, VerifyPlan, choose_budget, plan_verification, prefix_survival
-from .core import Case, Mismatch, counts, same
+from .core import Case, counts, same
 from .guards import Guards
 from .tables import random_table
 from .values import floats, int_arg, ints, maybe, pick, small_int, sprinkle, tensor_variants
