@@ -425,3 +425,8 @@ def test_sizes_that_allocate_are_bounded():
         OnlineSTS(2**40)
     with pytest.raises(ValueError, match="^device"):
         OnlineSTS(3, device="foo")
+    # numbers too large for a float are ValueErrors naming the argument, not Python's OverflowError
+    with pytest.raises(ValueError, match="^min_trials"):
+        OnlineSTS(3, min_trials=10**400)
+    with pytest.raises(ValueError, match="^grid"):
+        default_grid(0.1, 10**400, 5)

@@ -4,6 +4,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -343,6 +344,7 @@ BAD_FROM_POINTS = [
     (dict(verify_ms=V, request_ms=2e9), ValueError, "request_ms"),
     (dict(verify_ms=V, graph_sizes=range(1, 10**9)), ValueError, "graph_sizes"),  # bounded before it is walked
     (dict(verify_ms=V, metadata={"a": object()}), TypeError, "metadata"),
+    (dict(verify_ms=V, draft_interpolation=np.array(["linear"])), ValueError, "draft_interpolation"),
     (dict(verify_ms=V, metadata={"a": math.nan}), ValueError, "metadata"),
     (dict(verify_ms=V, metadata=json.loads('{"a":' * 900 + "1" + "}" * 900)), ValueError, "metadata"),
 ]

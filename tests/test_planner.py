@@ -846,6 +846,17 @@ def test_huge_extra_tokens_fail_before_any_work():
         .verify_lens.tolist()
 
 
+def test_out_fields_that_are_not_tensors_are_type_errors():
+    """Issue 16, finding 7: an out= field that is not a tensor raised AttributeError; a field the call does not
+    write, if not a tensor, did so on the remembered path (found by fuzzing)."""
+    out = VerifyPlan.allocate(2, 8, positions=True)
+    with pytest.raises(TypeError, match=r"^out\.token_req must be a torch\.Tensor"):
+        _plan(out=dataclasses.replace(out, token_req=[0] * 8))
+    for _ in range(2):  # the second call would take the remembered path
+        with pytest.raises(TypeError, match=r"^out\.positions must be a torch\.Tensor or None"):
+            _plan(out=dataclasses.replace(out, positions=[0] * 8))
+
+
 def test_sparse_and_other_layouts_are_rejected_by_name():
     """Found by fuzzing: a sparse tensor raised torch's RuntimeError (no data pointer) instead of naming it."""
     with pytest.raises(TypeError, match="^conf must be a dense"):
