@@ -271,6 +271,18 @@ def test_scale_is_honoured(scale):
     assert not torch.equal(got, default)
 
 
+@pytest.mark.parametrize("scale", [NAN, float("inf"), -float("inf"), 1e300, -1e39, 10**400])
+def test_scale_must_be_finite_in_float32(scale):
+    """Issue 16, finding 6: scale=nan or inf ran and returned lse = -inf; 1e300 is finite but reached the kernel's
+    float32 field as inf. Each is a ValueError naming scale, before any work."""
+    p = random_problem(23, torch.float16, 64, 16, 1, 1, R=2, max_query_len=3, max_seq=40)
+    with pytest.raises(ValueError, match="^scale must be finite"):
+        av.verify_attention(*p.args(), scale=scale)
+    for bad_type in ("0.1", [0.1], True):
+        with pytest.raises(TypeError, match="^scale"):
+            av.verify_attention(*p.args(), scale=bad_type)
+
+
 def test_default_scale_is_inverse_sqrt_head_dim():
     p = random_problem(22, torch.bfloat16, 128, 16, 1, 4, R=3, max_query_len=4, max_seq=400)
     got, lse = call(p)

@@ -408,3 +408,25 @@ def test_online_sts_bad_arguments():
         OnlineSTS(3, grid=[0.0, 1.0])
     with pytest.raises(ValueError, match="stats_conf"):
         OnlineSTS(3, stats_conf="calibrate")
+
+
+def test_sizes_that_allocate_are_bounded():
+    """Issue 16: every size that drives host work or allocation has a documented bound checked before any work
+    (a grid of 10**9 temperatures, 2**40 bins or positions would allocate in proportion)."""
+    from adaptive_verify.calibration.metrics import default_grid
+
+    with pytest.raises(ValueError, match="^grid points must be an int in"):
+        default_grid(0.1, 1.0, 10**9)
+    with pytest.raises(ValueError, match="^grid must contain at most"):
+        OnlineSTS(3, grid=torch.linspace(0.1, 10.0, 100_001))
+    with pytest.raises(ValueError, match="^num_bins must be an int in"):
+        expected_calibration_error(torch.rand(10, dtype=torch.float64), torch.randint(0, 2, (10,)), 2**40)
+    with pytest.raises(ValueError, match="^num_positions must be an int in"):
+        OnlineSTS(2**40)
+    with pytest.raises(ValueError, match="^device"):
+        OnlineSTS(3, device="foo")
+    # numbers too large for a float are ValueErrors naming the argument, not Python's OverflowError
+    with pytest.raises(ValueError, match="^min_trials"):
+        OnlineSTS(3, min_trials=10**400)
+    with pytest.raises(ValueError, match="^grid"):
+        default_grid(0.1, 10**400, 5)

@@ -336,3 +336,55 @@ def test_confidence_and_stats_remembered_calls():
         av.confidence(hidden, weight, bias=0.25, temperature=temperature, survival=True, out=out)
     with pytest.raises(TypeError, match="bias"):  # the scalar's type is part of the key
         av.confidence(hidden, weight, bias=True, temperature=torch.ones(K), survival=True, out=out)
+
+
+def test_an_out_field_restrided_in_place_with_its_shape_is_validated_again():
+    """Issue 16, finding 3: out= buffers were re-validated only when their pointer or shape changed. A 1-D field
+    restrided in place (as_strided_ on a view of a larger buffer: same pointer, same shape) made the remembered
+    call write its contiguous layout over elements outside the view."""
+    R, K = 4, 4
+    Tp = R + R * K
+    survival, drafts = torch.rand(R, K), torch.full((R,), K, dtype=torch.int32)
+    big = torch.zeros(2 * Tp + 8, dtype=torch.int32)
+    out = dataclasses.replace(av.VerifyPlan.allocate(R, Tp), token_req=big[:Tp])
+    av.plan_verification(survival, drafts, mode="all", out=out)  # remembered from here on
+    out.token_req.as_strided_((Tp,), (2,))
+    big.fill_(-7)
+    with pytest.raises(ValueError, match=r"^out\.token_req must be contiguous"):
+        av.plan_verification(survival, drafts, mode="all", out=out)
+    assert (big == -7).all()  # nothing written, inside the view or between its elements
+    conf, d, s = torch.rand(R, K), torch.zeros(2 * R, dtype=torch.int32), torch.empty(R, K)
+    d_view = d[:R]
+    av.prefix_survival(conf, d_view, out=s)
+    d_view.as_strided_((R,), (2,))  # an input read with the wrong stride would read another row's value
+    with pytest.raises(ValueError, match=r"^drafts must be contiguous"):
+        av.prefix_survival(conf, d_view, out=s)
+
+
+@pytest.mark.parametrize("first,second", [
+    (dict(min_verify=1), dict(min_verify=True)),
+    (dict(min_verify=0), dict(min_verify=False)),
+    (dict(budget=2), dict(budget=2.0)),
+    (dict(budget=1), dict(budget=True)),
+    (dict(extra_tokens=0), dict(extra_tokens=0.0)),
+    (dict(token_offset=1), dict(token_offset=True)),
+    (dict(max_verify=3), dict(max_verify=3.0)),
+    (dict(num_reqs_padded=4), dict(num_reqs_padded=4.0)),
+    (dict(capacity=30), dict(capacity=30.0)),
+])
+def test_a_scalar_of_another_type_is_validated_on_the_remembered_path(first, second):
+    """Issue 16, finding 7: the remembered call's key compared scalars by ==, so True (== 1) or 2.0 (== 2) after an
+    int call skipped the check that rejects them. Keys now hold the scalars' types."""
+    R, K = 4, 4
+    survival, drafts = torch.rand(R, K), torch.full((R,), K, dtype=torch.int32)
+    out = av.VerifyPlan.allocate(R, R + R * K)
+    kw = dict(mode="fixed", budget=2, min_verify=0, token_offset=0, num_tokens_padded=R + R * K)
+    av.plan_verification(survival, drafts, table(), out=out, **{**kw, **first})
+    (name,) = second
+    with pytest.raises(TypeError, match=rf"^{name} must be an int"):
+        av.plan_verification(survival, drafts, table(), out=out, **{**kw, **second})
+    if name in ("min_verify", "extra_tokens", "capacity"):
+        ct = table()
+        av.choose_budget(survival, drafts, ct, **{k: v for k, v in first.items()})
+        with pytest.raises(TypeError, match=rf"^{name} must be an int"):
+            av.choose_budget(survival, drafts, ct, **second)

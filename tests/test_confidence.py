@@ -146,6 +146,24 @@ def test_bad_inputs_name_the_argument():
         av.draft_margin(torch.randn(2, 3, 0))
 
 
+@pytest.mark.parametrize("bias", [1e308, -1e308, 3.5e38, float("nan"), float("inf"), 10**400])
+def test_a_float_bias_must_be_finite_in_float32(bias):
+    """Issue 16, finding 8: bias=1e308 is finite but reached the kernel's float32 field as inf (NaN confidences
+    where the reference gives 0 or 1); NaN and inf were accepted, 10**400 raised OverflowError."""
+    h, w = torch.randn(2, 3, 8), torch.randn(8)
+    with pytest.raises(ValueError, match="^bias must be finite"):
+        av.confidence(h, w, bias=bias)
+    got = av.confidence(h, w, bias=3.4e38)  # the largest float32 range still works, saturating the sigmoid
+    assert torch.equal(got, ref.confidence(h, w, bias=3.4e38).float())
+
+
+@pytest.mark.parametrize("temperature", ["123", b"12", [1.0, "x", 1.0], [10**400] * 3, [[1.0]] * 3])
+def test_a_temperature_that_is_not_numbers_is_a_type_error(temperature):
+    """Found by fuzzing: a str temperature was iterated character by character (ValueError naming nothing)."""
+    with pytest.raises(TypeError, match="^temperature must be"):
+        av.confidence_from_logits(torch.randn(2, 3), temperature)
+
+
 def test_sequence_temperature_is_accepted():
     h = torch.randn(2, 3, 8)
     w = torch.randn(8)

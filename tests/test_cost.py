@@ -4,6 +4,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -336,6 +337,16 @@ BAD_FROM_POINTS = [
     (dict(verify_ms=V, request_ms=-0.01), ValueError, "request_ms"),
     (dict(verify_ms=V, request_ms=math.nan), ValueError, "request_ms"),
     (dict(verify_ms=V, request_ms="0.1"), TypeError, "request_ms"),
+    # issue 16: every cost a kernel reads as float32 stays finite there; sizes are bounded before any work
+    (dict(verify_ms={1: 2e9}), ValueError, "verify_ms"),
+    (dict(verify_ms={1: 10**400}), ValueError, "verify_ms"),  # not Python's OverflowError
+    (dict(verify_ms=V, draft_ms=1e300), ValueError, "draft_ms"),
+    (dict(verify_ms=V, request_ms=2e9), ValueError, "request_ms"),
+    (dict(verify_ms=V, graph_sizes=range(1, 10**9)), ValueError, "graph_sizes"),  # bounded before it is walked
+    (dict(verify_ms=V, metadata={"a": object()}), TypeError, "metadata"),
+    (dict(verify_ms=V, draft_interpolation=np.array(["linear"])), ValueError, "draft_interpolation"),
+    (dict(verify_ms=V, metadata={"a": math.nan}), ValueError, "metadata"),
+    (dict(verify_ms=V, metadata=json.loads('{"a":' * 900 + "1" + "}" * 900)), ValueError, "metadata"),
 ]
 
 
@@ -357,6 +368,14 @@ def test_from_points_errors_name_argument(kwargs, exc, name):
         (lambda t: t.verify_array(-1), ValueError, "max_n"),
         (lambda t: t.draft_array(-1), ValueError, "max_r"),
         (lambda t: t.draft_array(2.0), TypeError, "max_r"),
+        (lambda t: t.verify_cost(10**400), ValueError, "n"),  # issue 16: not Python's OverflowError
+        (lambda t: t.draft_cost(2**70), ValueError, "r"),
+        (lambda t: t.verify_array(4, "foo"), ValueError, "device"),  # not torch's RuntimeError
+        (lambda t: t.verify_array(4, "meta"), ValueError, "device"),
+        (lambda t: t.verify_array(4, 1.5), TypeError, "device"),
+        (lambda t: t.shifted(2**70), ValueError, "tokens"),
+        (lambda t: t.to_json(3), TypeError, "path"),
+        (lambda t: CostTable.from_json(0), TypeError, "path"),  # an int is a file descriptor: stdin would block
     ],
 )
 def test_method_errors_name_argument(call, exc, name):
@@ -509,6 +528,56 @@ def test_monotone_positive_staircase(t):
     assert torch.equal(t.verify_array(300), torch.tensor(costs, dtype=torch.float64).to(torch.float32))
 
 
+@settings(max_examples=60, deadline=None)
+@given(tables(), st.sampled_from(["staircase", "linear"]), st.integers(0, 40))
+def test_dense_arrays_are_the_scalar_costs_bit_for_bit(t, draft_mode, shift):
+    """The dense arrays are computed with numpy, operation for operation as the scalar path (issue 16: one Python
+    call per count made the largest array take tens of seconds): every value equals the scalar cost exactly."""
+    t = CostTable.from_points(t.verify_ms, {1: 0.5, 4: 0.5, 9: 2.0}, t.graph_sizes, draft_interpolation=draft_mode)
+    view = t.shifted(shift) if shift else t
+    for table in (t, view):
+        want = torch.tensor([table.verify_cost(n) for n in range(400)], dtype=torch.float64)
+        assert torch.equal(table.verify_array(399), want.to(torch.float32))
+        assert torch.equal(torch.from_numpy(table._curve.dense(400)), want)
+    drafts = torch.tensor([t.draft_cost(r) for r in range(100)], dtype=torch.float64)
+    assert torch.equal(t.draft_array(99), drafts.to(torch.float32))
+
+
+def test_every_array_is_bounded_and_the_largest_is_fast():
+    """Issue 16, finding 4: a huge token count (from extra_tokens, a shifted view or a file's max_tokens) built a
+    Python list per count. Every table prices at most token_limit counts (max_tokens, else MAX_TOKENS_LIMIT less a
+    shifted view's prompt tokens), checked before any work, and the largest array takes about a second."""
+    limit = cost.MAX_TOKENS_LIMIT
+    t = CostTable.from_points({1: 1.0, 64: 2.0, 5000: 30.0}, graph_sizes=[1, 2, 4, 8])
+    assert t.token_limit == limit
+    t0 = time.perf_counter()
+    arr = t.verify_array(limit)
+    assert time.perf_counter() - t0 < 20  # ~2 s on the 2-core CI machine; was a Python call per count
+    for n in (0, 3, 64, 5000, 123457, limit):
+        assert arr[n].item() == float(torch.tensor(t.verify_cost(n), dtype=torch.float32))
+    view = t.shifted(limit - 100)
+    assert view.token_limit == 100 and view.max_tokens is None
+    assert view.verify_array(limit).shape == (101,)  # clamped to the counts a step can hold, as with max_tokens
+    with pytest.raises(ValueError, match="^n="):
+        view.verify_cost(101)
+    with pytest.raises(ValueError, match="^tokens=16777216 leaves no room"):
+        t.shifted(limit)
+    with pytest.raises(ValueError, match="^max_tokens must be <= 16777216"):
+        CostTable.from_points({1: 1.0}, max_tokens=limit + 1)
+
+
+def test_json_with_a_huge_max_tokens_or_value_is_rejected_naming_the_file(tmp_path):
+    for key, value, name in (("max_tokens", 2**70, "max_tokens"), ("max_tokens", cost.MAX_TOKENS_LIMIT * 8,
+                                                                      "max_tokens"),
+                             ("verify_ms", [[1, 1e999]], "verify_ms"), ("verify_ms", [[2**80, 1.0]], "verify_ms")):
+        data = staircase_table().to_dict()
+        data[key] = value
+        path = tmp_path / "huge.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=rf"huge.json: {name}"):
+            CostTable.from_json(path)
+
+
 def test_repr_is_short_and_useful():
     r = repr(staircase_table(metadata={"device": "NVIDIA H200"}))
     assert r.startswith("CostTable(") and "graph_sizes=[8, 16, 32]" in r and "max_tokens=256" in r
@@ -572,13 +641,13 @@ def test_shifted_is_o1_exact_and_bounded():
     assert len(ct._shifted) <= table_mod.SHIFTED_CACHE_SIZE
     for x in (1, 300, 511, 512, 3000, 8191):
         s = ct.shifted(x)
-        base = ct.verify_cost(x) - ct.verify_cost(0)
+        at_x, at_0 = ct.verify_cost(x), ct.verify_cost(0)
         for n in sorted({0, 1, 7, 100, max(511 - x, 0), 8192 - x}):
             if n > 8192 - x:
                 continue
-            assert s.verify_cost(n) == ct.verify_cost(n + x) - base, (x, n)
+            assert s.verify_cost(n) == ct.verify_cost(n + x) - at_x + at_0, (x, n)  # the docstring's formula
         arr = s.verify_array(8192 - x)
-        want = torch.tensor([ct.verify_cost(n + x) - base for n in range(8192 - x + 1)], dtype=torch.float64)
+        want = torch.tensor([ct.verify_cost(n + x) - at_x + at_0 for n in range(8192 - x + 1)], dtype=torch.float64)
         assert torch.equal(arr, want.to(torch.float32)), x
     assert views[0].shifted(5) is ct.shifted(6)  # a view of a view is a view of the base
     assert ct.shifted(100).graph_sizes[0] == 4 and ct.shifted(100).graph_sizes[-1] == 412
@@ -600,10 +669,15 @@ def test_shifted_views_in_a_captured_graph_are_kept(monkeypatch):
 
 
 def test_shifted_of_a_tiny_first_point_is_valid():
-    """Found by fuzzing: {1: 1e-300, 2: 5, 10: 5} is a valid table, and so is its shifted view."""
+    """Found by fuzzing: {1: 1e-300, 2: 5, 10: 5} is a valid table, and so is its shifted view; and a view seen from
+    past the jump still prices every count at >= base(0) > 0 (issue 16: base(n + x) - (base(x) - base(0)) rounded
+    to a free step, 0.0; the documented order, base(n + x) - base(x) + base(0), cannot)."""
     ct = CostTable.from_points({1: 1e-300, 2: 5.0, 10: 5.0})
     s = ct.shifted(1)
     assert s.verify_cost(0) == 1e-300 and s.verify_cost(1) == 5.0 - 1e-300 + 1e-300
+    far = ct.shifted(5)
+    assert all(far.verify_cost(n) == 1e-300 for n in (0, 1, 5, 100))
+    assert (far.verify_array(100).double() == torch.tensor(1e-300).float().double()).all()
 
 
 def test_profile_points_cover_graph_sizes_and_an_eager_tail():

@@ -140,6 +140,12 @@ def test_bad_inputs_name_argument():
         ({"min_samples": 0}, "min_samples"),
         ({"max_margin": float("inf")}, "max_margin"),
         ({"refit_every": 0}, "refit_every"),
+        ({"max_margin": 1e39}, "max_margin"),
+        ({"l2": 10**400}, "l2"),  # not Python's OverflowError  # issue 16: finite in float64, inf as the float32 margins' bound
+        ({"buffer_rows": 2**40}, "buffer_rows"),  # a bound on the ring buffer's allocation
+        ({"device": "foo"}, "device"),
     ):
         with pytest.raises(ValueError, match=name):
             MarginEstimator(K, **kwargs)
+    with pytest.raises(ValueError, match="^num_positions must be <= 64"):
+        MarginEstimator(65)

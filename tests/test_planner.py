@@ -13,6 +13,7 @@ Three layers:
 
 import dataclasses
 import math
+import time
 import warnings
 
 import numpy as np
@@ -762,7 +763,7 @@ META = dict(context_lens=i32([4, 9]), block_table=i32([[0, 1], [2, 3]]), block_s
     (ValueError, "block_size", dict(context_lens=i32([4, 9]), block_table=i32([[0, 1], [2, 3]]))),
     (ValueError, "block_size", dict(META, block_size=0)),
     (ValueError, "block_table", dict(META, context_lens=i32([4, 14]))),  # 14 + 3 tokens need a 3rd block
-    (ValueError, "block_table", dict(META, context_lens=i32([-1, 0]))),  # negative position
+    (ValueError, "context_lens", dict(META, context_lens=i32([-1, 0]))),  # negative position
     (ValueError, "anchor_tokens", dict(anchor_tokens=i32([1, 2]))),
     (ValueError, "draft_tokens", dict(anchor_tokens=i32([1, 2]), draft_tokens=i32([[1, 2], [4, 5]]))),
     (ValueError, "anchor_tokens", dict(anchor_tokens=i32([1]), draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))),
@@ -770,6 +771,100 @@ META = dict(context_lens=i32([4, 9]), block_table=i32([[0, 1], [2, 3]]), block_s
 def test_bad_inputs_name_the_argument(exc, match, overrides):
     with pytest.raises(exc, match=match):
         _plan(**overrides)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 16: every integer reaching the kernel is range-checked against the type it is narrowed to, and every
+# size that drives host work is bounded before any work (found by fuzzing: python -m adaptive_verify.fuzz)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [2**31, 2**32, 2**32 + 16, 2**63, 2**70])
+def test_block_size_beyond_int32_is_rejected_not_narrowed(block_size):
+    """Finding 1: 2**32 reached the kernel's int32 field as 0 (SIGFPE dividing by it), 2**32 + 16 acted as 16."""
+    with pytest.raises(ValueError, match=r"^block_size must be <= 2147483647"):
+        _plan(**dict(META, block_size=block_size))
+    plan = _plan(**dict(META, block_size=2**31 - 1))  # the largest valid size: one block holds every position
+    assert plan.slot_mapping[:4].tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("padded", [2**31, 2**32 + 2, av.planner.MAX_REQS + 1])
+def test_num_reqs_padded_beyond_max_reqs_is_rejected(padded):
+    """Finding 2: 2**31 crashed (SIGSEGV), 2**32 + R left the padding rows unwritten."""
+    with pytest.raises(ValueError, match=r"^num_reqs_padded must be <= "):
+        _plan(num_reqs_padded=padded)
+    with pytest.raises(ValueError, match=r"^num_reqs_padded must be <= "):
+        VerifyPlan.allocate(padded, 8)
+
+
+def test_extra_emitting_is_bounded_and_exact_at_the_bound():
+    """Finding 5: from 2**32 the kernel's fixed-point numerator wrapped (budget 1 where the argmax is 0). Prefill
+    emitters are requests: bounded by MAX_REQS, where Theta's numerator still fits 32.32 fixed point exactly."""
+    for bad in (2**31 - 1, 2**32, 2**40):
+        with pytest.raises(ValueError, match=r"^extra_emitting must be <= "):
+            _plan(mode="global", cost_table=linear_table(), extra_emitting=bad, verification="onehot")
+    survival = f32([[0.9, 0.5, 0.1], [0.8, 0.3, 0.2]])
+    for extra in (0, 7, 2**20, av.planner.MAX_REQS):
+        got = av.plan_verification(survival, D, linear_table(), mode="global", extra_emitting=extra,
+                                   verification="onehot")
+        want = ref.plan_verification(survival, D, linear_table(), mode="global", extra_emitting=extra)
+        assert int(got.budget) == int(want.budget), extra
+    # with a huge numerator every draft only adds cost: the exact argmax verifies none
+    assert int(got.budget) == 0
+
+
+def test_context_lens_whose_sums_would_wrap_int32_are_rejected_on_cpu():
+    """Finding 8: context_lens near 2**31 wrapped seq_lens negative (kernel and reference alike)."""
+    top = av.planner.MAX_CONTEXT_LEN
+    assert top == 2**31 - 1 - 64
+    for bad in ([top + 1, 0], [2**31 - 1, 0], [0, -1], [-(2**31), 5]):
+        with pytest.raises(ValueError, match="context_lens"):
+            _plan(context_lens=i32(bad))
+        with pytest.raises(ValueError, match="context_lens"):
+            ref.plan_verification(S, D, mode="all", context_lens=i32(bad))
+    plan = _plan(context_lens=i32([top, top - 5]))  # the bound itself: positions and seq_lens exact, no wrap
+    assert plan.seq_lens.tolist() == [top + 4, top - 5 + 3]
+    assert plan.positions[:4].tolist() == [top, top + 1, top + 2, top + 3]
+    assert int(plan.seq_lens.min()) > 0
+
+
+def test_huge_extra_tokens_fail_before_any_work():
+    """Finding 4: extra_tokens = 2**31 in greedy mode without max_tokens built a Python list per token count
+    (10**8 passed 2 GiB in 18 s). Every count the search needs must fit the table's token_limit: checked first."""
+    table = linear_table()
+    for extra in (2**31, 2**24):
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match="extra_tokens"):
+            av.plan_verification(S, D, table, mode="greedy", extra_tokens=extra)
+        assert time.perf_counter() - t0 < 1.0
+    shifted = table.shifted(2**24 - 10)  # a prompt chunk already in the step leaves only 10 tokens
+    assert shifted.token_limit == 10
+    with pytest.raises(ValueError, match="extra_tokens"):
+        av.plan_verification(S, D, shifted, mode="greedy", extra_tokens=3)
+    plan = av.plan_verification(S, D, shifted, mode="greedy", extra_tokens=2)  # 2 anchors, 2 prompt, 6 drafts
+    assert plan.verify_lens.tolist() == ref.plan_verification(S, D, shifted, mode="greedy", extra_tokens=2) \
+        .verify_lens.tolist()
+
+
+def test_out_fields_that_are_not_tensors_are_type_errors():
+    """Issue 16, finding 7: an out= field that is not a tensor raised AttributeError; a field the call does not
+    write, if not a tensor, did so on the remembered path (found by fuzzing)."""
+    out = VerifyPlan.allocate(2, 8, positions=True)
+    with pytest.raises(TypeError, match=r"^out\.token_req must be a torch\.Tensor"):
+        _plan(out=dataclasses.replace(out, token_req=[0] * 8))
+    for _ in range(2):  # the second call would take the remembered path
+        with pytest.raises(TypeError, match=r"^out\.positions must be a torch\.Tensor or None"):
+            _plan(out=dataclasses.replace(out, positions=[0] * 8))
+
+
+def test_sparse_and_other_layouts_are_rejected_by_name():
+    """Found by fuzzing: a sparse tensor raised torch's RuntimeError (no data pointer) instead of naming it."""
+    with pytest.raises(TypeError, match="^conf must be a dense"):
+        av.prefix_survival(S.to_sparse(), D)
+    with pytest.raises(TypeError, match="^survival must be a dense"):
+        _plan(survival=S.to_sparse())
+    with pytest.raises(TypeError, match="^drafts must be a dense"):
+        _plan(drafts=D.to_sparse())
 
 
 def test_block_table_too_short_reference_agrees():

@@ -259,3 +259,34 @@ def test_emulated_weighted_tree_kernel_matches_cpu(emulated):
                   max_step_ms=float(ct.fixed_cost(R) + ct.verify_cost(R + R * N // 3)))
         _assert_same_tree(_plan_tree(prob, ct, **kw), emulated(lambda: _plan_tree(prob, ct, **kw)), f"weights R={R}")
 
+
+def test_emulated_kernel_makes_out_of_range_context_lengths_padding_and_counts_them(emulated):
+    """Issue 16, finding 8: context_lens near 2**31 wrapped seq_lens and positions negative. The CPU kernel raises
+    ValueError naming context_lens; the CUDA kernel (no sync to check) writes that request's seq_lens 0, positions 0
+    and slots -1, counts it in error_counts()["context_len_out_of_range"], and plans every other request as usual."""
+    top = av.planner.MAX_CONTEXT_LEN
+    R, K, bs = 5, 4, 2**31 - 1  # one block holds every position: only the context lengths can be wrong
+    survival = torch.full((R, K), 0.5)
+    drafts = torch.full((R,), K, dtype=torch.int32)
+    bad_ctx = torch.tensor([3, top, -1, 2**31 - 1, 7], dtype=torch.int32)
+    good_ctx = torch.where((bad_ctx < 0) | (bad_ctx > top), torch.zeros_like(bad_ctx), bad_ctx)
+    kw = dict(mode="all", block_table=torch.arange(2 * R, dtype=torch.int32).view(R, 2), block_size=bs)
+    with pytest.raises(ValueError, match="context_lens"):
+        av.plan_verification(survival, drafts, context_lens=bad_ctx, **kw)
+    want = av.plan_verification(survival, drafts, context_lens=good_ctx, **kw)
+    av_errors.reset_error_counts()
+    got = emulated(lambda: av.plan_verification(survival, drafts, context_lens=bad_ctx, **kw))
+    assert av_errors.error_counts()["context_len_out_of_range"] == 2
+    assert av_errors.error_counts()["slot_out_of_range"] == 0  # the bad requests' slots are not counted twice
+    av_errors.reset_error_counts()
+    bad_rows = [2, 3]
+    assert got.seq_lens.tolist() == [0 if r in bad_rows else v for r, v in enumerate(want.seq_lens.tolist())]
+    for r in range(R):
+        rows = got.token_req == r
+        if r in bad_rows:
+            assert (got.positions[rows] == 0).all() and (got.slot_mapping[rows] == -1).all()
+        else:
+            assert torch.equal(got.positions[rows], want.positions[rows])
+            assert torch.equal(got.slot_mapping[rows], want.slot_mapping[rows])
+    for name in ("verify_lens", "budget", "query_start_loc", "token_req", "num_tokens"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name

@@ -124,6 +124,22 @@ def test_reset_and_bad_inputs():
         av.AcceptanceStats(2.5)
 
 
+def test_sizes_and_devices_are_bounded_and_named():
+    """Issue 16, finding 7: a bad device raised torch's RuntimeError; sizes that allocate had no bound."""
+    for device in ("foo", "meta", "cuda:7", torch.device("meta")):
+        with pytest.raises(ValueError, match="^device"):
+            av.AcceptanceStats(4, device=device)
+    with pytest.raises(TypeError, match="^device"):
+        av.AcceptanceStats(4, device=None)
+    with pytest.raises(ValueError, match="^num_positions must be <= 64"):
+        av.AcceptanceStats(2**31)
+    with pytest.raises(ValueError, match="^num_bins must be <= 16384"):
+        av.AcceptanceStats(4, num_bins=2**40)
+    with pytest.raises(TypeError, match="^conf must be a dense"):
+        av.AcceptanceStats(4).update(torch.rand(2, 4).to_sparse(), torch.zeros(2, dtype=torch.int32),
+                                     torch.zeros(2, dtype=torch.int32))
+
+
 def test_update_custom_op_passes_opcheck():
     stats = av.AcceptanceStats(3, num_bins=4)
     conf, vl, na = _step(6, 3, torch.Generator().manual_seed(5))

@@ -401,3 +401,56 @@ def test_a_loop_under_inference_mode():
         inside = loop()
     for a, b in zip(plain, inside):
         assert torch.equal(a, b)
+
+
+def test_bad_arguments_are_value_or_type_errors_naming_them():
+    """Issue 16, finding 7: conf=None or a 0-d tensor raised AttributeError / IndexError, a negative padded size
+    torch's RuntimeError, observe() with lists AttributeError, a meta device NotImplementedError, drafts of 2**70
+    OverflowError. Each is now a ValueError or TypeError whose message starts with the argument's name."""
+    ct = table()
+    kw = dict(max_reqs=4, max_drafts=K, block_size=16)
+    for device, exc in (("meta", ValueError), ("foo", ValueError), ("cuda:7", ValueError), (1.5, TypeError)):
+        with pytest.raises(exc, match="^device"):
+            AdaptiveVerifier(ct, **kw, device=device)
+    for name, value, exc in (("graph_sizes", 8, TypeError), ("graph_sizes", range(1, 10**9), ValueError),
+                             ("refresh_every", 0, ValueError), ("online_calibration", "yes", TypeError),
+                             ("mode", np.array(["all"]), ValueError), ("verification", ["onehot"], ValueError)):
+        with pytest.raises(exc, match=f"^{name}"):
+            AdaptiveVerifier(ct, **kw, **{name: value})
+    v = AdaptiveVerifier(ct, **kw)
+    drafts = torch.ones(2, dtype=torch.int32)
+    v.plan_budget(2, [1, 1])
+    for conf, exc in ((None, TypeError), ("conf", TypeError), (torch.tensor(1.0), ValueError)):
+        with pytest.raises(exc, match="^conf"):
+            v.plan(conf, drafts, budget=0)
+        with pytest.raises(exc, match="^conf"):
+            v.record_confidence(conf)
+    for padded in (-5, 1):
+        with pytest.raises(ValueError, match="^padded_tokens must be >= 2"):
+            v.plan(torch.rand(2, K), drafts, budget=0, padded_tokens=padded)
+    with pytest.raises(ValueError, match="^padded_tokens must be <= 256"):  # at most the capacity: bounded buffers
+        v.plan(torch.rand(2, K), drafts, budget=0, padded_tokens=2**31 - 1)
+    with pytest.raises(TypeError, match="^drafts_host must hold integers"):
+        v.plan_budget(2, [2**70, 1])
+    conf = torch.rand(2, K)
+    v.record_confidence(conf)
+    plan = v.plan(conf, drafts, budget=1)
+    for bad, exc, name in (([1, 1], TypeError, "verify_lens"), (torch.tensor(1, dtype=torch.int32), ValueError,
+                                                                 "verify_lens"),
+                           (plan.verify_lens.float(), TypeError, "verify_lens"),
+                           (plan.verify_lens[:1], ValueError, "verify_lens")):
+        with pytest.raises(exc, match=f"^{name}"):
+            v.observe(bad, torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="^num_accepted"):
+        v.observe(plan.verify_lens, [0, 0])
+
+
+def test_a_step_of_prompt_tokens_only_may_fill_the_capacity():
+    """Found by fuzzing: with no decode row (R = 0), plan_budget accepts extra_tokens up to the capacity, and
+    plan() then asked for a shifted view with no room left (ValueError naming `tokens`, not an argument)."""
+    v = AdaptiveVerifier(table(max_tokens=64), max_reqs=4, max_drafts=K, block_size=16, mode="greedy")
+    budget, padded = v.plan_budget(0, [], extra_tokens=64)
+    conf, drafts = torch.zeros(0, K), torch.zeros(0, dtype=torch.int32)
+    v.record_confidence(conf)
+    plan = v.plan(conf, drafts, budget=budget, extra_tokens=64)
+    assert int(plan.budget) == 0 and int(plan.num_tokens) == 0

@@ -37,6 +37,7 @@ void register_planner(py::module_& m) {
       AV_FIELD(P, error_counts), AV_FIELD(P, workspace)});
   m.attr("PLANNER_MAX_TREE_NODES") = int(planner::kMaxTreeNodes);
   m.attr("PLANNER_MAX_TREE_REQS") = int64_t(planner::kMaxTreeReqs);
+  m.attr("PLANNER_MAX_CONTEXT_LEN") = int(planner::kMaxContextLen);
   m.attr("PLANNER_MODES") = py::make_tuple(int(planner::kGreedy), int(planner::kGlobal), int(planner::kFixed),
                                            int(planner::kAll));
 }

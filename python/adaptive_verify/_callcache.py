@@ -5,10 +5,17 @@ the same scalars); only the tensors' values change, and the kernel reads those a
 with a given set of argument objects validates everything and builds the kernel's parameter struct, and later
 calls with the same objects check only what could have changed in place without changing the object:
 
-- every tensor argument's data pointer, shape and strides (``resize_``, ``set_``, ``as_strided_``,
-  ``transpose_`` all change one of them, so such a tensor is validated again);
+- every tensor argument's data pointer, shape and layout (``resize_``, ``set_``, ``as_strided_``,
+  ``transpose_`` all change one of them, so such a tensor is validated again): the strides of a tensor with more
+  than one dimension, and whether a 1-D one is still contiguous (``as_strided_`` on a view of a larger buffer
+  keeps its pointer and shape and changes only that; every 1-D tensor the ops accept is contiguous, so the flag
+  says as much as the stride, for less host time);
 - the per-step scalars an op lists as such (a fixed budget, a prompt chunk's size), which the op re-derives
   from the remembered validation with a few integer checks.
+
+Scalars are compared by value AND type (the ops key them with ``scalar_key`` or their types): ``True == 1``
+and ``2.0 == 2`` in Python, so a key of values alone would let ``min_verify=True`` or ``budget=2.0`` reuse a call
+validated with ints and skip the check that rejects them.
 
 Keys hold the ``id()`` of each argument object and each entry holds a strong reference to it, so no other
 object can take that id while the entry lives. Entries are few (decode loops use one or two call shapes per
@@ -30,20 +37,23 @@ from ._validate import stream_of
 CALL_CACHE_SIZE = 16
 
 
-def tensor_signature(tensors, flat: tuple = ()) -> list:
-    """Data pointer and shape of each tensor, and the strides of those with more than one dimension (a 1-D
-    tensor cannot change its stride in place while keeping its pointer and shape unless its storage is larger
-    than it: only as_strided_ does that, and the kernels' writes still land inside that storage). ``flat``:
-    which tensors were 1-D when remembered (their rank is then part of the shape compared)."""
-    if flat:
-        return [(t.data_ptr(), t.shape) if f else (t.data_ptr(), t.shape, t.stride()) for t, f in zip(tensors, flat)]
-    return [(t.data_ptr(), t.shape, t.stride()) if t.dim() > 1 else (t.data_ptr(), t.shape) for t in tensors]
+def tensor_signature(tensors, layout) -> list:
+    """Data pointer, shape and layout of each tensor: the layout the remembered kernel struct was built for. Per
+    tensor, ``layout`` says what holds it: 2 its strides (more than one dimension), 1 whether it is contiguous
+    (1-D), 0 nothing more (0-d: a pointer and a shape say everything)."""
+    return [(t.data_ptr(), t.shape, t.stride() if k == 2 else (k and t.is_contiguous()))
+            for t, k in zip(tensors, layout)]
+
+
+def layout_kind(t) -> int:
+    """tensor_signature's layout entry of t (a rank change is a shape change: fixed for an entry's life)."""
+    return 2 if t.dim() > 1 else t.dim()
 
 
 class CallCache:
-    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, which are 1-D, their
-    signature, value). The tensors checked on a hit are the entry's own: the key's ids say the caller passed
-    these very objects."""
+    """Entries of one op: key (argument ids and static scalars) -> (argument refs, tensors, their signature,
+    value, what the signature holds of each tensor's layout). The tensors checked on a hit are the entry's own:
+    the key's ids say the caller passed these very objects."""
 
     __slots__ = ("_entries", "size")
 
@@ -54,9 +64,9 @@ class CallCache:
     def get(self, key) -> Optional[Any]:
         """The value stored under ``key`` if every tensor still has the signature it was validated with."""
         entry = self._entries.get(key)
-        if entry is None or entry[3] != tensor_signature(entry[1], entry[2]):
+        if entry is None or entry[2] != tensor_signature(entry[1], entry[4]):
             return None
-        return entry[4]
+        return entry[3]
 
     def put(self, key, refs, tensors, value) -> Any:
         """Remembers ``value`` for ``key``: ``refs`` are every object whose id() is in the key, ``tensors`` the
@@ -64,8 +74,8 @@ class CallCache:
         if key not in self._entries and len(self._entries) >= self.size:
             self._entries.pop(next(iter(self._entries)))
         tensors = [t for t in tensors if t is not None]
-        flat = tuple(t.dim() <= 1 for t in tensors)  # a rank change shows in the shape compared
-        self._entries[key] = (refs, tensors, flat, tensor_signature(tensors, flat), value)
+        layout = [layout_kind(t) for t in tensors]
+        self._entries[key] = (refs, tensors, tensor_signature(tensors, layout), value, layout)
         return value
 
     def clear(self) -> None:

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
+#: Largest finite float32: a host float that a kernel reads as float32 must stay within it, or it arrives as inf.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def is_int(x: Any) -> bool:
@@ -39,18 +41,30 @@ def check_int(name: str, value: Any, *, lo: Optional[int] = None, hi: Optional[i
 
 
 def check_real(name: str, value: Any, *, lo: Optional[float] = None, hi: Optional[float] = None,
-               lo_open: bool = False) -> float:
-    """``value`` as a finite float in [lo, hi] (or (lo, hi] with lo_open)."""
+               lo_open: bool = False, float32: bool = False) -> float:
+    """``value`` as a finite float in [lo, hi] (or (lo, hi] with lo_open); with ``float32`` also finite once rounded
+    to float32 (a kernel's float field)."""
     if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    value = to_float(name, value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    if float32 and abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite in float32 (|{name}| <= {FLOAT32_MAX:.7g}), got {value!r}")
     if lo is not None and (value <= lo if lo_open else value < lo):
         raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
     if hi is not None and value > hi:
         raise ValueError(f"{name} must be <= {hi}, got {value!r}")
     return value
+
+
+def to_float(name: str, value: Any) -> float:
+    """float(value) for a real number; an int too large for a float64 is a ValueError naming ``name``, not
+    Python's OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got a number too large for a float64") from None
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -11,6 +11,29 @@ DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 MAX_DRAFTS = 32
 
 
+def device_arg(name: str, device, *, kernels: bool = True) -> torch.device:
+    """A device argument (a str such as "cpu" or "cuda:1", a torch.device, or a CUDA index) as a CPU or CUDA
+    torch.device: TypeError / ValueError naming ``name`` for anything else, including a CUDA device where CUDA
+    kernels cannot run (torch's own errors for these are RuntimeErrors that name nothing)."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"{name} must be a str, int or torch.device, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{name} must name a CPU or CUDA device, got {device!r} ({e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be a CPU or CUDA device, got {dev}")
+    if dev.type == "cuda":
+        if kernels and not cuda_available():
+            reason = build_info()["cuda_unusable_reason"]
+            raise ValueError(f"{name} is {dev} but CUDA kernels cannot run here: {reason}")
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} is {dev} but torch {torch.__version__} has no usable CUDA device")
+        if dev.index is not None and not 0 <= dev.index < torch.cuda.device_count():
+            raise ValueError(f"{name} is {dev} but there are {torch.cuda.device_count()} CUDA devices")
+    return dev
+
+
 def check_device(name: str, t: torch.Tensor) -> torch.device:
     device = t.device
     if device.type == "cuda":
@@ -25,6 +48,8 @@ def check_tensor(name, t, *, dtypes=None, device=None, ndim=None, shape=None, in
     """Type, dtype, device, rank and shape; by default only the last dimension must be contiguous."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # sparse and other layouts have no strides or data pointer to hand a kernel
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if dtypes is not None and t.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({names}), got {t.dtype}")
@@ -84,10 +109,13 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
     if temperature is None:
         return None
     if not isinstance(temperature, torch.Tensor):
+        if isinstance(temperature, (str, bytes)):
+            raise TypeError(f"{name} must be a [K] tensor or a sequence of numbers, got {type(temperature).__name__}")
         try:
             temperature = torch.tensor([float(x) for x in temperature], dtype=torch.float32)
-        except TypeError:
-            raise TypeError(f"{name} must be a [K] tensor or a sequence of numbers, got {type(temperature).__name__}")
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(f"{name} must be a [K] tensor or a sequence of numbers, got {type(temperature).__name__}") \
+                from None
     if not temperature.is_floating_point():
         raise TypeError(f"{name} must be floating point, got {temperature.dtype}")
     if temperature.shape != (K,):

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from . import errors
 from ._binding import AttentionParams, CommitTreeKvParams, WriteKvParams, call
-from ._checks import check_real
+from ._checks import INT32_MAX, check_real
 from ._ext import _C, check_status
 from ._validate import check_device, check_tensor, kernel_choice, ptr, run_op, stream_of
 
@@ -149,6 +149,8 @@ def verify_attention(
         raise ValueError(f"q / k_cache: Hq / Hkv must be one of {GQA_RATIOS}, got Hq={Hq}, Hkv={Hkv}")
     check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
     R = block_table.shape[0]
+    if R >= INT32_MAX:  # num_reqs is an int32 field, and query_start_loc has R + 1 entries
+        raise ValueError(f"block_table: at most {INT32_MAX - 1} requests, got {R}")
     if block_table.shape[1] * block_size > 2**31 - 1:
         raise ValueError(f"block_table: {block_table.shape[1]} blocks of {block_size} tokens exceed int32 positions")
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
@@ -165,7 +167,8 @@ def verify_attention(
         max_blocks = min(max_blocks, -(-max_seq_len // block_size))
     if not 1 <= max_query_len <= MAX_QUERY_LEN:
         raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}], got {max_query_len}")
-    scale = D ** -0.5 if scale is None else check_real("scale", scale)  # NaN or inf: every row would be NaN
+    # NaN or inf (also a float64 beyond float32's range, the kernels' type) would make every row NaN or -inf
+    scale = D ** -0.5 if scale is None else check_real("scale", scale, float32=True)
     if out is None:
         out = torch.empty(T, Hq, D, dtype=q.dtype, device=device)
     else:

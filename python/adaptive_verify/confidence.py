@@ -20,6 +20,7 @@ from torch import Tensor
 from . import errors
 from ._binding import ConfidenceParams, LogitParams, MarginParams, call
 from ._callcache import CallCache, Launch, scalar_key
+from ._checks import INT32_MAX, check_real
 from ._ext import _C, check_status
 from ._validate import (DTYPE_CODES, MAX_DRAFTS, _checked_positive, check_device, check_tensor, check_temperature, ptr,
                         run_op, stream_of)
@@ -31,9 +32,11 @@ def _out(out, R, K, device):
     return check_tensor("out", out, dtypes=(torch.float32,), device=device, shape=(R, K), inner_contiguous=False)
 
 
-def _check_k(name, K):
+def _check_k(name, R, K):
     if not 1 <= K <= MAX_DRAFTS:
         raise ValueError(f"{name}.shape[1] (K, drafts per request) must be in [1, {MAX_DRAFTS}], got {K}")
+    if R > INT32_MAX:  # num_reqs is an int32 field of the kernels' structs
+        raise ValueError(f"{name}.shape[0] (R, requests) must be <= {INT32_MAX}, got {R}")
 
 
 def confidence(
@@ -52,7 +55,7 @@ def confidence(
         hidden: [R, K, H] bf16, fp16 or fp32; the last dim contiguous, other strides arbitrary.
         weight: [H + Q] (or [H] without markov), converted to float32 if it is not (pass float32 to
             avoid a conversion per call).
-        bias: a float or a 0-d tensor on hidden's device (default 0).
+        bias: a finite float within float32's range, or a 0-d tensor on hidden's device (default 0).
         markov: [R, K, Q] features of a sequential (Markov) head, same dtype and device as hidden.
         temperature: [K] per-position STS temperatures (> 0), or None.
         survival: return the cumulative product along K (prefix survival) instead.
@@ -71,7 +74,7 @@ def confidence(
     check_tensor("hidden", hidden, dtypes=tuple(DTYPE_CODES), ndim=3)
     device = check_device("hidden", hidden)
     R, K, H = hidden.shape
-    _check_k("hidden", K)
+    _check_k("hidden", R, K)
     Q = 0
     if markov is not None:
         check_tensor("markov", markov, dtypes=(hidden.dtype,), device=device, ndim=3)
@@ -96,7 +99,8 @@ def confidence(
     elif bias is not None:
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise TypeError(f"bias must be a float or a 0-d tensor, got {type(bias).__name__}")
-        bias_value = float(bias)
+        # The kernel's bias is float32: 1e308 would arrive as inf, and inf + (-inf) logits make NaN.
+        bias_value = check_real("bias", bias, float32=True)
     temperature_arg = temperature
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
@@ -169,7 +173,7 @@ def confidence_from_logits(
     check_tensor("logits", logits, dtypes=tuple(DTYPE_CODES), ndim=2)
     device = check_device("logits", logits)
     R, K = logits.shape
-    _check_k("logits", K)
+    _check_k("logits", R, K)
     temperature = check_temperature("temperature", temperature, K, device)
     out = _out(out, R, K, device)
     run_op(_from_logits_into, _launch_from_logits, logits, temperature, out, survival)

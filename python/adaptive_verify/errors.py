@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._ext import _C
+from ._validate import device_arg
 
 # Slot names, in the order of csrc/include/adaptive_verify/common.h (ErrorCounter).
 COUNTER_NAMES = (
@@ -44,13 +45,18 @@ COUNTER_NAMES = (
     # commit_tree_kv on CUDA: a request whose accepted path is invalid (offsets not increasing, num_accepted out of
     # range, a slot outside its blocks or the cache): none of its entries is moved (the CPU raises ValueError).
     "accepted_path",
+    # planner: a context length outside [0, MAX_CONTEXT_LEN] on CUDA: the request's seq_lens and positions are
+    # written 0 and its slots -1 (the CPU raises ValueError).
+    "context_len_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}
 
 
 def _key(device) -> torch.device:
-    device = torch.device(device)
+    # Ops pass their tensors' (valid) device on every call: only other values pay for the full check.
+    if not (isinstance(device, torch.device) and device.type in ("cpu", "cuda")):
+        device = device_arg("device", device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device

@@ -26,6 +26,8 @@ from typing import Union
 
 import torch
 
+from ._checks import FLOAT32_MAX, to_float
+from ._validate import device_arg
 from .confidence import draft_margin
 
 __all__ = ["MarginEstimator"]
@@ -36,14 +38,22 @@ _NEWTON_ITERS = 50
 _NEWTON_TOL = 1e-10
 
 
-def _check_pos_int(name, v):
+#: Bounds of the sizes that allocate: the ring buffer is [buffer_rows, num_positions] float32 + uint8 (at most
+#: 320 MB); positions are draft positions (a chain's 32, a tree's 63 nodes), as in AcceptanceStats.
+MAX_POSITIONS = 64
+MAX_BUFFER_ROWS = 1 << 20
+
+
+def _check_pos_int(name, v, hi=None):
     if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
         raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v!r}")
     return int(v)
 
 
 def _check_positive_real(name, v):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 < v < math.inf):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 < to_float(name, v) < math.inf):
         raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
     return float(v)
 
@@ -51,7 +61,7 @@ def _check_positive_real(name, v):
 class MarginEstimator:
     """Per-position logistic regression from a draft feature (top-1 minus top-2 logit) to acceptance.
 
-    num_positions: K, the drafter's block size. refit_every: refit after this many ``observe`` calls.
+    num_positions: K, the drafter's block size (at most 64). refit_every: refit after this many ``observe`` calls.
     min_samples: trials a position needs before it is fitted; until then ``predict`` returns exactly 1
     there (verify everything: the planner then behaves like fixed-k for that position, which also
     produces the outcomes to learn from). l2: ridge strength on both coefficients of the mean log-loss
@@ -59,7 +69,8 @@ class MarginEstimator:
     accepts or only rejects. device: where ``predict`` returns and where the ring buffer lives.
     max_margin: margins are clamped to this before the model (+inf included). buffer_rows: the ring
     buffer keeps the last ``buffer_rows`` observed request rows (with all their positions), so the fit
-    forgets old behaviour; later positions have fewer trials in it, as they have in the decode loop.
+    forgets old behaviour; later positions have fewer trials in it, as they have in the decode loop (at most
+    2^20 rows).
 
     Usage::
 
@@ -81,13 +92,15 @@ class MarginEstimator:
         max_margin: float = 30.0,
         buffer_rows: int = 100_000,
     ) -> None:
-        self.num_positions = _check_pos_int("num_positions", num_positions)
+        self.num_positions = _check_pos_int("num_positions", num_positions, MAX_POSITIONS)
         self.refit_every = _check_pos_int("refit_every", refit_every)
         self.min_samples = _check_pos_int("min_samples", min_samples)
-        self.buffer_rows = _check_pos_int("buffer_rows", buffer_rows)
+        self.buffer_rows = _check_pos_int("buffer_rows", buffer_rows, MAX_BUFFER_ROWS)
         self.l2 = _check_positive_real("l2", l2)
         self.max_margin = _check_positive_real("max_margin", max_margin)
-        self.device = torch.device(device)
+        if self.max_margin > FLOAT32_MAX:  # margins are float32: clamping them to a larger bound cannot be expressed
+            raise ValueError(f"max_margin must be <= {FLOAT32_MAX:.7g} (float32), got {max_margin!r}")
+        self.device = device_arg("device", device, kernels=False)
         K = self.num_positions
         # Model, on the device: intercept a_j, slope b_j, fitted_j (False: predict 1).
         self.intercept = torch.zeros(K, dtype=torch.float32, device=self.device)

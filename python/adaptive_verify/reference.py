@@ -54,7 +54,7 @@ class _Args:
     extra_emitting: int
     budget_cap: int
     verify_cost: Optional[torch.Tensor]  # float32 [n + 1]: the cost of every total token count the search needs
-    draft_cost: float
+    draft_cost: float  # cost_table.fixed_cost(R): the kernels' name for Theta's fixed term
     context_lens: Optional[torch.Tensor]
     block_table: Optional[torch.Tensor]
     block_size: Optional[int]
@@ -85,7 +85,9 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
     verify_cost = None
     draft_cost = 0.0
     if cost_table is not None:
-        draft_cost = float(cost_table.fixed_cost(R))  # Theta's fixed term: drafter + per-request work
+        # Theta's fixed term is the step's whole fixed cost, the drafter plus request_ms * R (docs/design.md,
+        # "Step cost"); draft_cost alone left a table's per-request term out of the reference.
+        draft_cost = float(cost_table.fixed_cost(R))
         top = R + extra_tokens + budget_cap
         if cost_table.max_tokens is not None:
             top = min(top, cost_table.max_tokens)
@@ -242,6 +244,8 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     extra = {}  # the optional outputs
     if a.context_lens is not None:
         ctx = a.context_lens.long()
+        if bool(((ctx < 0) | (ctx > 2**31 - 65)).any()):  # docs/design.md: positions and seq_lens are int32
+            raise ValueError("context_lens: every value must lie in [0, 2^31 - 65]")
         extra["seq_lens"] = torch.zeros(Rp, **i32)
         extra["seq_lens"][:R] = (ctx + q_len).to(torch.int32)
         p = ctx[tr] + offset

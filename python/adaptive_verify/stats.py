@@ -24,9 +24,14 @@ from . import errors
 from ._ext import _C, check_status
 from ._binding import StatsParams, call
 from ._callcache import CallCache, Launch
-from ._validate import check_device, check_tensor, stream_of
+from ._checks import INT32_MAX, check_int
+from ._validate import check_tensor, device_arg, stream_of
 
 _FIXED_ONE = 2.0**32
+#: Most positions and bins: the counts are three int64 [num_positions, num_bins] tensors (at most 24 MB), and the
+#: kernel's fields are int32. Positions are draft positions (a chain's 32, a tree's 63 nodes).
+MAX_POSITIONS = 64
+MAX_BINS = 1 << 14
 
 
 class AcceptanceStats:
@@ -37,16 +42,11 @@ class AcceptanceStats:
     """
 
     def __init__(self, num_positions: int, num_bins: int = 16, device: Union[str, torch.device] = "cpu"):
-        for name, v, lo in (("num_positions", num_positions, 1), ("num_bins", num_bins, 1)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-            if v < lo:
-                raise ValueError(f"{name} must be >= {lo}, got {v}")
-        self.num_positions, self.num_bins = num_positions, num_bins
-        self.device = torch.device(device)
+        self.num_positions = check_int("num_positions", num_positions, lo=1, hi=MAX_POSITIONS)
+        self.num_bins = check_int("num_bins", num_bins, lo=1, hi=MAX_BINS)
+        self.device = device_arg("device", device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        check_device("device", torch.empty(0, device=self.device))
         shape = (num_positions, num_bins)
         self.trials = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._calls = CallCache()  # remembered update launches (a decode loop repeats its buffers)
@@ -71,6 +71,8 @@ class AcceptanceStats:
                 return
         check_tensor("conf", conf, dtypes=(torch.float32,), device=self.device, ndim=2)
         R, K = conf.shape
+        if R > INT32_MAX:
+            raise ValueError(f"conf has {R} rows; at most {INT32_MAX} are supported")
         if K > self.num_positions:
             raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
         v32 = _int32("verify_lens", verify_lens, self.device, R)

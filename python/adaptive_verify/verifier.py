@@ -40,18 +40,21 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 from collections import Counter
+from collections.abc import Iterable
 from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from . import planner
-from ._checks import check_int, check_real
+from ._checks import check_bool, check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
 from .planner import MAX_DRAFTS, VerifyPlan
 from .planner.args import step_cap_of
+from ._validate import device_arg
 from .stats import AcceptanceStats
 
 __all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
@@ -61,6 +64,8 @@ MODES = ("lagged", "greedy", "global", "all", "off")
 PLAN_CACHE_SIZE = 64
 #: Most persistent request slots (the confidence table is max_reqs x max_drafts floats, twice on the host).
 MAX_REQ_SLOTS = 1 << 20
+#: Most CUDA-graph sizes (engines capture tens; the bound keeps a mistyped range from being walked per step).
+MAX_GRAPH_SIZES = 1 << 16
 
 
 def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
@@ -115,9 +120,9 @@ class AdaptiveVerifier:
                  max_step_ms: Optional[float] = None):
         if not isinstance(cost_table, CostTable):
             raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if verification not in planner.VERIFICATIONS:
+        if not (verification is None or isinstance(verification, str)) or verification not in planner.VERIFICATIONS:
             raise ValueError(f"verification must be one of {planner.VERIFICATIONS}, got {verification!r}")
         self.cost_table = cost_table
         self.max_reqs = check_int("max_reqs", max_reqs, lo=1, hi=MAX_REQ_SLOTS)
@@ -127,15 +132,22 @@ class AdaptiveVerifier:
         self.min_verify = check_int("min_verify", min_verify, lo=0, hi=self.max_drafts)
         self.prior = check_real("prior", prior, lo=0.0, hi=1.0)
         self.max_step_ms = None if max_step_ms is None else check_real("max_step_ms", max_step_ms, lo=0.0, lo_open=True)
+        check_bool("online_calibration", online_calibration)
+        check_int("refresh_every", refresh_every, lo=1)
         self.mode = mode
         self.verification = verification
-        sizes = tuple(graph_sizes) if graph_sizes else tuple(cost_table.graph_sizes)
+        if isinstance(graph_sizes, (str, bytes)) or not isinstance(graph_sizes, Iterable):
+            raise TypeError(f"graph_sizes must be a sequence of ints, got {type(graph_sizes).__name__}")
+        sizes = tuple(itertools.islice(graph_sizes, MAX_GRAPH_SIZES + 1))  # never walks an unbounded iterable
+        if len(sizes) > MAX_GRAPH_SIZES:
+            raise ValueError(f"graph_sizes must hold at most {MAX_GRAPH_SIZES} sizes, got {len(sizes)}")
+        sizes = sizes or tuple(cost_table.graph_sizes)
         for i, g in enumerate(sizes):
             check_int(f"graph_sizes[{i}]", g, lo=1, hi=planner.INT32_MAX)
             if i and g <= sizes[i - 1]:
                 raise ValueError(f"graph_sizes must be strictly increasing, got {list(sizes)}")
         self.graph_sizes = sizes
-        self.device = torch.device(device)
+        self.device = device_arg("device", device)
         self.capacity = cost_table.max_tokens if cost_table.max_tokens is not None else \
             self.max_reqs * (1 + self.max_drafts)
         K = self.max_drafts
@@ -395,7 +407,7 @@ class AdaptiveVerifier:
         budget: from plan_budget (ignored by "greedy" and "global"), an int or a 0-d int32 device tensor
         (for CUDA graphs: the captured call reads it at every replay; then padded_tokens is required).
         padded_tokens: the step's padded decode-token count (default from the budget: R + budget
-        rounded to a graph size, with extra_tokens counted).
+        rounded to a graph size, with extra_tokens counted), at most the capacity or the largest graph size.
         weights: [R] float32 request priorities on the device (see :func:`adaptive_verify.plan_verification`);
         they rank this step's live allocation. The lagged budget (plan_budget) is unweighted: it is a count,
         sized on each request's previous confidences.
@@ -404,8 +416,10 @@ class AdaptiveVerifier:
         extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
         after a replay tell the verifier which plan ran (``verifier.last_plan = plan``) before observe().
         """
-        if not isinstance(conf, torch.Tensor) or conf.dim() != 2:
-            raise TypeError("conf must be a float32 tensor [R, K]")
+        if not isinstance(conf, torch.Tensor):
+            raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
+        if conf.dim() != 2:
+            raise ValueError(f"conf must be a float32 tensor [R, K], got shape {tuple(conf.shape)}")
         R = conf.shape[0]
         if R > self.max_reqs or conf.shape[1] > self.max_drafts:
             raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
@@ -422,13 +436,16 @@ class AdaptiveVerifier:
         extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
         if padded_tokens is None:
             padded_tokens = self.padded_tokens(R + extra_tokens + budget) - extra_tokens
-        padded_tokens = check_int("padded_tokens", padded_tokens, lo=R, hi=planner.INT32_MAX)
+        # Every step's tokens fit the capacity; a graph size may round up past it (the largest bounds that).
+        padded_tokens = check_int("padded_tokens", padded_tokens, lo=R,
+                                  hi=max(self.capacity, self.graph_sizes[-1] if self.graph_sizes else 0))
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
         key = (R, padded_tokens) + wants
         out = self._plan_buffers(key, wants)
         # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
         # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
-        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
+        # (A step of prompt tokens only, R = 0, may fill the capacity: no view is left to price, and none is needed.)
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens and R else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
                   draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
@@ -446,14 +463,21 @@ class AdaptiveVerifier:
         in the rows of this step's conf (statistics are per draft position, so rows need no identity)."""
         if self._last_conf is None or self._last_plan is None:
             raise RuntimeError("observe() needs a record_confidence() and a plan() first")
+        R = self._last_conf.shape[0]
         for name, t in (("verify_lens", verify_lens), ("num_accepted", num_accepted)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be an int32 tensor [R], got {type(t).__name__}")
-        R = self._last_conf.shape[0]
-        # The caller's own tensors when they hold exactly R rows (a slice is a new object every step, which would
-        # send AcceptanceStats.update down its validating path instead of its remembered launch).
-        v = verify_lens if verify_lens.shape[0] == R else verify_lens[:R]
-        a = num_accepted if num_accepted.shape[0] == R else num_accepted[:R]
+            if t.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
+            if t.dim() != 1 or t.shape[0] < R:
+                raise ValueError(f"{name} must have shape [R] with R >= {R} (the recorded conf's rows), "
+                                 f"got {tuple(t.shape)}")
+            if t.device != self.device:
+                raise ValueError(f"{name} must be on the verifier's device {self.device}, got {t.device}")
+        # The caller's own tensors when they hold exactly R int32 rows (a slice or a conversion is a new object every
+        # step, which would send AcceptanceStats.update down its validating path instead of its remembered launch).
+        v = (verify_lens if verify_lens.shape[0] == R else verify_lens[:R]).to(torch.int32)
+        a = (num_accepted if num_accepted.shape[0] == R else num_accepted[:R]).to(torch.int32)
         self.stats.update(self._last_conf, v, a)
         if self.sts is not None:
             self.sts.step(self.stats)

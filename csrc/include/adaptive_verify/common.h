@@ -38,6 +38,7 @@ enum Status : int {
   kErrBadParent = 13,           // draft trees: parents[r, j] outside [-1, j) (not topological, out of range)
   kErrDuplicateSibling = 14,    // draft trees: two children of one node carry the same draft id
   kErrAcceptedPath = 15,        // commit_tree_kv: an accepted path that is not a valid move (offsets, lengths)
+  kErrContextLen = 16,          // planner: context_lens[r] outside [0, kMaxContextLen]
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -56,6 +57,7 @@ enum ErrorCounter : int {
   kCountBadParent = 9,          // draft trees: a parent outside [-1, j): the node (and its subtree) is no candidate
   kCountDuplicateSibling = 10,  // draft trees: a node repeating an earlier sibling's id: it (and its subtree) is none
   kCountAcceptedPath = 11,      // commit_tree_kv: a request whose accepted path is invalid: nothing of it is moved
+  kCountContextLenOutOfRange = 12,  // planner: context_lens[r] outside [0, kMaxContextLen] (its metadata padding)
   kNumErrorCounters = 16,
 };
 

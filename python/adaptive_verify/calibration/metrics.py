@@ -8,6 +8,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .._checks import to_float
+
 #: logit 20-fold, 20 flattens it 20-fold: wide enough for any drafter we have seen, fine enough that the
 #: grid step is well inside the 15% a fitted temperature is expected to be good to.
 DEFAULT_GRID = (0.05, 20.0, 200)
@@ -19,6 +21,10 @@ MIN_ROWS = 50
 #: Version of the JSON layout written by save_temperatures.
 FORMAT_VERSION = 1
 
+#: Most grid temperatures and bins: each drives host arrays (and the grid search's work) in proportion.
+MAX_GRID_POINTS = 100_000
+MAX_BINS = 1 << 14
+
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float]]
 
 
@@ -26,10 +32,12 @@ def default_grid(
     t_min: float = DEFAULT_GRID[0], t_max: float = DEFAULT_GRID[1], points: int = DEFAULT_GRID[2]
 ) -> torch.Tensor:
     """Geometric grid of ``points`` temperatures from ``t_min`` to ``t_max`` (float64, ascending)."""
-    if not (_is_real(t_min) and _is_real(t_max)) or not (0.0 < t_min <= t_max < math.inf):
+    if not (_is_real(t_min) and _is_real(t_max)) or \
+            not (0.0 < to_float("grid", t_min) <= to_float("grid", t_max) < math.inf):
         raise ValueError(f"grid bounds must satisfy 0 < t_min <= t_max < inf, got t_min={t_min!r}, t_max={t_max!r}")
-    if not isinstance(points, numbers.Integral) or isinstance(points, bool) or points < 1:
-        raise ValueError(f"grid points must be an int >= 1, got {points!r}")
+    t_min, t_max = float(t_min), float(t_max)
+    if not isinstance(points, numbers.Integral) or isinstance(points, bool) or not 1 <= points <= MAX_GRID_POINTS:
+        raise ValueError(f"grid points must be an int in [1, {MAX_GRID_POINTS}], got {points!r}")
     if points == 1 or t_min == t_max:
         return torch.full((int(points),), float(t_min), dtype=torch.float64).unique()
     return torch.logspace(math.log10(t_min), math.log10(t_max), int(points), dtype=torch.float64)
@@ -95,6 +103,8 @@ def _check_grid(grid: Any) -> torch.Tensor:
     g = _as_tensor("grid", grid).double().reshape(-1)
     if g.numel() == 0:
         raise ValueError("grid must contain at least one temperature")
+    if g.numel() > MAX_GRID_POINTS:
+        raise ValueError(f"grid must contain at most {MAX_GRID_POINTS} temperatures, got {g.numel()}")
     bad = (~torch.isfinite(g) | (g <= 0)).nonzero()
     if bad.numel():
         raise ValueError(f"grid must contain finite temperatures > 0, got {float(g[int(bad[0])])!r}")
@@ -117,8 +127,8 @@ def _check_temperatures(name: str, temperatures: Any, K: int) -> torch.Tensor:
 
 
 def _check_bins(num_bins: Any) -> int:
-    if not isinstance(num_bins, numbers.Integral) or isinstance(num_bins, bool) or num_bins < 1:
-        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}")
+    if not isinstance(num_bins, numbers.Integral) or isinstance(num_bins, bool) or not 1 <= num_bins <= MAX_BINS:
+        raise ValueError(f"num_bins must be an int in [1, {MAX_BINS}], got {num_bins!r}")
     return int(num_bins)
 
 

@@ -1,12 +1,18 @@
 """OnlineSTS: temperatures refreshed from AcceptanceStats while serving."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Optional, Union
 
 import torch
 
+from .._checks import to_float
+from .._validate import device_arg
 from .metrics import ArrayLike, _check_grid, _check_temperatures, _is_real
+
+#: Most positions (draft positions: a chain's 32, a tree's 63 nodes), as AcceptanceStats.
+MAX_POSITIONS = 64
 from .sts import _pick
 
 # ----------------------------------------------------------------------------------------------------
@@ -72,15 +78,16 @@ class OnlineSTS:
         max_windows: int = 32,
         initial: Optional[ArrayLike] = None,
     ) -> None:
-        if not isinstance(num_positions, numbers.Integral) or isinstance(num_positions, bool) or num_positions < 1:
-            raise ValueError(f"num_positions must be an int >= 1, got {num_positions!r}")
+        if not isinstance(num_positions, numbers.Integral) or isinstance(num_positions, bool) or \
+                not 1 <= num_positions <= MAX_POSITIONS:
+            raise ValueError(f"num_positions must be an int in [1, {MAX_POSITIONS}], got {num_positions!r}")
         if not isinstance(refresh_every, numbers.Integral) or isinstance(refresh_every, bool) or refresh_every < 1:
             raise ValueError(f"refresh_every must be an int >= 1, got {refresh_every!r}")
         if not _is_real(decay) or not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
-        if not _is_real(min_trials) or min_trials < 0:
+        if not _is_real(min_trials) or not 0 <= to_float("min_trials", min_trials) < math.inf:
             raise ValueError(f"min_trials must be a number >= 0, got {min_trials!r}")
-        if stats_conf not in ("calibrated", "raw"):
+        if not isinstance(stats_conf, str) or stats_conf not in ("calibrated", "raw"):
             raise ValueError(f"stats_conf must be 'calibrated' or 'raw', got {stats_conf!r}")
         if not isinstance(max_windows, numbers.Integral) or isinstance(max_windows, bool) or max_windows < 1:
             raise ValueError(f"max_windows must be an int >= 1, got {max_windows!r}")
@@ -95,7 +102,7 @@ class OnlineSTS:
         if initial is not None:
             start = _check_temperatures("initial", initial, self.num_positions)
         self._host_temperatures = start  # host mirror, so a refresh never reads the device copy back
-        self.temperatures = start.to(device=device, dtype=torch.float32)
+        self.temperatures = start.to(device=device_arg("device", device, kernels=False), dtype=torch.float32)
         self.steps = 0
         self.refreshes = 0
         # Per position, oldest first: [tag, trials [bins], survivals [bins], conf sums [bins]] (host float64).

@@ -12,7 +12,9 @@ The planner (docs/design.md, "Planner") picks a verification budget B by maximis
 - ``n``: total query tokens of the target's verification forward (anchors + verified drafts + extra tokens).
 
 Where things are: ``curve.py`` the curve maths (float64, torch-free), ``table.py`` :class:`CostTable`,
-``profile.py`` the measurement loop behind ``CostTable.profile``, ``roofline.py`` the datasheet model.
+``checks.py`` its argument checks and size bounds (MAX_TOKENS_LIMIT, MAX_MS), ``serialize.py`` the JSON form,
+``profile.py`` the measurement loop and the bodies of ``CostTable.profile`` / ``load_or_profile``,
+``roofline.py`` the datasheet model.
 
 Terms, as engines use them:
 

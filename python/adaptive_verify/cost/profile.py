@@ -1,14 +1,27 @@
-"""Measuring a step cost table: timers and the measurement loop behind ``CostTable.profile``."""
+"""Measuring a step cost table: timers, the measurement loop, and the bodies of ``CostTable.profile``,
+``profile_points`` and ``load_or_profile`` (their docstrings, the public ones, stay on CostTable)."""
 from __future__ import annotations
 
 import datetime
+import logging
+import math
+import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from .._checks import check_int, check_real
+from .checks import MAX_TOKENS_LIMIT, check_increasing_ints, normalize_device
+from .serialize import check_path
+
+#: Most timed (and warmup) calls per point: a bound on how long a mistyped profile can run.
+MAX_REPS = 10_000
+
+_log = logging.getLogger("adaptive_verify")
 
 
 def _make_timer(dev: torch.device) -> tuple[Callable[[Callable[[int], Any], int], float], str]:
@@ -79,3 +92,102 @@ def measure(step_fn: Callable[[int], Any], counts: Sequence[int], draft_fn: Call
     if draft_fn is None:
         recorded["drafter"] = "none: no draft_fn given, draft cost 0"
     return verify, draft, recorded
+
+
+def profile_table(cls, step_fn, token_counts, draft_fn, request_counts, graph_sizes, reps, warmup, max_tokens,
+                  metadata, device, draft_interpolation):
+    """The body of ``CostTable.profile`` (arguments documented there): every argument is checked before the
+    first measurement."""
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
+    sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
+    if token_counts is None:
+        token_counts = profile_points(sizes, max_tokens)
+    counts = check_increasing_ints("token_counts", token_counts, allow_empty=False)
+    if draft_fn is not None and not callable(draft_fn):
+        raise TypeError(f"draft_fn must be callable or None, got {type(draft_fn).__name__}")
+    if draft_fn is not None and request_counts is None:
+        raise ValueError("request_counts must be given with draft_fn (the request counts to time)")
+    if draft_fn is None and request_counts is not None:
+        raise ValueError("draft_fn must be given with request_counts (nothing to time at those counts)")
+    reqs = ()
+    if request_counts is not None:
+        reqs = check_increasing_ints("request_counts", request_counts, allow_empty=False)
+    reps = check_int("reps", reps, lo=1, hi=MAX_REPS)
+    warmup = check_int("warmup", warmup, lo=0, hi=MAX_REPS)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = normalize_device(device)
+    # Validate the remaining table arguments before spending time on measurements.
+    cls.from_points({1: 1.0}, 0.0, sizes, max_tokens, metadata, draft_interpolation=draft_interpolation)
+    verify, draft, recorded = measure(step_fn, counts, draft_fn, reqs, reps, warmup, dev)
+    recorded.update(metadata or {})
+    return cls.from_points(verify, draft, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation)
+
+
+def profile_points(graph_sizes, max_tokens, growth=1.5) -> list[int]:
+    """The body of ``CostTable.profile_points``: every graph size, then an eager tail in ``growth``x steps."""
+    sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
+    if max_tokens is None and not sizes:
+        raise ValueError("max_tokens or graph_sizes must be given to propose token counts")
+    cap = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT) if max_tokens is not None \
+        else 2 * sizes[-1]
+    growth = check_real("growth", growth, lo=1.0, lo_open=True)
+    points = [g for g in sizes if g <= cap]
+    n = (sizes[-1] + 1) if sizes else 1
+    while n < cap:
+        points.append(n)
+        n = max(n + 1, int(math.ceil(n * growth)))
+    if not points or points[-1] < cap:
+        points.append(cap)
+    return sorted(set(points))
+
+
+def load_or_profile(cls, path, step_fn, expect, graph_sizes, max_tokens, profile_kwargs):
+    """The body of ``CostTable.load_or_profile`` (documented there)."""
+    if expect is not None and not isinstance(expect, Mapping):
+        raise TypeError(f"expect must be a dict or None, got {type(expect).__name__}")
+    expect = dict(expect or {})
+    for k in expect:
+        if not isinstance(k, str):
+            raise TypeError(f"expect keys must be str, got {type(k).__name__} {k!r}")
+    sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
+    if sizes:
+        expect.setdefault("graph_sizes", list(sizes))
+    if max_tokens is not None:
+        expect.setdefault("max_tokens", max_tokens)
+    if "graph_sizes" in expect:
+        sizes = check_increasing_ints("expect['graph_sizes']", expect["graph_sizes"], allow_empty=True)
+        expect["graph_sizes"] = list(sizes)
+    max_tokens = expect.get("max_tokens", max_tokens)
+    path = check_path(path)
+    reason = "no file"
+    if os.path.exists(path):
+        try:
+            cached = cls.from_json(path)
+        except (OSError, ValueError, TypeError) as e:
+            reason = f"unreadable ({e})"
+        else:
+            reason = mismatch(cached, expect)
+            if reason is None:
+                return cached
+    _log.info("CostTable.load_or_profile: profiling %s (%s)", path, reason)
+    meta = {k: v for k, v in expect.items() if k not in ("graph_sizes", "max_tokens")}
+    meta.update(profile_kwargs.pop("metadata", None) or {})
+    table = cls.profile(step_fn, graph_sizes=sizes, max_tokens=max_tokens, metadata=meta, **profile_kwargs)
+    table.to_json(path)
+    return table
+
+
+def mismatch(table, expect: Mapping[str, Any]) -> str | None:
+    """Why a cached table does not describe the deployment ``expect`` describes (None: it does)."""
+    for key, want in expect.items():
+        if key == "graph_sizes":
+            have: Any = list(table.graph_sizes)
+        elif key == "max_tokens":
+            have = table.max_tokens
+        else:
+            have = table.metadata.get(key, "<missing>")
+        if have != want:
+            return f"{key} is {have!r}, expected {want!r}"
+    return None

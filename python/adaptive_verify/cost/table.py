@@ -3,11 +3,7 @@ from __future__ import annotations
 
 import collections
 import copy
-import json
-import logging
-import math
 import os
-import tempfile
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -15,97 +11,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_int, check_real, is_int, is_real
+from .._checks import check_int, is_real
 from . import profile as _profile
 from . import roofline as _roofline
+from . import serialize as _serialize
+from .checks import MAX_TOKENS_LIMIT, check_increasing_ints, check_metadata, check_ms, check_points, normalize_device
 from .curve import DRAFT_MODES, DraftCurve, ShiftedCurve, VerifyCurve
+from .serialize import FORMAT_VERSION
 
 __all__ = ["CostTable", "FORMAT_VERSION", "MAX_TOKENS_LIMIT"]
 
-#: Version of the JSON layout written by ``CostTable.to_json``. Version 2 added ``draft_interpolation``;
-#: version 1 files (written when the drafter curve was always linear) are read as ``"linear"``. Version 3
-#: added ``request_ms``; files before it are read with ``request_ms = 0`` (the step had no per-request term).
-FORMAT_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
-_JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "request_ms", "graph_sizes",
-              "max_tokens", "metadata")
-#: Keys each older version did not have yet (present in such a file: rejected as unknown).
-_KEYS_ADDED_IN = {"draft_interpolation": 2, "request_ms": 3}
-
-#: Largest token capacity (max_tokens) and dense array a table builds: 2^24 tokens per step is far beyond any
-#: engine's max_num_batched_tokens, and keeps every host array a table may build under 64 MB.
-MAX_TOKENS_LIMIT = 1 << 24
 #: Shifted views kept per table (least recently used first out); views used under CUDA-graph capture are kept
 #: for the table's lifetime, since a captured planner call reads their cost array at every replay.
 SHIFTED_CACHE_SIZE = 64
-
-_log = logging.getLogger("adaptive_verify")
-
-
-# --------------------------------------------------------------------------------------------------
-# Validation of measured points: every message starts with the argument's name.
-# --------------------------------------------------------------------------------------------------
-
-
-def _check_increasing_ints(name: str, values: Any, *, allow_empty: bool) -> tuple[int, ...]:
-    """Positive ints, strictly increasing in the order given (an out-of-order entry is usually a typo)."""
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
-    out: list[int] = []
-    for v in values:
-        if not is_int(v):
-            raise TypeError(f"{name} must contain ints, got {type(v).__name__} {v!r}")
-        v = int(v)
-        if not 1 <= v <= MAX_TOKENS_LIMIT:
-            raise ValueError(f"{name} must contain ints in [1, {MAX_TOKENS_LIMIT}], got {v}")
-        if out and v <= out[-1]:
-            raise ValueError(f"{name} must be strictly increasing, got {v} after {out[-1]}")
-        out.append(v)
-    if not out and not allow_empty:
-        raise ValueError(f"{name} must not be empty")
-    return tuple(out)
-
-
-def _check_ms(name: str, value: Any, *, what: str, positive: bool) -> float:
-    if not is_real(value):
-        raise TypeError(f"{name}: {what} must be a real number of milliseconds, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}: {what} must be finite, got {value!r}")
-    if positive and value <= 0.0:
-        raise ValueError(
-            f"{name}: {what} must be > 0 ms (a free step makes the planner's ratio infinite), got {value!r}"
-        )
-    if value < 0.0:
-        raise ValueError(f"{name}: {what} must be >= 0 ms, got {value!r}")
-    return value
-
-
-def _check_points(name: str, points: Any, *, positive: bool) -> tuple[tuple[int, float], ...]:
-    """A mapping {count: ms} -> ((count, ms), ...), keys ints >= 1 strictly increasing as given."""
-    if not isinstance(points, Mapping):
-        raise TypeError(f"{name} must be a dict {{count: milliseconds}}, got {type(points).__name__}")
-    if not points:
-        raise ValueError(f"{name} must not be empty")
-    out: list[tuple[int, float]] = []
-    for k, v in points.items():
-        if not is_int(k):
-            raise TypeError(f"{name}: keys must be int counts, got {type(k).__name__} {k!r}")
-        k = int(k)
-        if not 1 <= k <= MAX_TOKENS_LIMIT:
-            raise ValueError(f"{name}: keys must be in [1, {MAX_TOKENS_LIMIT}], got {k}")
-        if out and k <= out[-1][0]:
-            raise ValueError(f"{name}: keys must be strictly increasing in the order given, got {k} after {out[-1][0]}")
-        out.append((k, _check_ms(name, v, what=f"value at {k}", positive=positive)))
-    return tuple(out)
-
-
-def _normalize_device(device: Any) -> torch.device:
-    dev = torch.device("cpu") if device is None else torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        # "cuda" and "cuda:0" must share one cache entry.
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 def _capturing(dev: torch.device) -> bool:
@@ -209,30 +127,22 @@ class CostTable:
         Raises:
             TypeError / ValueError naming the argument (first word of the message).
         """
-        verify = _check_points("verify_ms", verify_ms, positive=True)
+        verify = check_points("verify_ms", verify_ms, positive=True)
         if isinstance(draft_ms, Mapping):
-            draft: float | tuple[tuple[int, float], ...] = _check_points("draft_ms", draft_ms, positive=False)
+            draft: float | tuple[tuple[int, float], ...] = check_points("draft_ms", draft_ms, positive=False)
         elif is_real(draft_ms):
-            draft = _check_ms("draft_ms", draft_ms, what="constant", positive=False)
+            draft = check_ms("draft_ms", draft_ms, what="constant", positive=False)
         else:
             raise TypeError(f"draft_ms must be a dict {{r: ms}} or a float, got {type(draft_ms).__name__}")
-        if draft_interpolation not in DRAFT_MODES:
+        if not isinstance(draft_interpolation, str) or draft_interpolation not in DRAFT_MODES:
             raise ValueError(f"draft_interpolation must be one of {DRAFT_MODES}, got {draft_interpolation!r}")
-        request_ms = _check_ms("request_ms", request_ms, what="per-request cost", positive=False)
-        sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
+        request_ms = check_ms("request_ms", request_ms, what="per-request cost", positive=False)
+        sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
         if max_tokens is not None:
             max_tokens = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT)
             if sizes and max_tokens < sizes[-1]:
                 raise ValueError(f"max_tokens={max_tokens} is smaller than the largest graph size {sizes[-1]}")
-        if metadata is None:
-            meta: dict = {}
-        elif isinstance(metadata, Mapping):
-            for k in metadata:
-                if not isinstance(k, str):
-                    raise TypeError(f"metadata keys must be str (JSON), got {type(k).__name__} {k!r}")
-            meta = copy.deepcopy(dict(metadata))
-        else:
-            raise TypeError(f"metadata must be a dict or None, got {type(metadata).__name__}")
+        meta = copy.deepcopy(check_metadata(metadata))
         return cls(_verify=verify, _draft=draft, _draft_mode=draft_interpolation, _graph_sizes=sizes,
                    _max_tokens=max_tokens, _metadata=meta, _request_ms=request_ms)
 
@@ -265,8 +175,8 @@ class CostTable:
             request_counts: the r to measure; required with draft_fn, an error without it. For a drafter
                 that replays CUDA graphs, measure its graph sizes (the staircase prices every r in between).
             graph_sizes, max_tokens, draft_interpolation: as in :meth:`from_points`.
-            reps: timed calls per point (>= 1); the median is used (mean of the middle two when even).
-            warmup: untimed calls per point before timing (>= 0).
+            reps: timed calls per point (in [1, 10000]); the median is used (mean of the middle two when even).
+            warmup: untimed calls per point before timing (in [0, 10000]).
             metadata: user fields; they take precedence over the recorded ones (date, device, measured,
                 source, torch, drafter).
             device: where the work runs. A CUDA device is timed with CUDA events on its current stream
@@ -274,31 +184,8 @@ class CostTable:
                 anything else with ``time.perf_counter_ns`` around the call, so the callable must be
                 synchronous there. None: the current CUDA device if CUDA is available, else CPU.
         """
-        if not callable(step_fn):
-            raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
-        sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
-        if token_counts is None:
-            token_counts = cls.profile_points(sizes, max_tokens)
-        counts = _check_increasing_ints("token_counts", token_counts, allow_empty=False)
-        if draft_fn is not None and not callable(draft_fn):
-            raise TypeError(f"draft_fn must be callable or None, got {type(draft_fn).__name__}")
-        if draft_fn is not None and request_counts is None:
-            raise ValueError("request_counts must be given with draft_fn (the request counts to time)")
-        if draft_fn is None and request_counts is not None:
-            raise ValueError("draft_fn must be given with request_counts (nothing to time at those counts)")
-        reqs = ()
-        if request_counts is not None:
-            reqs = _check_increasing_ints("request_counts", request_counts, allow_empty=False)
-        reps = check_int("reps", reps, lo=1)
-        warmup = check_int("warmup", warmup, lo=0)
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        dev = _normalize_device(device)
-        # Validate the remaining table arguments before spending time on measurements.
-        cls.from_points({1: 1.0}, 0.0, sizes, max_tokens, metadata, draft_interpolation=draft_interpolation)
-        verify, draft, recorded = _profile.measure(step_fn, counts, draft_fn, reqs, reps, warmup, dev)
-        recorded.update(metadata or {})
-        return cls.from_points(verify, draft, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation)
+        return _profile.profile_table(cls, step_fn, token_counts, draft_fn, request_counts, graph_sizes, reps, warmup,
+                                      max_tokens, metadata, device, draft_interpolation)
 
     @staticmethod
     def profile_points(graph_sizes: Iterable[int], max_tokens: int | None, *, growth: float = 1.5) -> list[int]:
@@ -306,20 +193,7 @@ class CostTable:
         size (each is a step of the staircase), then an eager tail from the largest graph size + 1 in
         ``growth``x steps up to max_tokens (two eager points at least, so the eager slope is measured rather
         than extrapolated across the graph/eager cliff)."""
-        sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
-        if max_tokens is None and not sizes:
-            raise ValueError("max_tokens or graph_sizes must be given to propose token counts")
-        cap = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT) if max_tokens is not None \
-            else 2 * sizes[-1]
-        growth = check_real("growth", growth, lo=1.0, lo_open=True)
-        points = [g for g in sizes if g <= cap]
-        n = (sizes[-1] + 1) if sizes else 1
-        while n < cap:
-            points.append(n)
-            n = max(n + 1, int(math.ceil(n * growth)))
-        if not points or points[-1] < cap:
-            points.append(cap)
-        return sorted(set(points))
+        return _profile.profile_points(graph_sizes, max_tokens, growth)
 
     @classmethod
     def load_or_profile(
@@ -342,48 +216,7 @@ class CostTable:
         :meth:`profile_points`), the ``expect`` entries are recorded in the new table's metadata, and the file
         is written atomically. Errors in the arguments raise before any measurement.
         """
-        expect = dict(expect or {})
-        for k in expect:
-            if not isinstance(k, str):
-                raise TypeError(f"expect keys must be str, got {type(k).__name__} {k!r}")
-        sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
-        if sizes:
-            expect.setdefault("graph_sizes", list(sizes))
-        if max_tokens is not None:
-            expect.setdefault("max_tokens", max_tokens)
-        if "graph_sizes" in expect:
-            sizes = _check_increasing_ints("expect['graph_sizes']", expect["graph_sizes"], allow_empty=True)
-            expect["graph_sizes"] = list(sizes)
-        max_tokens = expect.get("max_tokens", max_tokens)
-        path = os.fspath(path)
-        reason = "no file"
-        if os.path.exists(path):
-            try:
-                cached = cls.from_json(path)
-            except (OSError, ValueError, TypeError, RecursionError) as e:
-                reason = f"unreadable ({e})"
-            else:
-                reason = cached._mismatch(expect)
-                if reason is None:
-                    return cached
-        _log.info("CostTable.load_or_profile: profiling %s (%s)", path, reason)
-        meta = {k: v for k, v in expect.items() if k not in ("graph_sizes", "max_tokens")}
-        meta.update(profile_kwargs.pop("metadata", None) or {})
-        table = cls.profile(step_fn, graph_sizes=sizes, max_tokens=max_tokens, metadata=meta, **profile_kwargs)
-        table.to_json(path)
-        return table
-
-    def _mismatch(self, expect: Mapping[str, Any]) -> str | None:
-        for key, want in expect.items():
-            if key == "graph_sizes":
-                have: Any = list(self._graph_sizes)
-            elif key == "max_tokens":
-                have = self._max_tokens
-            else:
-                have = self._metadata.get(key, "<missing>")
-            if have != want:
-                return f"{key} is {have!r}, expected {want!r}"
-        return None
+        return _profile.load_or_profile(cls, path, step_fn, expect, graph_sizes, max_tokens, profile_kwargs)
 
     @classmethod
     def roofline(cls, *, hbm_gbps: float, tflops: float, weight_bytes: float, active_params: float,
@@ -397,10 +230,10 @@ class CostTable:
         ``token_counts`` and passed through :meth:`from_points`, so the graph staircase and the eager
         interpolation apply exactly as for a measured table. metadata["roofline"] records all inputs;
         draft_ms, draft_interpolation and request_ms go to :meth:`from_points` as they are."""
-        sizes = _check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
+        sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
         if max_tokens is not None:
             max_tokens = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT)
-        counts = None if token_counts is None else _check_increasing_ints("token_counts", token_counts,
+        counts = None if token_counts is None else check_increasing_ints("token_counts", token_counts,
                                                                           allow_empty=False)
         verify, recorded = _roofline.roofline_points(
             hbm_gbps=hbm_gbps, tflops=tflops, weight_bytes=weight_bytes, active_params=active_params,
@@ -414,23 +247,33 @@ class CostTable:
     # Scalar costs
     # ----------------------------------------------------------------------------------------------
 
+    @property
+    def token_limit(self) -> int:
+        """The largest total token count this table prices: max_tokens, or for a table without one
+        MAX_TOKENS_LIMIT less the prompt tokens of a shifted view (the step, prompt included, stays within
+        MAX_TOKENS_LIMIT, which bounds every array the table builds)."""
+        return self._max_tokens if self._max_tokens is not None else MAX_TOKENS_LIMIT - self._shift
+
     def verify_cost(self, n: int) -> float:
-        """Milliseconds of one verification forward at n total tokens (int >= 0, <= max_tokens).
+        """Milliseconds of one verification forward at n total tokens (int in [0, token_limit]).
 
         n = 0 costs what the smallest graph size costs (no graphs: the first measured point).
         """
         n = check_int("n", n, lo=0)
         if self._max_tokens is not None and n > self._max_tokens:
             raise ValueError(f"n={n} exceeds max_tokens={self._max_tokens}, the engine's token capacity")
+        if n > self.token_limit:
+            raise ValueError(f"n={n} exceeds the {self.token_limit} tokens a step can hold (MAX_TOKENS_LIMIT)")
         return self._curve.cost(n)
 
     def draft_cost(self, r: int) -> float:
-        """Milliseconds of one drafter step at r requests (int >= 0; r = 0 costs the first point)."""
-        return self._draft_curve.cost(check_int("r", r, lo=0))
+        """Milliseconds of one drafter step at r requests (int in [0, MAX_TOKENS_LIMIT]; r = 0 costs the first
+        point)."""
+        return self._draft_curve.cost(check_int("r", r, lo=0, hi=MAX_TOKENS_LIMIT))
 
     def fixed_cost(self, r: int) -> float:
-        """draft_cost(r) + request_ms * r: what a step of r requests costs whatever it verifies (int r >= 0).
-        The planner's Theta uses it as the step's fixed term."""
+        """draft_cost(r) + request_ms * r: what a step of r requests costs whatever it verifies (int r in
+        [0, MAX_TOKENS_LIMIT]). The planner's Theta uses it as the step's fixed term."""
         return self.draft_cost(r) + self._request_ms * r
 
     def step_cost(self, r: int, n: int) -> float:
@@ -467,11 +310,10 @@ class CostTable:
                 self._shifted.move_to_end(tokens)
         if hit is not None:
             return hit
-        top = None
-        if self._max_tokens is not None:
-            top = self._max_tokens - tokens
-            if top < 1:
-                raise ValueError(f"tokens={tokens} leaves no room: the table's max_tokens is {self._max_tokens}")
+        if self.token_limit - tokens < 1:
+            what = "max_tokens" if self._max_tokens is not None else "token limit (MAX_TOKENS_LIMIT)"
+            raise ValueError(f"tokens={tokens} leaves no room: the table's {what} is {self.token_limit}")
+        top = None if self._max_tokens is None else self._max_tokens - tokens
         meta = copy.deepcopy(self._metadata)
         meta["shifted_by"] = tokens
         view = CostTable(_verify=self._verify_points, _draft=self._draft, _draft_mode=self._draft_mode,
@@ -496,8 +338,9 @@ class CostTable:
     def verify_array(self, max_n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """float32 [max_n + 1]: element n = float32(verify_cost(n)), n = 0 included.
 
-        If max_n > max_tokens the array has max_tokens + 1 entries only: callers must not index
-        beyond max_tokens (no step can run more tokens). max_n is at most MAX_TOKENS_LIMIT.
+        If max_n > token_limit (max_tokens, else MAX_TOKENS_LIMIT less a shifted view's shift) the array has
+        token_limit + 1 entries only: callers must not index beyond it (no step can run more tokens). max_n
+        is at most MAX_TOKENS_LIMIT.
 
         The result is a read-only view of a tensor cached per device and grown on demand (geometric
         growth), so repeated calls in a decode loop allocate no device memory; the same max_n returns
@@ -506,8 +349,7 @@ class CostTable:
         alive, so previously captured pointers stay valid. device None means CPU.
         """
         max_n = check_int("max_n", max_n, lo=0, hi=MAX_TOKENS_LIMIT)
-        length = max_n + 1 if self._max_tokens is None else min(max_n, self._max_tokens) + 1
-        return self._dense_view("verify", length, device)
+        return self._dense_view("verify", min(max_n, self.token_limit) + 1, device)
 
     def draft_array(self, max_r: int, device: torch.device | str | None = None) -> torch.Tensor:
         """float32 [max_r + 1]: element r = float32(draft_cost(r)); cached like :meth:`verify_array`."""
@@ -515,12 +357,12 @@ class CostTable:
         return self._dense_view("draft", max_r + 1, device)
 
     def _dense_view(self, kind: str, length: int, device: Any) -> torch.Tensor:
-        dev = _normalize_device(device)
+        dev = normalize_device(device)
         if _capturing(dev):
             self._pin()
         entry = self._dense.get((kind, dev))
         if entry is None or entry.tensor.shape[0] < length:
-            cap = self._max_tokens + 1 if (kind == "verify" and self._max_tokens is not None) else None
+            cap = self.token_limit + 1 if kind == "verify" else None
             old = 0 if entry is None else entry.tensor.shape[0]
             grown = max(length, 2 * old, 256)
             if cap is not None:
@@ -542,106 +384,25 @@ class CostTable:
     # Serialisation
     # ----------------------------------------------------------------------------------------------
 
-    def _points_for_json(self) -> tuple[tuple[int, float], ...]:
-        """The measured points, or for a shifted view its curve sampled where it can bend: every count up
-        to 4096 above the shift, then every 8th plus both sides of every graph size and measured point of
-        the base (the base is linear between those), and the top."""
-        if self._base is None:
-            return self._verify_points
-        base, x = self._base, self._shift
-        top = self._max_tokens if self._max_tokens is not None else \
-            max(max(base._verify_points[-1][0], base._graph_sizes[-1] if base._graph_sizes else 0) - x, 2)
-        ns = set(range(1, min(top, 4096) + 1))
-        if top > 4096:
-            ns.update(range(4096, top + 1, 8))
-            for b in list(base._graph_sizes) + [n for n, _ in base._verify_points]:
-                ns.update(m for m in (b - x - 1, b - x, b - x + 1) if 1 <= m <= top)
-            ns.add(top)
-        return tuple((n, self._curve.cost(n)) for n in sorted(ns))
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict. Points are [count, ms] pairs in increasing order (JSON keys are strings). A shifted
         view is written as the table its curve is (sampled; graph sizes are already in its values)."""
-        return {
-            "format_version": FORMAT_VERSION,
-            "verify_ms": [[n, ms] for n, ms in self._points_for_json()],
-            "draft_ms": self._draft if isinstance(self._draft, float) else [[r, ms] for r, ms in self._draft],
-            "draft_interpolation": self._draft_mode,
-            "request_ms": self._request_ms,
-            "graph_sizes": list(self._graph_sizes) if self._base is None else [],
-            "max_tokens": self._max_tokens,
-            "metadata": copy.deepcopy(self._metadata),
-        }
+        return _serialize.to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostTable:
         """Inverse of :meth:`to_dict`. Unknown format versions and unknown keys are rejected."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"cost table data must be a dict, got {type(data).__name__}")
-        if "format_version" not in data:
-            raise ValueError(f"format_version missing: not an adaptive_verify cost table (keys: {sorted(data)})")
-        version = data["format_version"]
-        if not is_int(version) or version not in _READABLE_VERSIONS:
-            raise ValueError(f"format_version={version!r} is not supported; this version of adaptive_verify "
-                             f"reads {list(_READABLE_VERSIONS)}")
-        unknown = sorted(set(data) - set(_JSON_KEYS))
-        unknown += [k for k, since in _KEYS_ADDED_IN.items() if version < since and k in data]
-        if unknown:
-            raise ValueError(f"unknown keys {unknown} in a format_version {version} cost table")
-
-        def pairs(name: str, value: Any) -> dict:
-            if not isinstance(value, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
-                raise ValueError(f"{name} must be a list of [count, ms] pairs")
-            out: dict = {}
-            for k, v in value:
-                if not is_int(k):
-                    raise TypeError(f"{name}: counts must be ints, got {type(k).__name__} {k!r}")
-                if k in out:
-                    raise ValueError(f"{name}: duplicate count {k!r}")
-                out[k] = v
-            return out
-
-        draft = data.get("draft_ms", 0.0)
-        mode = data.get("draft_interpolation", "linear" if version == 1 else "staircase")
-        return cls.from_points(
-            verify_ms=pairs("verify_ms", data.get("verify_ms")),
-            draft_ms=draft if is_real(draft) else pairs("draft_ms", draft),
-            graph_sizes=data.get("graph_sizes", ()),
-            max_tokens=data.get("max_tokens"),
-            metadata=data.get("metadata"),
-            draft_interpolation=mode,
-            request_ms=data.get("request_ms", 0.0),
-        )
+        return _serialize.from_dict(cls, data)
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the table as JSON (strict: no NaN). Written to a temporary file then renamed."""
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
-        path = os.fspath(path)
-        fd, tmp = tempfile.mkstemp(prefix=".cost-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        _serialize.write_json(self.to_dict(), _serialize.check_path(path))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> CostTable:
         """Read a table written by :meth:`to_json`. Errors (ValueError / TypeError) name the file; JSON
         nested too deeply to parse is a ValueError."""
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except RecursionError as e:
-                raise ValueError(f"{os.fspath(path)}: JSON nested too deeply") from e
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{os.fspath(path)}: not valid JSON ({e})") from e
-        try:
-            return cls.from_dict(data)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{os.fspath(path)}: {e}") from e
+        return _serialize.from_json(cls, _serialize.check_path(path))
 
     # ----------------------------------------------------------------------------------------------
     # Attributes
@@ -661,7 +422,7 @@ class CostTable:
 
     @property
     def verify_ms(self) -> dict[int, float]:
-        return dict(self._points_for_json())
+        return dict(_serialize.points_for_json(self))
 
     @property
     def draft_ms(self) -> dict[int, float] | float:

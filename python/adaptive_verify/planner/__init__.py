@@ -47,10 +47,10 @@ from .ops import VERIFICATIONS, choose_budget, plan_verification
 from .survival import prefix_survival, tree_survival
 from .tree_ops import plan_tree_verification
 from .tree_plan import MAX_TREE_NODES, MAX_TREE_REQS, TreeVerifyPlan
-from .verify_plan import MAX_REQS, MAX_TOKENS, VerifyPlan
+from .verify_plan import MAX_CONTEXT_LEN, MAX_REQS, MAX_TOKENS, VerifyPlan
 from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX
 
-__all__ = ["INT32_MAX", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS", "MODES", "PlanArgs",
-           "TreeVerifyPlan", "VERIFICATIONS", "VerifyPlan", "choose_budget", "plan_tree_verification",
-           "plan_verification", "prefix_survival", "resolve_plan_args", "tree_survival"]
+__all__ = ["INT32_MAX", "MAX_CONTEXT_LEN", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS",
+           "MODES", "PlanArgs", "TreeVerifyPlan", "VERIFICATIONS", "VerifyPlan", "choose_budget",
+           "plan_tree_verification", "plan_verification", "prefix_survival", "resolve_plan_args", "tree_survival"]

@@ -4,11 +4,16 @@ Bounds (so that nothing narrows silently, nothing allocates without limit, and t
 fields hold every value; docs/design.md "Planner"):
 - K in [1, 32] (5 position bits of the candidate key), R <= MAX_REQS (26 request bits); draft trees (parents
   given): N in [1, 63] (the anchor and every node fit a 64-bit mask), R <= MAX_TREE_REQS (21 request bits);
-- extra_tokens, extra_emitting, capacity, token_offset in [0, 2^31 - 1]; num_reqs_padded in [R, MAX_REQS];
+- extra_tokens, capacity, token_offset in [0, 2^31 - 1]; extra_emitting in [0, MAX_REQS] (requests: with R and
+  the budget, Theta's numerator stays below 2^31 tokens, so its 32.32 fixed point fits 64 bits in the kernels
+  and the reference alike); num_reqs_padded in [R, MAX_REQS];
   num_tokens_padded in [R, MAX_TOKENS] and token_offset + num_tokens_padded <= 2^31 - 1;
 - block_size in [1, 2^31 - 1]; a fixed budget is any int >= 0 (clamped to [B_min, B_max]);
 - greedy / global need the cost curve at every count up to R + extra_tokens + B_max: that must stay within
-  cost.MAX_TOKENS_LIMIT (2^24), else ValueError (the dense cost array would be unbounded).
+  the table's token_limit (its max_tokens, else cost.MAX_TOKENS_LIMIT = 2^24 less a shifted view's prompt
+  tokens), else ValueError (the dense cost array would be unbounded);
+- context_lens values in [0, MAX_CONTEXT_LEN] (positions and seq_lens are int32): read by the kernel, so the CPU
+  kernel raises ValueError and the CUDA kernel makes the request's metadata padding-like and counts it.
 """
 from __future__ import annotations
 
@@ -244,7 +249,7 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
         if cost_table is not None and cost_table.max_tokens is not None and capacity > cost_table.max_tokens:
             raise ValueError(f"capacity ({capacity}) exceeds cost_table.max_tokens ({cost_table.max_tokens})")
     extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=INT32_MAX)
-    extra_emitting = check_int("extra_emitting", extra_emitting, lo=0, hi=INT32_MAX)
+    extra_emitting = check_int("extra_emitting", extra_emitting, lo=0, hi=MAX_REQS)
     token_offset = check_int("token_offset", token_offset, lo=0, hi=INT32_MAX)
     fixed_budget = 0
     if a.mode == "fixed" and not isinstance(budget, torch.Tensor):
@@ -270,10 +275,11 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
         raise ValueError(f"token_offset + num_tokens_padded must fit int32, got {token_offset + num_tokens_padded}")
 
     need_verify = a.mode in ("greedy", "global")
-    if need_verify and anchors + budget_cap > MAX_TOKENS_LIMIT:
+    if need_verify and anchors + budget_cap > cost_table.token_limit:
         raise ValueError(f"extra_tokens ({extra_tokens}): R + extra_tokens + the largest budget = "
-                         f"{anchors + budget_cap} exceeds the cost curve's limit of {MAX_TOKENS_LIMIT} tokens "
-                         "(pass capacity= or a cost table with max_tokens)")
+                         f"{anchors + budget_cap} exceeds the cost curve's limit of {cost_table.token_limit} tokens "
+                         f"(MAX_TOKENS_LIMIT = {MAX_TOKENS_LIMIT}, less a shifted table's prompt tokens; pass "
+                         "capacity= or a cost table with max_tokens)")
     verify_cost, draft_cost = None, 0.0
     if cost_table is not None:
         draft_cost, verify_cost = costs(cost_table, R, anchors + budget_cap, a.device, need_verify)
@@ -314,6 +320,8 @@ def check_out(out, a: PlanArgs) -> VerifyPlan:
                       token_node=(True, i32, (Tp,)), token_depth=(True, i32, (Tp,)))
     for name, (needed, dtype, shape) in wanted.items():
         t = getattr(out, name)
+        if t is not None and not isinstance(t, torch.Tensor):  # unused here, but remembered calls look at it
+            raise TypeError(f"out.{name} must be a torch.Tensor or None, got {type(t).__name__}")
         if needed and t is None:
             raise ValueError(f"out.{name} is None but this call produces it (allocate it in the VerifyPlan)")
         if needed:

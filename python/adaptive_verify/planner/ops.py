@@ -22,7 +22,6 @@ from ..cost import CostTable
 from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
 from .survival import prefix_survival
-from .tree_plan import TreeVerifyPlan
 from .verify_plan import VerifyPlan
 
 VERIFICATIONS = (None, "onehot", "probs")
@@ -108,9 +107,10 @@ def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
 
 def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
     """The remembered call for these argument objects (re-stepped if the per-step arguments changed), or
-    (key, None)."""
+    (key, None). The key holds the types of the static and per-step scalars (values alone conflate True with 1 and
+    2.0 with 2): a scalar of another type than the remembered call's is another call, which validates it."""
     try:
-        key = (op, id(out), *map(id, tensors), *statics)
+        key = (op, id(out), *map(id, tensors), *statics, *map(type, statics + step))
         call = _CALLS.get(key)
     except TypeError:  # an unhashable scalar: the validating path names it
         return None, None
@@ -288,11 +288,13 @@ def plan_verification(
         budget: "fixed" only: a Python int or a 0-d int32 (or int64) device tensor, clamped to
             [B_min, B_max].
         min_verify: forced drafts per request (ranked first). max_verify: cap per request (default K).
-        extra_tokens: non-draft tokens in the step (prefill chunks); extra_emitting: prefill requests
-            that sample this step (they add tokens to Theta's numerator).
+        extra_tokens: non-draft tokens in the step (prefill chunks), in [0, 2^31 - 1]; extra_emitting: prefill
+            requests that sample this step (they add tokens to Theta's numerator), in [0, MAX_REQS].
         capacity: most tokens in the step (default cost_table.max_tokens, else unbounded); must be
             >= R + extra_tokens.
-        context_lens: [R] int32 KV length before this step; enables seq_lens and positions.
+        context_lens: [R] int32 KV length before this step, in [0, MAX_CONTEXT_LEN = 2^31 - 65] (CPU: ValueError;
+            CUDA: that request's seq_lens and positions are written 0, its slots -1, and it is counted in
+            ``error_counts()["context_len_out_of_range"]``); enables seq_lens and positions.
         block_table: [R, max_blocks] int32 with block_size; enables slot_mapping. On CPU a block table
             too short for the positions raises ValueError; on CUDA the slot is -1 and it is counted.
         anchor_tokens: [R] int32 last emitted token; draft_tokens: [R, >= max_verify] int32; enable input_ids.
@@ -325,9 +327,9 @@ def plan_verification(
     launches the remembered kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that
     path (docs/design.md, "Host overhead").
     """
-    if verification not in VERIFICATIONS:
+    if not (verification is None or isinstance(verification, str)) or verification not in VERIFICATIONS:
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
-    if mode == "global":
+    if isinstance(mode, str) and mode == "global":
         _warn_global_live(verification)
     kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,

@@ -6,12 +6,15 @@ from typing import Optional, Union
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
+from .._validate import device_arg
 
 #: Most requests per step (the candidate key holds 26 request bits; planner/math.h kMaxReqs).
 MAX_REQS = (1 << 26) - 2
 #: Most tokens a plan's padded buffers may hold (its int32 offsets, and a bound on host allocation).
 MAX_TOKENS = 1 << 30
+#: Largest context length (planner/math.h kMaxContextLen): context_lens + q_len (<= 64) must fit int32.
+MAX_CONTEXT_LEN = (1 << 31) - 1 - 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +65,9 @@ class VerifyPlan:
         draft_tokens)."""
         num_reqs_padded = check_int("num_reqs_padded", num_reqs_padded, lo=0, hi=MAX_REQS)
         num_tokens_padded = check_int("num_tokens_padded", num_tokens_padded, lo=0, hi=MAX_TOKENS)
-        i32 = dict(dtype=torch.int32, device=device)
+        positions, slot_mapping = check_bool("positions", positions), check_bool("slot_mapping", slot_mapping)
+        input_ids = check_bool("input_ids", input_ids)
+        i32 = dict(dtype=torch.int32, device=device_arg("device", device))
         return cls(
             verify_lens=torch.empty(num_reqs_padded, **i32),
             budget=torch.empty((), **i32),

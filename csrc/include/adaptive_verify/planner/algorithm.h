@@ -249,15 +249,18 @@ AV_HD uint64_t tree_verified(const Threshold& t, const int32_t* row, const uint8
 }
 
 // Writes token `tok` (local index) of request r, offset i within the request (0: the anchor).
+// A context length outside [0, kMaxContextLen] (counted once per request by plan()) gives position 0 and slot -1
+// (never a wrapped position or another request's slot); its slot is not counted again as a slot error.
 AV_HD bool write_token(const Params& p, int32_t r, int32_t i, int64_t tok) {
   const int32_t ctx = p.context_lens != nullptr ? p.context_lens[r] : 0;
+  const bool ctx_ok = context_len_ok(ctx);
   if (p.token_req != nullptr) p.token_req[tok] = r;
-  if (p.positions != nullptr) p.positions[tok] = ctx + i;
+  if (p.positions != nullptr) p.positions[tok] = ctx_ok ? ctx + i : 0;
   bool slot_ok = true;
   if (p.slot_mapping != nullptr) {
-    const int64_t slot = slot_of(p.block_table + int64_t(r) * p.block_table_stride, p.max_blocks, p.block_size,
-                                 int64_t(ctx) + i);
-    slot_ok = slot >= 0;
+    const int64_t slot = ctx_ok ? slot_of(p.block_table + int64_t(r) * p.block_table_stride, p.max_blocks,
+                                          p.block_size, int64_t(ctx) + i) : -1;
+    slot_ok = slot >= 0 || !ctx_ok;
     p.slot_mapping[tok] = slot;
   }
   if (p.input_ids != nullptr)
@@ -367,7 +370,10 @@ AV_HD MetadataTotals generic_write_metadata(const Params& p, Backend& be, const 
     ws.tile[be.tid()] = int32_t(ex);
     if (r < R) {
       if (p.query_start_loc != nullptr) p.query_start_loc[r] = int32_t(p.token_offset + tok_base + int64_t(ex));
-      if (p.seq_lens != nullptr) p.seq_lens[r] = (p.context_lens != nullptr ? p.context_lens[r] : 0) + int32_t(q);
+      if (p.seq_lens != nullptr) {
+        const int32_t ctx = p.context_lens != nullptr ? p.context_lens[r] : 0;
+        p.seq_lens[r] = context_len_ok(ctx) ? ctx + int32_t(q) : 0;  // 0: the attention makes the row padding
+      }
     }
     be.sync();
     const int32_t rows = R - r0 < be.threads() ? R - r0 : be.threads();
@@ -667,10 +673,6 @@ AV_HD int64_t scan_budget(Backend& be, Order<Backend>& order, const ThetaEval& t
   return b_out;
 }
 
-// ---- the whole plan ----
-// Returns kOk, or on a strict backend (the CPU's) the first invalid input: drafts (tree sizes) out of range, a
-// tree's bad parent or duplicate sibling before any output is written, a block table too short after writing
-// (the slot is -1 there, as on CUDA, which counts all of them instead).
 // Unweighted expected tokens of the allocation, R + the survival sum of the verified drafts (with weights the
 // budget search sums weighted survivals): recomputed from the rows, the same running minimum as walk_row (a tree:
 // the same cap by the parent as walk_tree_row, over its verified nodes).
@@ -700,12 +702,23 @@ AV_HD uint64_t unweighted_verified_fixed(const Params& p, Backend& be, const Wor
   return be.sum(part);
 }
 
+// ---- the whole plan ----
+// Returns kOk, or on a strict backend (the CPU's) the first invalid input: context lengths, drafts (tree sizes)
+// out of range, a tree's bad parent or duplicate sibling before any output is written, a block table too short
+// after writing (the slot is -1 there, as on CUDA, which counts all of them instead).
 template <typename Backend>
 AV_HD int plan(const Params& p, Backend& be, const Workspace& ws_in) {
   const int32_t R = p.num_reqs, K = p.max_drafts;
   const int64_t n_slots = int64_t(R) * K;
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
   Workspace ws = ws_in;
+
+  if (p.write_plan && p.context_lens != nullptr) {  // only metadata reads them: their int32 sums must not wrap
+    int32_t bad_ctx = 0;
+    for (int32_t r = be.tid(); r < R; r += be.threads()) bad_ctx += !context_len_ok(p.context_lens[r]);
+    if (bad_ctx && Backend::kStrict) return kErrContextLen;
+    if (bad_ctx) be.count_error(p.error_counts, kCountContextLenOutOfRange, bad_ctx);
+  }
 
   // ---- 0. survival from confidences (plan's conf= path), exactly as the prefix_survival / tree_survival ops
   // compute it ----

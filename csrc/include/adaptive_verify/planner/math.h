@@ -23,6 +23,11 @@ constexpr int kReqBits = 26;  // R < 2^26 - 1
 constexpr int64_t kMaxReqs = (int64_t(1) << kReqBits) - 2;
 constexpr int kMaxDrafts = 1 << kPosBits;
 constexpr double kFixedOne = 4294967296.0;  // 2^32: survival 1.0 in 32.32 fixed point
+// Largest context length: positions (context_lens[r] + offset) and seq_lens (context_lens[r] + q_len) are int32,
+// and a request feeds at most 64 tokens (a chain's 33, a tree's 64), so every sum fits without wrapping.
+constexpr int32_t kMaxContextLen = 2147483647 - 64;
+
+AV_HD bool context_len_ok(int32_t ctx) { return ctx >= 0 && ctx <= kMaxContextLen; }
 
 // Clamp to [0, 1]; NaN, negatives and -0 become +0 so the float's bit pattern orders like its value.
 AV_HD float sanitize(float s) { return s > 0.f ? (s < 1.f ? s : 1.f) : 0.f; }

@@ -1,0 +1,144 @@
+"""The cost table's JSON form: the dict written by ``CostTable.to_dict`` / ``to_json`` and read back by
+``from_dict`` / ``from_json`` (format version 3; versions 1 and 2 read with their defaults).
+
+Reading never trusts the file: unknown versions and keys are rejected, every value goes through
+``CostTable.from_points`` (so the bounds of checks.py apply), and a file nested too deeply for the JSON parser
+is a ValueError naming the file, like any other unreadable file.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._checks import is_int, is_real
+
+if TYPE_CHECKING:
+    from .table import CostTable
+
+#: Version of the JSON layout written by ``CostTable.to_json``. Version 2 added ``draft_interpolation``;
+#: version 1 files (written when the drafter curve was always linear) are read as ``"linear"``. Version 3
+#: added ``request_ms``; files before it are read with ``request_ms = 0`` (the step had no per-request term).
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "request_ms", "graph_sizes",
+             "max_tokens", "metadata")
+#: Keys each older version did not have yet (present in such a file: rejected as unknown).
+KEYS_ADDED_IN = {"draft_interpolation": 2, "request_ms": 3}
+
+
+def points_for_json(table: CostTable) -> tuple[tuple[int, float], ...]:
+    """The measured points, or for a shifted view its curve sampled where it can bend: every count up to 4096
+    above the shift, then every 8th plus both sides of every graph size and measured point of the base (the base
+    is linear between those), and the top."""
+    if table._base is None:
+        return table._verify_points
+    base, x = table._base, table._shift
+    top = table._max_tokens if table._max_tokens is not None else \
+        max(max(base._verify_points[-1][0], base._graph_sizes[-1] if base._graph_sizes else 0) - x, 2)
+    ns = set(range(1, min(top, 4096) + 1))
+    if top > 4096:
+        ns.update(range(4096, top + 1, 8))
+        for b in list(base._graph_sizes) + [n for n, _ in base._verify_points]:
+            ns.update(m for m in (b - x - 1, b - x, b - x + 1) if 1 <= m <= top)
+        ns.add(top)
+    return tuple((n, table._curve.cost(n)) for n in sorted(ns))
+
+
+def to_dict(table: CostTable) -> dict[str, Any]:
+    """JSON-ready dict. Points are [count, ms] pairs in increasing order (JSON keys are strings). A shifted view
+    is written as the table its curve is (sampled; graph sizes are already in its values)."""
+    draft = table._draft
+    return {
+        "format_version": FORMAT_VERSION,
+        "verify_ms": [[n, ms] for n, ms in points_for_json(table)],
+        "draft_ms": draft if isinstance(draft, float) else [[r, ms] for r, ms in draft],
+        "draft_interpolation": table._draft_mode,
+        "request_ms": table._request_ms,
+        "graph_sizes": list(table._graph_sizes) if table._base is None else [],
+        "max_tokens": table._max_tokens,
+        "metadata": copy.deepcopy(table._metadata),
+    }
+
+
+def _pairs(name: str, value: Any) -> dict:
+    """[[count, ms], ...] -> {count: ms} (values checked by from_points)."""
+    if not isinstance(value, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        raise ValueError(f"{name} must be a list of [count, ms] pairs")
+    out: dict = {}
+    for k, v in value:
+        if not is_int(k):
+            raise TypeError(f"{name}: counts must be ints, got {type(k).__name__} {k!r}")
+        if k in out:
+            raise ValueError(f"{name}: duplicate count {k!r}")
+        out[k] = v
+    return out
+
+
+def from_dict(cls: type[CostTable], data: Mapping[str, Any]) -> CostTable:
+    """Inverse of :func:`to_dict`. Unknown format versions and unknown keys are rejected."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"cost table data must be a dict, got {type(data).__name__}")
+    if "format_version" not in data:
+        raise ValueError(f"format_version missing: not an adaptive_verify cost table (keys: {sorted(map(str, data))})")
+    version = data["format_version"]
+    if not is_int(version) or version not in READABLE_VERSIONS:
+        raise ValueError(f"format_version={version!r} is not supported; this version of adaptive_verify "
+                         f"reads {list(READABLE_VERSIONS)}")
+    unknown = sorted(str(k) for k in set(data) - set(JSON_KEYS))
+    unknown += [k for k, since in KEYS_ADDED_IN.items() if version < since and k in data]
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} in a format_version {version} cost table")
+    draft = data.get("draft_ms", 0.0)
+    mode = data.get("draft_interpolation", "linear" if version == 1 else "staircase")
+    return cls.from_points(
+        verify_ms=_pairs("verify_ms", data.get("verify_ms")),
+        draft_ms=draft if is_real(draft) else _pairs("draft_ms", draft),
+        graph_sizes=data.get("graph_sizes", ()),
+        max_tokens=data.get("max_tokens"),
+        metadata=data.get("metadata"),
+        draft_interpolation=mode,
+        request_ms=data.get("request_ms", 0.0),
+    )
+
+
+def write_json(data: dict, path: str | os.PathLike) -> None:
+    """Writes ``data`` as strict JSON (no NaN) to a temporary file in the same folder, then renames it."""
+    text = json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=".cost-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def from_json(cls: type[CostTable], path: str | os.PathLike) -> CostTable:
+    """Reads a table written by ``to_json``. Errors (ValueError / TypeError) name the file; JSON nested too
+    deeply to parse is a ValueError."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except RecursionError as e:
+            raise ValueError(f"{os.fspath(path)}: JSON nested too deeply") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{os.fspath(path)}: not valid JSON ({e})") from e
+    try:
+        return from_dict(cls, data)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{os.fspath(path)}: {e}") from e
+
+
+def check_path(path: Any) -> str:
+    """A file path as str; TypeError naming ``path`` otherwise (an int would be opened as a file descriptor)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    path = os.fspath(path)
+    return path.decode() if isinstance(path, bytes) else path

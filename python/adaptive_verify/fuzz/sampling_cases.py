@@ -1,0 +1,158 @@
+"""Fuzz cases of rejection_sample and sample, on their current signatures. Every case is marked ``reported``: the
+sampling area is being rewritten elsewhere, so a failure here is listed in the campaign's report for that work
+rather than failing CI (docs/fuzzing.md)."""
+from __future__ import annotations
+
+import torch
+
+from .. import errors
+from .. import reference as ref
+from ..sampling import rejection_sample, sample
+from .core import Case, Mismatch, same
+from .guards import Guards
+from .values import floats, int_arg, ints, maybe, pick, small_int, sprinkle, tensor_variants
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _problem(rng):
+    R, K, V = small_int(rng, 4), int(pick(rng, [1, 2, 4])), int(pick(rng, [1, 2, 7, 64]))
+    q_lens = [small_int(rng, K + 1) for _ in range(R)]
+    qsl = [0]
+    for q in q_lens:
+        qsl.append(qsl[-1] + q)
+    T = qsl[-1] + small_int(rng, 2)
+    dtype = pick(rng, DTYPES)
+    logits = floats(rng, (T, V), -4, 4, dtype)
+    drafts = ints(rng, 0, V - 1, (R, K), pick(rng, [torch.int32, torch.int64]))
+    temperature = None if maybe(rng, 0.3) else torch.from_numpy(rng.choice([0.0, 0.5, 1.0, 2.0], size=R)).float()
+    seeds = ints(rng, -(2**62), 2**62, (R,), torch.int64)
+    probs = None
+    if maybe(rng, 0.4):
+        probs = torch.softmax(floats(rng, (R, K, V), -3, 3), dim=-1)
+    return R, K, V, T, q_lens, torch.tensor(qsl, dtype=torch.int32), logits, drafts, temperature, seeds, probs
+
+
+def _judged_bad_ids(qsl, drafts, emitted, V) -> int:
+    """Out-of-range draft ids the sampler judged: request r judges drafts j < min(emitted, q_len - 1)."""
+    n = 0
+    for r in range(drafts.shape[0]):
+        q_len = int(qsl[r + 1] - qsl[r])
+        for j in range(min(int(emitted[r]), q_len - 1)):
+            n += not 0 <= int(drafts[r, j]) < V
+    return n
+
+
+def rejection_case(rng) -> Case:
+    R, K, V, T, q_lens, qsl, logits, drafts, temperature, seeds, probs = _problem(rng)
+    offset = int(pick(rng, [0, 7, 2**63, 2**64 - 1]))
+    kind = "valid"
+    if maybe(rng, 0.3) and R:  # documented safe results: out-of-range draft ids, NaN logits
+        kind = "safe"
+        if maybe(rng, 0.5):
+            drafts = drafts.clone()
+            drafts[int(rng.integers(0, R)), int(rng.integers(0, K))] = pick(rng, [-1, V, 2**31 - 1, -(2**31)])
+        else:
+            logits = sprinkle(rng, logits.float(), 0.2, (float("nan"),)).to(logits.dtype)
+    g = Guards()
+    lg = g.tensor("target_logits", logits, row_gap=int(pick(rng, [0, 3])))
+    q = g.tensor("query_start_loc", qsl)
+    d = g.tensor("draft_tokens", drafts)
+    pr = g.tensor("draft_probs", probs) if probs is not None else None
+    tp = g.tensor("temperature", temperature) if temperature is not None else None
+    sd = g.tensor("seeds", seeds)
+    out = (g.empty("out[0]", (R, K + 1), torch.int32), g.empty("out[1]", (R,), torch.int32)) if maybe(rng, 0.5) else None
+    kw = dict(draft_probs=pr, temperature=tp, seeds=sd, offset=offset, out=out)
+    r = rng.random()
+    if r < 0.7:
+        def check(res):
+            tokens, emitted = res
+            want_t, want_e = ref.rejection_sample(logits, qsl, drafts, draft_probs=probs, temperature=temperature,
+                                                  seeds=seeds, offset=offset)
+            same("output_tokens", tokens, want_t)
+            same("num_emitted", emitted, want_e)
+            got = errors.error_counts("cpu")
+            bad = _judged_bad_ids(qsl, drafts, want_e, V)
+            if got["draft_id_out_of_range"] != bad:
+                raise Mismatch(f"draft_id_out_of_range: got {got['draft_id_out_of_range']}, want {bad}")
+            nan_rows = int(torch.isnan(logits.float()).any(1).sum())
+            if not 0 <= got["nan_logits"] <= 2 * nan_rows * V or (nan_rows == 0 and got["nan_logits"]):
+                raise Mismatch(f"nan_logits: got {got['nan_logits']} with {nan_rows} NaN rows")
+
+        return Case(kind, lambda: rejection_sample(lg, q, d, **kw), check, guards=g, reported=True,
+                    what=f"R={R} K={K} V={V} probs={probs is not None}")
+    if r < 0.85:
+        which = pick(rng, ["offset", "temperature", "query_start_loc", "cuda_kernel"])
+        names = (which,)
+        if which == "offset":
+            kw["offset"], k = int_arg(rng, 0, 2**64 - 1)
+        elif which == "temperature" and R:
+            t = torch.ones(R)
+            t[0] = pick(rng, [-1.0, float("nan"), float("-inf")])
+            kw["temperature"], k = g.tensor("temperature2", t), "invalid"
+        elif which == "query_start_loc" and R:
+            s = qsl.clone()
+            s[int(rng.integers(1, R + 1))] = pick(rng, [-1, T + 1, 2**31 - 1, int(s[0]) + K + 2])
+            q2 = g.tensor("query_start_loc2", s)
+            # (the last value can still leave every q_len in [0, K + 1]: then the call is valid)
+            bad = not all(0 <= a <= b <= T and b - a <= K + 1 for a, b in zip(s.tolist(), s.tolist()[1:]))
+            return Case("invalid" if bad else "maybe", lambda: rejection_sample(lg, q2, d, **kw), guards=g,
+                        names=names, reported=True, what="bad query_start_loc")
+        else:
+            kw["cuda_kernel"] = pick(rng, ["v2", "splitv", "", 0])
+            k = "maybe" if kw["cuda_kernel"] == "splitv" else "invalid"
+            names = ("cuda_kernel", "CUDA_KERNEL")
+        return Case(k, lambda: rejection_sample(lg, q, d, **kw), guards=g, names=names, reported=True,
+                    what=f"{which}")
+    args = [lg, q, d]
+    names = ["target_logits", "query_start_loc", "draft_tokens", "draft_probs", "temperature", "seeds"]
+    i = int(rng.integers(0, 6))
+    base = args[i] if i < 3 else kw[names[i]]
+    if base is None:
+        base = torch.ones(R) if names[i] == "temperature" else torch.zeros(R, dtype=torch.int64)
+    allowed = {0: DTYPES, 1: (torch.int32,), 2: (torch.int32, torch.int64), 3: (torch.float32,),
+               4: (torch.float32,), 5: (torch.int64,)}[i]
+    desc, value, kind = pick(rng, tensor_variants(base, allowed_dtypes=allowed))
+    if i < 3:
+        args[i] = value
+    else:
+        kw[names[i]] = value
+    return Case(kind, lambda: rejection_sample(*args, **kw), guards=g, names=tuple(names) + ("out", "V", "K"),
+                reported=True, what=f"{names[i]}: {desc}")
+
+
+def sample_case(rng) -> Case:
+    N, V = small_int(rng, 6), int(pick(rng, [1, 3, 64]))
+    dtype = pick(rng, DTYPES)
+    logits = floats(rng, (N, V), -4, 4, dtype)
+    nan = maybe(rng, 0.2)
+    if nan:
+        logits = sprinkle(rng, logits.float(), 0.3, (float("nan"), float("inf"))).to(dtype)
+    temperature = None if maybe(rng, 0.3) else torch.from_numpy(rng.choice([0.0, 0.7, 1.0], size=N)).float()
+    seeds = ints(rng, -(2**62), 2**62, (N,), torch.int64)
+    offset = int(pick(rng, [0, 3, 2**64 - 1]))
+    g = Guards()
+    lg = g.tensor("logits", logits, row_gap=int(pick(rng, [0, 2])))
+    tp = g.tensor("temperature", temperature) if temperature is not None else None
+    sd = g.tensor("seeds", seeds)
+    out = g.empty("out", (N,), torch.int32) if maybe(rng, 0.5) else None
+    if rng.random() < 0.7:
+        def check(got):
+            same("tokens", got, ref.sample(logits, temperature, seeds, offset))
+
+        return Case("safe" if nan else "valid", lambda: sample(lg, tp, sd, offset, out=out), check, guards=g,
+                    reported=True, what=f"N={N} V={V} {dtype}")
+    names = ["logits", "temperature", "seeds", "out"]
+    i = int(rng.integers(0, 4))
+    base = [lg, tp, sd, out][i]
+    if base is None:
+        base = torch.ones(N) if i == 1 else torch.zeros(N, dtype=torch.int32)
+    allowed = {0: DTYPES, 1: (torch.float32,), 2: (torch.int64,), 3: (torch.int32,)}[i]
+    desc, value, kind = pick(rng, tensor_variants(base, allowed_dtypes=allowed))
+    args = [lg, tp, sd, out]
+    args[i] = value
+    return Case(kind, lambda: sample(args[0], args[1], args[2], offset, out=args[3]), guards=g,
+                names=tuple(names) + ("V",), reported=True, what=f"{names[i]}: {desc}")
+
+
+__all__ = ["rejection_case", "sample_case"]
