@@ -463,6 +463,15 @@ def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins):
     return trials, survivals, conf_sum
 
 
+def stats_totals(verify_lens, num_accepted, max_drafts):
+    """AcceptanceStats.totals added by one update: [sum of verify_lens, sum of min(num_accepted, verify_lens)] over
+    every row (int64), nothing when conf has no columns (max_drafts == 0)."""
+    v, a = [int(x) for x in verify_lens], [int(x) for x in num_accepted]
+    if max_drafts == 0:
+        return torch.zeros(2, dtype=torch.int64)
+    return torch.tensor([sum(v), sum(min(x, y) for x, y in zip(a, v))], dtype=torch.int64)
+
+
 # ----------------------------------------------------------------------------------------------------
 # sampling area: bit-exact oracles of csrc/include/adaptive_verify/sampling/math.h
 #
