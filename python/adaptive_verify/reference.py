@@ -374,7 +374,8 @@ def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwa
         num_tokens=torch.tensor(a.token_offset + T, **i32),
         query_start_loc=torch.tensor(starts + [starts[-1]] * (Rp - R), **i32),
         token_req=lanes([t[0] for t in rows], -1),
-        tree_mask=lanes([t[5] for t in rows], 0, torch.int64),
+        # int64 two's complement: the 64th token of a request (offset 63) sets the sign bit
+        tree_mask=lanes([t[5] - (1 << 64) if t[5] >> 63 else t[5] for t in rows], 0, torch.int64),
         token_parent=lanes([t[4] for t in rows], -1),
         token_node=lanes([t[2] for t in rows], -1),
         token_depth=lanes([t[3] for t in rows], 0),

@@ -12,6 +12,7 @@ from .. import reference as ref
 from ..attention import commit_tree_kv
 from ..planner import MAX_TREE_NODES, TreeVerifyPlan, choose_budget, plan_tree_verification, tree_survival
 from .core import Case, counts, same
+from .planner_cases import _guarded_plan
 from .guards import Guards
 from .tables import random_table
 from .values import floats, int_arg, ints, maybe, pick, small_int, sprinkle, tensor_variants
@@ -173,16 +174,11 @@ def _bad_tree_values(rng, g: Guards, t: TreeInputs, call, window: int) -> Case:
 
 
 def _guarded_tree_plan(g: Guards, Rp: int, Tp: int, kw) -> TreeVerifyPlan:
+    """The chain plan's guarded buffers, and the tree's four [Tp] fields."""
+    chain = _guarded_plan(g, Rp, Tp, kw)
     i32 = torch.int32
-    meta = kw.get("context_lens") is not None
     return TreeVerifyPlan(
-        verify_lens=g.empty("out.verify_lens", (Rp,), i32), budget=g.empty("out.budget", (), i32),
-        expected_tokens=g.empty("out.expected_tokens", (), torch.float32), num_tokens=g.empty("out.num_tokens", (), i32),
-        query_start_loc=g.empty("out.query_start_loc", (Rp + 1,), i32), token_req=g.empty("out.token_req", (Tp,), i32),
-        seq_lens=g.empty("out.seq_lens", (Rp,), i32) if meta else None,
-        positions=g.empty("out.positions", (Tp,), i32) if meta else None,
-        slot_mapping=g.empty("out.slot_mapping", (Tp,), torch.int64) if kw.get("block_table") is not None else None,
-        input_ids=g.empty("out.input_ids", (Tp,), i32) if kw.get("anchor_tokens") is not None else None,
+        **{f.name: getattr(chain, f.name) for f in dataclasses.fields(chain)},
         tree_mask=g.empty("out.tree_mask", (Tp,), torch.int64), token_parent=g.empty("out.token_parent", (Tp,), i32),
         token_node=g.empty("out.token_node", (Tp,), i32), token_depth=g.empty("out.token_depth", (Tp,), i32),
     )
