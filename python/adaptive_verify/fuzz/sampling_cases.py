@@ -155,7 +155,9 @@ def rejection_case(rng) -> Case:
         args[i] = value
     else:
         kw[names[i]] = value
-    return Case(kind, lambda: rejection_sample(*args, **kw), guards=g, names=tuple(names) + ("out", "V", "K"),
+    # (a row more or less also disagrees with the per-request sampling parameters: either may be named)
+    return Case(kind, lambda: rejection_sample(*args, **kw), guards=g,
+                names=tuple(names) + ("out", "V", "K", "top_k", "top_p", "min_p"),
                 what=f"{names[i]}: {desc}")
 
 
@@ -208,7 +210,7 @@ def sample_case(rng) -> Case:
     args = [lg, tp, sd, out]
     args[i] = (value, out[1]) if i == 3 and isinstance(out, tuple) else value
     return Case(kind, lambda: sample(args[0], args[1], args[2], offset, out=args[3], logprobs=logprobs, **tk), guards=g,
-                names=tuple(names) + ("V",), what=f"{names[i]}: {desc}")
+                names=tuple(names) + ("V", "top_k", "top_p", "min_p"), what=f"{names[i]}: {desc}")
 
 
 __all__ = ["rejection_case", "sample_case"]
