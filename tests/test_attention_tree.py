@@ -383,3 +383,4 @@ def test_max_query_len_above_64_names_tree_mask():
     args[-1] = 65
     with pytest.raises(ValueError, match=r"max_query_len must be in \[1, 64\] \(a tree_mask row"):
         av.verify_attention(*args, tree_mask=p.tree_mask)
+

@@ -25,6 +25,9 @@ Decisions:
   request's output never depends on the rest of the batch, bit for bit.
 - Padding: tokens of rows with q_len 0 and tokens at or past query_start_loc[R] get out = 0 and lse = -inf.
 - fp32 accumulation; the output is rounded to q's dtype (round to nearest even).
+- Draft trees (tree_mask): the mask only removes positions inside the causal bound (bits above a token's own
+  offset are ignored), so every kernel keeps its tiles and splits and a chain's mask gives None's bits. The mask
+  is a runtime pointer (null: every bit), not a template parameter: no extra kernel instantiations.
 - On CPU, lengths and block ids are checked (every message names the argument): query_start_loc must be
   non-decreasing within [0, T], q_len <= max_query_len, seq_lens >= q_len, and every block a request needs
   must exist in block_table and lie in [0, num_blocks). Block-table entries past a request's needs are
@@ -230,7 +233,7 @@ def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
 def _verify_attention_into(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                            query_start_loc: Tensor, out: Tensor, lse: Optional[Tensor], error_counts: Tensor,
                            max_query_len: int, max_blocks: int, scale: float, kernel: int,
-                           tree_mask: Optional[Tensor]) -> None:
+                           tree_mask: Optional[Tensor] = None) -> None:
     _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, error_counts,
                       max_query_len, max_blocks, scale, kernel, tree_mask)
 
