@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
+import time
 from typing import Optional
 
 import torch
@@ -161,32 +162,43 @@ def chain_masks(R, q_len):
 
 
 def bench_tree(layer, R, context, q_len, device, min_time_s, kernels, rounds=None) -> list[dict]:
-    """One row per kernel: no mask, the chain's mask and a tree's mask on the same inputs, timed alternately."""
+    """One row per kernel: no mask, the chain's mask and a tree's mask on the same inputs, timed alternately call
+    by call (CPU; each call is milliseconds) or by medians of 5 cold calls (CUDA), so that drift in a shared
+    machine's load hits every variant alike. Ratios of medians and of minimums (the least disturbed calls)."""
+    del min_time_s  # rounds, not seconds: every variant gets the same number of calls
     args = make_inputs(R, context, layer, device, q_len=q_len)
     variants = {"none": None, "chain": chain_masks(R, q_len).to(device), "tree": tree_masks(R, q_len).to(device)}
     kernels = kernels if device.type == "cuda" else ("rowwise",)  # the CPU kernel ignores cuda_kernel
-    rounds = rounds or (5 if device.type == "cuda" else 3)
+    rounds = rounds or (5 if device.type == "cuda" else 9)
     rows = []
     for k in kernels:
         fns = {v: (lambda m=m: verify_attention(**args, cuda_kernel=k, tree_mask=m)) for v, m in variants.items()}
+        for fn in fns.values():  # warm-up
+            fn()
         samples = {v: [] for v in variants}
-        for _ in range(rounds):  # alternate, so that drift in a shared machine's load hits every variant alike
+        for _ in range(rounds):
             for v, fn in fns.items():
                 if device.type == "cuda":
                     samples[v].append(_cuda_cold_us(fn, reps=5))
                 else:
-                    samples[v].append(host_time_us(fn, min_time_s=min_time_s / rounds, warmup=1, max_iters=20))
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[v].append((time.perf_counter() - t0) * 1e6)
         t = {v: statistics.median(x) for v, x in samples.items()}
+        lo = {v: min(x) for v, x in samples.items()}
         same = torch.equal(fns["none"]().view(torch.int16), fns["chain"]().view(torch.int16))
         rows.append(dict(layer=layer, R=R, context=context, q_len=q_len, kernel=k if device.type == "cuda" else "cpu",
                          none_us=t["none"], chain_us=t["chain"], tree_us=t["tree"],
-                         tree_ratio=t["tree"] / t["none"], chain_ratio=t["chain"] / t["none"], same_bits=same))
+                         chain_ratio=t["chain"] / t["none"], tree_ratio=t["tree"] / t["none"],
+                         chain_ratio_min=lo["chain"] / lo["none"], tree_ratio_min=lo["tree"] / lo["none"],
+                         same_bits=same, rounds=rounds))
     return rows
 
 
 TREE_COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("q_len", "q_len"), ("kernel", "kernel"),
                 ("none_us", "no mask us"), ("chain_us", "chain mask us"), ("tree_us", "tree mask us"),
                 ("chain_ratio", "chain mask / no mask"), ("tree_ratio", "tree / no mask"),
+                ("chain_ratio_min", "chain / no mask (min)"), ("tree_ratio_min", "tree / no mask (min)"),
                 ("same_bits", "chain mask same bits")]
 
 
@@ -202,8 +214,12 @@ def run_tree(*, device="auto", min_time_s=0.2, kernels=None, cases=None, q_lens=
 
 
 def report_tree(result: dict) -> str:
-    how = ("L2 flushed before each call, median of 5 alternating rounds of 5 calls" if result["device"] != "cpu"
-           else "median of 3 alternating rounds, each the median of 5 batches")
+    rounds = result["tree_rows"][0]["rounds"] if result["tree_rows"] else 0
+    how = (f"L2 flushed before each call, median of {rounds} alternating rounds of 5 calls" if result["device"] != "cpu"
+           else f"{rounds} alternating rounds of one call per variant; times are medians")
+    # ratios to 3 decimals: the differences that matter are a few percent
+    rows = [{k: f"{v:.3f}" if k.endswith(("ratio", "ratio_min")) else v for k, v in r.items()}
+            for r in result["tree_rows"]]
     return "\n".join([
         f"## Verification attention with draft-tree masks ({result['date']}, {result['device']}, "
         f"torch {result['torch']})",
@@ -211,7 +227,7 @@ def report_tree(result: dict) -> str:
         f"bf16 paged KV (block size {BLOCK_SIZE}); every request verifies q_len tokens: no mask (a chain), the "
         f"chain's own mask, an EAGLE-2 style tree's mask (same tokens); {how}.",
         "",
-        markdown_table(result["tree_rows"], TREE_COLUMNS),
+        markdown_table(rows, TREE_COLUMNS),
     ]) + "\n"
 
 
