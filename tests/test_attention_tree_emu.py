@@ -153,3 +153,18 @@ def test_tree_batch_invariance(emu, kernel):
     b = tcall(emu, kernel, batch)
     rows = batch.rows(2)
     assert torch.equal(bits(b[0][rows]), bits(a[0])) and torch.equal(bits(b[1][rows]), bits(a[1]))
+
+
+@pytest.mark.parametrize("kernel", ["rowwise", "mma"])
+def test_bad_block_ids_are_counted_as_without_a_mask(emu, kernel):
+    """A block id out of range is skipped and counted once per position the request may read, whatever the mask
+    (the causal bound, not the tree, decides what is read): a bad page in the context and one under the block."""
+    g = torch.Generator().manual_seed(77)
+    reqs = [random_request(g, 12, 60, 4, 2, 64, torch.float16), random_request(g, 9, 40, 4, 2, 64, torch.float16)]
+    p = TreeProblem(reqs, 16, ["star", "random"], seed=77, max_query_len=12)
+    bt = p.block_table.clone()
+    bt[0, 1] = -3       # positions 16..31 of request 0 (its context)
+    bt[1, 2] = 10**6    # positions 32..39 of request 1, its block's last tokens among them
+    plain = emu_call(emu, kernel, p, block_table=bt)
+    masked = tcall(emu, kernel, p, block_table=bt)
+    assert int(plain[2][2]) == 16 + 8 and int(masked[2][2]) == int(plain[2][2])  # kCountSlotOutOfRange
