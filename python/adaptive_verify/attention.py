@@ -133,9 +133,9 @@ def verify_attention(
             - "mma": tensor cores, GQA rows in the MMA M dimension (K/V read once per split and KV head
               for up to 128 rows), softmax probabilities rounded to q's dtype before P V as in
               FlashAttention-2. Opt-in until it passes the CUDA tests on a GPU; its source already runs
-              in the CPU suite under an emulator. An inf in a V row that a query row cannot see but a later
-              row of its request can (a later draft token's V) makes the row NaN (0 x inf), where the other
-              kernels skip it.
+              in the CPU suite under an emulator. An inf or NaN in a V row that a query row cannot see but a
+              later row of its request can (a later draft token's V, or another tree branch's) makes the row NaN
+              (0 x inf), where the other kernels skip it; finite values of hidden rows never reach it.
             - "mma_fused": "mma" with the merge in the partials launch: the last split block of each
               (request, KV head) merges, reading the partials back from L2 instead of a second launch
               re-reading them. Requests of more than 4096 tokens (8 splits) are still merged by the merge
