@@ -3,8 +3,9 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
 
-Covers verify_attention's candidate "mma" and "mma_fused", the planner's one-algorithm kernel (2026-12-01) and
-the sampler's candidate "splitv" (the split-vocabulary kernel with its cross-block early exit): the
+Covers verify_attention's candidate "mma" and "mma_fused" (and every kernel with a draft-tree mask), the
+planner's one-algorithm kernel (2026-12-01) and the sampler's candidate "splitv" (the split-vocabulary kernel
+with its cross-block early exit): the
 shared-memory races and out-of-bounds accesses the host emulator (tests/emu) cannot see on real hardware. Sizes are small because the sanitizer
 slows kernels down 10-100x; each case still spans several splits, chunks and blocks. Exits 1 if any result
 disagrees with the CPU kernel (attention: within the float32 tolerance; planner and sampler: exactly).
@@ -41,6 +42,13 @@ def attention_cases():
         got = av.verify_attention(*dev, cuda_kernel=kernel).float().cpu()
         err = (got - want).abs().max().item()
         yield f"verify_attention {kernel}", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
+    # draft-tree masks ([T] int64): request 1 a star (every node under the anchor), request 2 a branching tree
+    mask = torch.tensor([1, 1, 3, 5, 9, 17, 1, 3, 5, 11, 19, 35, 69, 133, -1, -1], dtype=torch.int64)
+    want = av.verify_attention(*args, tree_mask=mask).float()
+    for kernel in ("rowwise", "mma", "mma_fused"):
+        got = av.verify_attention(*dev, cuda_kernel=kernel, tree_mask=mask.cuda()).float().cpu()
+        err = (got - want).abs().max().item()
+        yield f"verify_attention {kernel} tree_mask", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
 
 
 def planner_case():

@@ -160,11 +160,12 @@ def call(p, **kw):
     return got, lse
 
 
-def check_against_reference(p, got, lse, scale=None):
+def check_against_reference(p, got, lse, scale=None, tree_mask=None):
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table,
                                         p.seq_lens, p.query_start_loc, p.max_query_len, scale=scale,
-                                        return_lse=True)
-    ref32, lse32 = ref.verify_attention(*p.args(), scale=scale, return_lse=True, dtype=torch.float32)
+                                        return_lse=True, tree_mask=tree_mask)
+    ref32, lse32 = ref.verify_attention(*p.args(), scale=scale, return_lse=True, dtype=torch.float32,
+                                        tree_mask=tree_mask)
     ref32 = ref32.to(p.q.dtype).double()
     assert ref64.dtype == torch.float64
     pad = p.padding_mask()
@@ -180,9 +181,10 @@ def check_against_reference(p, got, lse, scale=None):
         tol = 2 * ref_err + ulp(p.q.dtype, want.abs().max().item())
         assert err <= tol, (f"request {r} (q_len {p.q_lens[r]}, seq_len {p.seq_lens_list[r]}): max error {err:.3g} "
                             f"> tolerance {tol:.3g} (float32 reference error {ref_err:.3g})")
-        lse_ref_err = (lse32[rows].double() - lse64[rows].double()).abs().max().item()
-        lse_err = (lse[rows].double() - lse64[rows].double()).abs().max().item()
-        assert torch.isfinite(lse[rows]).all()
+        finite = torch.isfinite(lse64[rows])  # every token's but a draft-tree token's that sees no position
+        assert torch.equal(torch.isfinite(lse[rows]), finite) and (lse[rows][~finite] == NEG_INF).all()
+        lse_ref_err = (lse32[rows][finite].double() - lse64[rows][finite].double()).abs().max().item()
+        lse_err = (lse[rows][finite].double() - lse64[rows][finite].double()).abs().max().item()
         assert lse_err <= 1e-4 + 2 * lse_ref_err, (
             f"request {r} (q_len {p.q_lens[r]}, seq_len {p.seq_lens_list[r]}): lse error {lse_err:.3g}")
 

@@ -221,8 +221,13 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
                 block_table=bt.data_ptr(), block_table_stride=3, max_blocks=3, seq_lens=seq.data_ptr(),
                 query_start_loc=qsl.data_ptr(), dtype=2, num_reqs=R, num_tokens=T, num_q_heads=Hq, num_kv_heads=Hkv,
                 head_dim=D, block_size=bs, num_blocks=blocks, max_query_len=4, scale=0.375, out=out.data_ptr(),
-                lse=lse.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None)
+                lse=lse.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None,
+                tree_mask=None)
     assert _fields(p, _binding.AttentionParams) == want
+    mask = torch.tensor([1, 3, 5, 1, 3], dtype=torch.int64)
+    p, _ = _captured(monkeypatch, "adaptive_verify.attention", _binding.AttentionParams,
+                     lambda: av.verify_attention(q, kc, vc, bt, seq, qsl, 4, scale=0.375, tree_mask=mask))
+    assert _fields(p, _binding.AttentionParams)["tree_mask"] == mask.data_ptr()
     k = torch.randn(T, Hkv + 1, D).to(torch.bfloat16)[:, :Hkv]
     v = torch.randn(T, Hkv, D + 64).to(torch.bfloat16)[:, :, :D]
     slots = torch.arange(T, dtype=torch.int64)

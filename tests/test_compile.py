@@ -115,6 +115,10 @@ def _attention_op_args():
 def test_opcheck_verify_attention_and_write_kv():
     args, x = _attention_op_args()
     torch.library.opcheck(torch.ops.adaptive_verify.verify_attention_into.default, args)
+    # with a draft-tree mask ([T] int64; request 0 a star: every node under the anchor)
+    mask = torch.zeros(args[0].shape[0], dtype=torch.int64)  # padding tokens' entries are never read
+    mask[:12] = torch.tensor([1, 3, 5, 9, 17, 1, 3, 7, 1, 3, 5, 11])
+    torch.library.opcheck(torch.ops.adaptive_verify.verify_attention_into.default, args + (mask,))
     slots = torch.arange(x["k_new"].shape[0], dtype=torch.int64)
     err = torch.zeros(av.errors.error_buffer("cpu").numel(), dtype=torch.int32)
     torch.library.opcheck(torch.ops.adaptive_verify.write_kv_.default,

@@ -6,7 +6,9 @@
 // Per (request, KV head): the q_len x (Hq / Hkv) query rows that share the KV head are processed
 // together, so each cached K/V row is converted once and reused by every query row (the CPU analogue
 // of the GPU's GQA packing). Within each kSplitTokens chunk of KV positions an online softmax keeps
-// (max, sum, acc) per row; chunks are then merged by log-sum-exp in order. fp32 throughout.
+// (max, sum, acc) per row; chunks are then merged by log-sum-exp in order. fp32 throughout. A draft-tree
+// mask (AttentionParams::tree_mask) only removes positions inside the verified block (tree_mask.h): the
+// loops and their order are the chain's, so a chain's mask gives mask=None's bits.
 #include <cmath>
 #include <algorithm>
 #include <cstring>
@@ -15,6 +17,7 @@
 
 #include "adaptive_verify/attention/commit.h"
 #include "adaptive_verify/attention/cpu.h"
+#include "adaptive_verify/attention/tree_mask.h"
 #include "adaptive_verify/dtype.h"
 
 namespace adaptive_verify {
@@ -28,6 +31,7 @@ struct RowState {
 struct Scratch {
   std::vector<float> qf, acc, total, kf, vf;
   std::vector<RowState> st, tot;
+  std::vector<uint64_t> mask;  // [q_len] each query token's in-block mask (tree_mask.h)
 };
 
 template <typename T>
@@ -56,6 +60,10 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   tot.resize(size_t(rows));
   kf.resize(size_t(D));
   vf.resize(size_t(D));
+  std::vector<uint64_t>& mask = sc.mask;
+  mask.resize(size_t(q_len));
+  for (int32_t i = 0; i < q_len; ++i) mask[i] = token_tree_mask(p.tree_mask, begin + i);
+  const int32_t context_len = kv_len - q_len;
   {
     for (int32_t i = 0; i < q_len; ++i)
       for (int32_t g = 0; g < group; ++g) {
@@ -84,7 +92,8 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
         }
         for (int32_t row = 0; row < rows; ++row) {
           const int32_t i = row / group;
-          if (pos > kv_len - q_len + i) continue;  // causal inside the verified block
+          // causal inside the verified block, and a tree token's ancestors only
+          if (!position_visible(mask[i], pos, context_len, context_len + i)) continue;
           const float* qr = qf.data() + size_t(row) * D;
           float s = 0.f;
           for (int32_t d = 0; d < D; ++d) s += qr[d] * kf[d];

@@ -45,10 +45,10 @@ void register_attention(py::module_& m) {
   m.attr("ATTENTION_PARAMS") = struct_layout<A>({
       AV_FIELD(A, q), AV_FIELD(A, q_stride_t), AV_FIELD(A, q_stride_h), AV_FIELD(A, k_cache), AV_FIELD(A, v_cache),
       AV_FIELD(A, block_table), AV_FIELD(A, block_table_stride), AV_FIELD(A, max_blocks), AV_FIELD(A, seq_lens),
-      AV_FIELD(A, query_start_loc), AV_FIELD(A, dtype), AV_FIELD(A, num_reqs), AV_FIELD(A, num_tokens),
-      AV_FIELD(A, num_q_heads), AV_FIELD(A, num_kv_heads), AV_FIELD(A, head_dim), AV_FIELD(A, block_size),
-      AV_FIELD(A, num_blocks), AV_FIELD(A, max_query_len), AV_FIELD(A, scale), AV_FIELD(A, out), AV_FIELD(A, lse),
-      AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace)});
+      AV_FIELD(A, query_start_loc), AV_FIELD(A, tree_mask), AV_FIELD(A, dtype), AV_FIELD(A, num_reqs),
+      AV_FIELD(A, num_tokens), AV_FIELD(A, num_q_heads), AV_FIELD(A, num_kv_heads), AV_FIELD(A, head_dim),
+      AV_FIELD(A, block_size), AV_FIELD(A, num_blocks), AV_FIELD(A, max_query_len), AV_FIELD(A, scale),
+      AV_FIELD(A, out), AV_FIELD(A, lse), AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace)});
   m.attr("WRITE_KV_PARAMS") = struct_layout<W>({
       AV_FIELD(W, k), AV_FIELD(W, v), AV_FIELD(W, k_stride_t), AV_FIELD(W, k_stride_h), AV_FIELD(W, v_stride_t),
       AV_FIELD(W, v_stride_h), AV_FIELD(W, k_cache), AV_FIELD(W, v_cache), AV_FIELD(W, slot_mapping),

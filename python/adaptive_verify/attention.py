@@ -4,7 +4,9 @@
 Each request verifies a different number of tokens (q_len = 1 + verify_lens, chosen on the device), so
 the attention reads every length from device memory: query token i of request r attends to KV positions
 0 .. seq_lens[r] - q_len + i (causal inside the verified block; the block's own K/V were written first by
-``write_kv`` with the planner's slot_mapping).
+``write_kv`` with the planner's slot_mapping). A draft tree's block passes ``tree_mask`` (the tree planner's
+[T] int64): then token i sees its context and only the block's tokens whose bit is set (its ancestors and
+itself), a subset of the causal ones.
 
 Status: the torch oracle (``adaptive_verify.reference.verify_attention``), the C++ CPU kernel, and two
 split-KV CUDA kernels, chosen with ``cuda_kernel`` (or the module setting ``CUDA_KERNEL``): "rowwise" (the
@@ -23,6 +25,9 @@ Decisions:
   request's output never depends on the rest of the batch, bit for bit.
 - Padding: tokens of rows with q_len 0 and tokens at or past query_start_loc[R] get out = 0 and lse = -inf.
 - fp32 accumulation; the output is rounded to q's dtype (round to nearest even).
+- Draft trees (tree_mask): the mask only removes positions inside the causal bound (bits above a token's own
+  offset are ignored), so every kernel keeps its tiles and splits and a chain's mask gives None's bits. The mask
+  is a runtime pointer (null: every bit), not a template parameter: no extra kernel instantiations.
 - On CPU, lengths and block ids are checked (every message names the argument): query_start_loc must be
   non-decreasing within [0, T], q_len <= max_query_len, seq_lens >= q_len, and every block a request needs
   must exist in block_table and lie in [0, num_blocks). Block-table entries past a request's needs are
@@ -95,6 +100,7 @@ def verify_attention(
     return_lse: bool = False,
     cuda_kernel: Optional[str] = None,
     max_seq_len: Optional[int] = None,
+    tree_mask: Optional[torch.Tensor] = None,
 ):
     """Attention of each request's verified tokens over its paged KV cache.
 
@@ -106,6 +112,13 @@ def verify_attention(
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..64.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
         return_lse: also return lse [T, Hq] float32 (natural log of the softmax denominator, scaled scores).
+        tree_mask: [T] int64 or None (causal chains). Draft trees (docs/design.md, "Draft trees";
+            ``TreeVerifyPlan.tree_mask``): bit k of tree_mask[t] set iff token t attends to its request's query
+            token at offset k. Token i of a request sees its context [0, seq_lens - q_len) and the block's
+            position context + k for each set bit k <= i; bits above i (so every bit >= q_len) are ignored, as
+            a topologically ordered tree only has ancestor bits. A chain's mask (bits 0..i) gives None's bits
+            exactly, on every kernel. A token that sees no position (no context and no bit) gets zeros and lse
+            -inf, as padding does. Padding tokens' entries are never read.
         max_seq_len: host upper bound of seq_lens (engines know it: vLLM's max_seq_len). It sizes the split
             workspace on CUDA, T x Hq x ceil(max_seq_len / 512) x (D + 2) floats, instead of the block
             table's full width, which for a long-context table is mostly unused (2048 tokens, Hq = 64, D =
@@ -120,9 +133,9 @@ def verify_attention(
             - "mma": tensor cores, GQA rows in the MMA M dimension (K/V read once per split and KV head
               for up to 128 rows), softmax probabilities rounded to q's dtype before P V as in
               FlashAttention-2. Opt-in until it passes the CUDA tests on a GPU; its source already runs
-              in the CPU suite under an emulator. An inf in a V row that a query row cannot see but a later
-              row of its request can (a later draft token's V) makes the row NaN (0 x inf), where the other
-              kernels skip it.
+              in the CPU suite under an emulator. An inf or NaN in a V row that a query row cannot see but a
+              later row of its request can (a later draft token's V, or another tree branch's) makes the row NaN
+              (0 x inf), where the other kernels skip it; finite values of hidden rows never reach it.
             - "mma_fused": "mma" with the merge in the partials launch: the last split block of each
               (request, KV head) merges, reading the partials back from L2 instead of a second launch
               re-reading them. Requests of more than 4096 tokens (8 splits) are still merged by the merge
@@ -166,7 +179,11 @@ def verify_attention(
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         max_blocks = min(max_blocks, -(-max_seq_len // block_size))
     if not 1 <= max_query_len <= MAX_QUERY_LEN:
-        raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}], got {max_query_len}")
+        why = " (a tree_mask row holds 64 query offsets)" if tree_mask is not None else ""
+        raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}]{why}, got {max_query_len}")
+    if tree_mask is not None:
+        # [T] int64: one bit per query offset of the token's request (kernels index it by token)
+        check_tensor("tree_mask", tree_mask, dtypes=(torch.int64,), device=device, shape=(T,))
     # NaN or inf (also a float64 beyond float32's range, the kernels' type) would make every row NaN or -inf
     scale = D ** -0.5 if scale is None else check_real("scale", scale, float32=True)
     if out is None:
@@ -179,12 +196,12 @@ def verify_attention(
         if R > limit:
             raise ValueError(f"block_table: at most {limit} requests per call on CUDA with this kernel, got {R}")
     run_op(_verify_attention_into, _launch_attention, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-           out, lse, errors.error_buffer(device), max_query_len, max_blocks, scale, kernel_id)
+           out, lse, errors.error_buffer(device), max_query_len, max_blocks, scale, kernel_id, tree_mask)
     return (out, lse) if return_lse else out
 
 
 def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                      max_blocks, scale, kernel) -> AttentionParams:
+                      max_blocks, scale, kernel, tree_mask=None) -> AttentionParams:
     p = AttentionParams()
     p.num_tokens, p.num_q_heads, p.head_dim = q.shape
     p.num_blocks, p.block_size, p.num_kv_heads, _ = k_cache.shape
@@ -194,13 +211,14 @@ def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     p.seq_lens, p.query_start_loc = seq_lens.data_ptr(), query_start_loc.data_ptr()
     p.dtype, p.num_reqs, p.max_query_len, p.scale = _DTYPES[q.dtype], block_table.shape[0], max_query_len, scale
     p.out, p.lse, p.error_counts, p.kernel = out.data_ptr(), ptr(lse), err.data_ptr(), kernel
+    p.tree_mask = ptr(tree_mask)
     return p
 
 
 def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                      max_blocks, scale, kernel):
+                      max_blocks, scale, kernel, tree_mask=None):
     p = _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                          max_blocks, scale, kernel)
+                          max_blocks, scale, kernel, tree_mask)
     workspace = None
     if q.is_cuda:
         # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions, the same
@@ -214,9 +232,10 @@ def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
 @torch.library.custom_op("adaptive_verify::verify_attention_into", mutates_args=("out", "lse", "error_counts"))
 def _verify_attention_into(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                            query_start_loc: Tensor, out: Tensor, lse: Optional[Tensor], error_counts: Tensor,
-                           max_query_len: int, max_blocks: int, scale: float, kernel: int) -> None:
+                           max_query_len: int, max_blocks: int, scale: float, kernel: int,
+                           tree_mask: Optional[Tensor] = None) -> None:
     _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, error_counts,
-                      max_query_len, max_blocks, scale, kernel)
+                      max_query_len, max_blocks, scale, kernel, tree_mask)
 
 
 @_verify_attention_into.register_fake

@@ -11,6 +11,12 @@ On CUDA every implementation in ``kernels`` is timed (default all three: ``cuda_
 default, and the tensor-core candidate ``"mma"`` and ``"mma_fused"``); the speedup and bandwidth columns are for the
 fastest of them (named in the "best" column), max |diff| is the largest over all of them.
 
+``--tree``: draft-tree masks instead. Every request verifies the same q_len tokens (16, 64) once as a chain
+(tree_mask=None), once with the chain's own lower-triangular mask, and once as an EAGLE-2 style tree (4 nodes per
+level, each under a random node of the level above), the same token count each time; the three are timed
+alternately, and the figure is the tree's time over the chain's (a mask only removes positions, so it should cost
+no more than its bit test). The chain mask must give the no-mask bits ("same bits").
+
 No FlashInfer column: the H200 this project is lent has no flashinfer, reaches no registry, and takes at
 most 64 MiB of carried wheels per call; flashinfer-python 0.7.2's wheel alone is 62 MB and needs
 nvidia-cutlass-dsl, cuda-tile, apache-tvm-ffi and more (checked 2026-11-30), and its kernels JIT-compile on
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
+import time
 from typing import Optional
 
 import torch
@@ -36,10 +43,12 @@ CPU_CONTEXTS = (512, 2048)
 BLOCK_SIZE = 16
 
 
-def make_inputs(R, context, layer, device, seed=0):
+def make_inputs(R, context, layer, device, seed=0, q_len=None):
+    """q_len None: the mix 1..8 (max_query_len 8); else every request verifies q_len tokens."""
     Hq, Hkv, D = LAYERS[layer]
     g = torch.Generator().manual_seed(seed)
-    q_len = (torch.arange(R) % 8 + 1).to(torch.int32)  # the mix 1..8
+    fixed = q_len
+    q_len = (torch.arange(R) % 8 + 1).to(torch.int32) if fixed is None else torch.full((R,), fixed, dtype=torch.int32)
     qsl = torch.zeros(R + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(q_len, 0)
     T = int(qsl[-1])
@@ -53,7 +62,7 @@ def make_inputs(R, context, layer, device, seed=0):
     return dict(q=mk(T, Hq, D), k_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D), v_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D),
                 block_table=block_table.to(device),
                 seq_lens=torch.full((R,), context, dtype=torch.int32, device=device),
-                query_start_loc=qsl.to(device), max_query_len=8)
+                query_start_loc=qsl.to(device), max_query_len=8 if fixed is None else fixed)
 
 
 def padded_sdpa(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len):
@@ -122,6 +131,104 @@ def bench_one(R, context, layer, device, min_time_s, kernels=None) -> dict:
                 **{f"{k}_us": times.get(k, nan) for k in CUDA_KERNELS}, baseline_us=t_base,
                 speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9,
                 mbytes=nbytes / 1e6, max_abs_diff=err)
+
+
+TREE_Q_LENS = (16, 64)
+# (layer, R, context). CPU: small, since the C++ kernel's scalar dot products take ~40 ms for one request of 16
+# tokens at group 8 over 512 positions on the 2-core machine.
+CPU_TREE_CASES = (("tp8", 1, 512), ("tp8", 4, 2048), ("tp1", 1, 512))
+CUDA_TREE_CASES = (("tp1", 32, 2048), ("tp1", 128, 8192), ("tp8", 128, 2048))
+
+
+def tree_masks(R, q_len, seed=0):
+    """[R * q_len] int64: each request an EAGLE-2 style tree (offsets 1..4 under the anchor, each later offset
+    under a random offset of the level above), the mask of a token its ancestors and itself."""
+    g = torch.Generator().manual_seed(seed)
+    masks = []
+    for _ in range(R):
+        row = [1]
+        for j in range(1, q_len):
+            level = (j - 1) // 4
+            parent = 0 if level == 0 else 1 + 4 * (level - 1) + int(torch.randint(0, 4, (1,), generator=g))
+            row.append(row[parent] | 1 << j)
+        masks += [m - (1 << 64) if m >= 1 << 63 else m for m in row]
+    return torch.tensor(masks, dtype=torch.int64)
+
+
+def chain_masks(R, q_len):
+    """[R * q_len] int64: bits 0..i for token i (a chain's lower-triangular mask)."""
+    row = [(1 << (i + 1)) - 1 for i in range(q_len)]
+    return torch.tensor([m - (1 << 64) if m >= 1 << 63 else m for m in row] * R, dtype=torch.int64)
+
+
+def bench_tree(layer, R, context, q_len, device, min_time_s, kernels, rounds=None) -> list[dict]:
+    """One row per kernel: no mask, the chain's mask and a tree's mask on the same inputs, timed alternately call
+    by call (CPU; each call is milliseconds) or by medians of 5 cold calls (CUDA), so that drift in a shared
+    machine's load hits every variant alike. Ratios of medians and of minimums (the least disturbed calls)."""
+    del min_time_s  # rounds, not seconds: every variant gets the same number of calls
+    args = make_inputs(R, context, layer, device, q_len=q_len)
+    variants = {"none": None, "chain": chain_masks(R, q_len).to(device), "tree": tree_masks(R, q_len).to(device)}
+    kernels = kernels if device.type == "cuda" else ("rowwise",)  # the CPU kernel ignores cuda_kernel
+    rounds = rounds or (5 if device.type == "cuda" else 9)
+    rows = []
+    for k in kernels:
+        fns = {v: (lambda m=m: verify_attention(**args, cuda_kernel=k, tree_mask=m)) for v, m in variants.items()}
+        for fn in fns.values():  # warm-up
+            fn()
+        samples = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v, fn in fns.items():
+                if device.type == "cuda":
+                    samples[v].append(_cuda_cold_us(fn, reps=5))
+                else:
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[v].append((time.perf_counter() - t0) * 1e6)
+        t = {v: statistics.median(x) for v, x in samples.items()}
+        lo = {v: min(x) for v, x in samples.items()}
+        same = torch.equal(fns["none"]().view(torch.int16), fns["chain"]().view(torch.int16))
+        rows.append(dict(layer=layer, R=R, context=context, q_len=q_len, kernel=k if device.type == "cuda" else "cpu",
+                         none_us=t["none"], chain_us=t["chain"], tree_us=t["tree"],
+                         chain_ratio=t["chain"] / t["none"], tree_ratio=t["tree"] / t["none"],
+                         chain_ratio_min=lo["chain"] / lo["none"], tree_ratio_min=lo["tree"] / lo["none"],
+                         same_bits=same, rounds=rounds))
+    return rows
+
+
+TREE_COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("q_len", "q_len"), ("kernel", "kernel"),
+                ("none_us", "no mask us"), ("chain_us", "chain mask us"), ("tree_us", "tree mask us"),
+                ("chain_ratio", "chain mask / no mask"), ("tree_ratio", "tree / no mask"),
+                ("chain_ratio_min", "chain / no mask (min)"), ("tree_ratio_min", "tree / no mask (min)"),
+                ("same_bits", "chain mask same bits")]
+
+
+def run_tree(*, device="auto", min_time_s=0.2, kernels=None, cases=None, q_lens=TREE_Q_LENS) -> dict:
+    dev = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
+    cases = cases or (CUDA_TREE_CASES if dev.type == "cuda" else CPU_TREE_CASES)
+    kernels = tuple(kernels or CUDA_KERNELS)
+    rows = [row for layer, R, c in cases for n in q_lens
+            for row in bench_tree(layer, R, c, n, dev, min_time_s, kernels)]
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+            "kernels": list(kernels), "tree_rows": rows}
+
+
+def report_tree(result: dict) -> str:
+    rounds = result["tree_rows"][0]["rounds"] if result["tree_rows"] else 0
+    how = (f"L2 flushed before each call, median of {rounds} alternating rounds of 5 calls" if result["device"] != "cpu"
+           else f"{rounds} alternating rounds of one call per variant; times are medians")
+    # ratios to 3 decimals: the differences that matter are a few percent
+    rows = [{k: f"{v:.3f}" if k.endswith(("ratio", "ratio_min")) else v for k, v in r.items()}
+            for r in result["tree_rows"]]
+    return "\n".join([
+        f"## Verification attention with draft-tree masks ({result['date']}, {result['device']}, "
+        f"torch {result['torch']})",
+        "",
+        f"bf16 paged KV (block size {BLOCK_SIZE}); every request verifies q_len tokens: no mask (a chain), the "
+        f"chain's own mask, an EAGLE-2 style tree's mask (same tokens); {how}.",
+        "",
+        markdown_table(rows, TREE_COLUMNS),
+    ]) + "\n"
 
 
 def bench_write_kv(device, min_time_s) -> list[dict]:
@@ -213,11 +320,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
         ap.add_argument("--kernels", nargs="+", choices=CUDA_KERNELS, default=list(CUDA_KERNELS),
                         help="CUDA implementations to time (CUDA only)")
+        ap.add_argument("--tree", action="store_true",
+                        help="draft-tree masks against chains of the same token count instead (see above)")
+
+    def run_any(a):
+        if not a.tree:
+            return run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time, kernels=a.kernels)
+        cases = None
+        if a.reqs or a.contexts:
+            cases = [(layer, R, c) for layer in a.layers for R in (a.reqs or (8,)) for c in (a.contexts or (2048,))]
+        return run_tree(device=a.device, min_time_s=a.min_time, kernels=a.kernels, cases=cases)
 
     return cli_main(argv, prog="adaptive-verify bench attention", description=__doc__.split("\n\n")[0],
-                    add_arguments=add_arguments, report=report,
-                    run=lambda a: run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time,
-                                     kernels=a.kernels))
+                    add_arguments=add_arguments, run=run_any,
+                    report=lambda result: report_tree(result) if "tree_rows" in result else report(result))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ request may read, block-table entries past a request's needs far out of range), 
 tests/test_attention.py, and adversarial lengths and block ids (documented as ValueError on CPU)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import reference as ref
@@ -61,11 +62,28 @@ class Paged:
     def args(self):
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq, self.qsl, self.mql)
 
+    def random_tree_mask(self, rng) -> torch.Tensor:
+        """[T] int64 draft-tree masks: per request a random topological tree (each token's ancestors and itself),
+        or arbitrary bits (bits above a token's offset are ignored, and a token may see nothing: zeros)."""
+        masks = torch.from_numpy(rng.integers(-2**63, 2**63, size=self.T, dtype=np.int64))  # padding: never read
+        for r in range(self.R):
+            begin = int(self.qsl[r])
+            if maybe(rng, 0.3):
+                continue  # arbitrary bits for this request
+            rows = []
+            for j in range(self.q_lens[r]):
+                parent = int(rng.integers(0, j)) if j else -1
+                m = (rows[parent] if parent >= 0 else 0) | 1 << j
+                rows.append(m - (1 << 64) if m >= 1 << 63 else m)
+            masks[begin:begin + self.q_lens[r]] = torch.tensor(rows, dtype=torch.int64)
+        return masks
 
-def _check(p: Paged, got, lse, scale):
+
+def _check(p: Paged, got, lse, scale, tree_mask=None):
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table, p.seq,
-                                        p.qsl, p.mql, scale=scale, return_lse=True)
-    ref32, lse32 = ref.verify_attention(*p.args(), scale=scale, return_lse=True, dtype=torch.float32)
+                                        p.qsl, p.mql, scale=scale, return_lse=True, tree_mask=tree_mask)
+    ref32, lse32 = ref.verify_attention(*p.args(), scale=scale, return_lse=True, dtype=torch.float32,
+                                        tree_mask=tree_mask)
     ref32 = ref32.to(p.dtype).double()
     end = int(p.qsl[-1])
     same("padding out", got[end:], torch.zeros_like(got[end:]))
@@ -77,7 +95,8 @@ def _check(p: Paged, got, lse, scale):
         want = ref64[rows]
         ref_err = (ref32[rows] - want).abs().max().item()
         close(f"out of request {r}", got[rows], want, 2 * ref_err + _ulp(p.dtype, want.abs().max().item()))
-        lse_ref_err = (lse32[rows].double() - lse64[rows].double()).abs().max().item()
+        seen = torch.isfinite(lse64[rows])  # a tree token that sees no position has lse -inf (checked exactly)
+        lse_ref_err = (lse32[rows][seen].double() - lse64[rows][seen].double()).abs().max().item() if seen.any() else 0
         close(f"lse of request {r}", lse[rows], lse64[rows], 1e-4 + 2 * lse_ref_err)
     if bool(torch.isnan(got).any()):
         raise Mismatch("NaN in the output (an unwritten element or a poisoned read)")
@@ -95,6 +114,9 @@ def attention_case(rng) -> Case:
     kw = dict(scale=scale, out=out, return_lse=True)
     if maybe(rng, 0.3):
         kw["max_seq_len"] = max(p.seq_lens + [1]) + small_int(rng, 3)
+    mask = p.random_tree_mask(rng) if maybe(rng, 0.4) else None
+    if mask is not None:
+        kw["tree_mask"] = g.tensor("tree_mask", mask)
     args = [q, k_cache, v_cache, bt, seq, qsl, p.mql]
     r = rng.random()
     if r < 0.5:
@@ -102,11 +124,11 @@ def attention_case(rng) -> Case:
             got, lse = res
             if out is not None and got.data_ptr() != out.data_ptr():
                 raise Mismatch("out= was not the returned tensor")
-            _check(p, got, lse, scale)
+            _check(p, got, lse, scale, mask)
             counts({})
 
         return Case("valid", lambda: verify_attention(*args, **kw), check, guards=g,
-                    what=f"R={p.R} Hq={p.Hq} Hkv={p.Hkv} D={p.D} bs={p.bs} mql={p.mql}")
+                    what=f"R={p.R} Hq={p.Hq} Hkv={p.Hkv} D={p.D} bs={p.bs} mql={p.mql} tree={mask is not None}")
     names = ()
     kind = "invalid"
     if r < 0.65 and p.R:  # lengths and block ids the CPU kernel checks (documented ValueErrors)
@@ -158,7 +180,7 @@ def attention_case(rng) -> Case:
     desc, value, kind = pick(rng, tensor_variants(args[i], allowed_dtypes=allowed))
     args[i] = value
     return Case(kind, lambda: verify_attention(*args, **kw), guards=g,
-                names=tuple(names_by_index) + ("out", "Hq", "head dim", "block_size", "max_query_len"),
+                names=tuple(names_by_index) + ("out", "Hq", "head dim", "block_size", "max_query_len", "tree_mask"),
                 what=f"{names_by_index[i]}: {desc}")
 
 

@@ -29,9 +29,10 @@
 //
 // Poison: positions past a block's last visible position, and positions whose block id is out of range
 // (skipped and counted), are zero-filled by cp.async and masked; query rows past the request are zeros.
-// P is 0 at causally hidden positions, whose K/V are this step's own (finite) tokens. Unlike the SIMT
-// kernels, an inf in a V row that the row cannot see but its block can (a later draft token's) reaches
-// the row as 0 * inf = NaN; NaN or +inf scores make the row NaN as on the CPU.
+// P is 0 at causally hidden positions and at a draft tree's non-ancestors (tree_mask.h), whose K/V are this
+// step's own (finite) tokens. Unlike the SIMT kernels, an inf or NaN in a V row that the row cannot see but
+// its block can (a later draft token's, or a sibling branch's) reaches the row as 0 * inf = NaN; NaN or +inf
+// scores make the row NaN as on the CPU.
 //
 // NOTES: written without a GPU (2026-11-30) and run only under the host emulator (tests/emu), which
 // executes this source with every CUDA thread as a fiber and checks shared-memory bounds, alignment and
@@ -45,6 +46,7 @@
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/attention/request_span.cuh"
 #include "adaptive_verify/attention/tensor_core.cuh"
+#include "adaptive_verify/attention/tree_mask.h"
 #include "adaptive_verify/dtype.h"
 #include "adaptive_verify/launch.h"
 
@@ -212,6 +214,10 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   const int wr = warp * Cfg::kRowsPerWarp + (lane >> 2);
   const int32_t lim0 = wr < nrows ? last_of_token0 + (row0 + wr) / group : -1;
   const int32_t lim1 = wr + 8 < nrows ? last_of_token0 + (row0 + wr + 8) / group : -1;
+  // Their draft-tree masks (tree_mask.h; every bit for a chain): a tree hides positions inside the causal
+  // bound, so the block's and warps' bounds (s_end, warp_last) stay the causal ones.
+  const uint64_t mask0 = wr < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr) / group) : 0;
+  const uint64_t mask1 = wr + 8 < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr + 8) / group) : 0;
   // The warp's last visible position (warp-uniform): its last real row's limit.
   const int warp_rows_end = (warp + 1) * Cfg::kRowsPerWarp < nrows ? (warp + 1) * Cfg::kRowsPerWarp : nrows;
   const int32_t warp_last =
@@ -258,7 +264,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     }
 
     // Mask and scale: element e of N tile nt is position t0 + 8 nt + 2 (l % 4) + e % 2 of row e < 2 ? wr :
-    // wr + 8. Hidden: past the row's limit or the split, or a skipped block.
+    // wr + 8. Hidden: past the split, a skipped block, past the row's limit or not in its tree mask.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
@@ -267,7 +273,8 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
         const int j = 8 * nt + 2 * (lane & 3) + (e & 1);
         const int32_t pos = t0 + j;
         const int32_t lim = e < 2 ? lim0 : lim1;
-        const bool vis = pos <= lim && pos <= s_end && flags[j] != 0;
+        const bool vis = pos <= s_end && flags[j] != 0 &&
+                         position_visible(e < 2 ? mask0 : mask1, pos, last_of_token0, lim);
         sc[nt][e] = vis ? sc[nt][e] * scale_log2 : -INFINITY;
       }
       mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));  // fmaxf drops NaN; exp2 below carries it to l and acc

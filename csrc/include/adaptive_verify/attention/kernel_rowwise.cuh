@@ -5,7 +5,8 @@
 // width), so a captured graph replays any lengths.
 //   1. partials: block (split s, KV head h, request r); each warp takes query rows (token i, head of the
 //      group) in turn, lanes split the head dim, and runs an online softmax over the split's visible
-//      positions, writing (max, sum, acc[D]) per (token, head, split);
+//      positions (causal, minus a draft tree's non-ancestors: tree_mask.h), writing (max, sum, acc[D]) per
+//      (token, head, split);
 //   2. merge: one block per token merges its splits in order by log-sum-exp.
 // Same split boundaries as the CPU kernel (kSplitTokens), so outputs are batch-invariant; the dot-product
 // order differs from the CPU's, so the two agree to fp32 rounding, not bit for bit.
@@ -18,6 +19,7 @@
 
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/attention/request_span.cuh"
+#include "adaptive_verify/attention/tree_mask.h"
 #include "adaptive_verify/dtype.h"
 #include "adaptive_verify/launch.h"
 
@@ -47,7 +49,9 @@ __global__ void __launch_bounds__(128)
   for (int32_t row = warp; row < rows; row += nwarps) {
     const int32_t i = row / group, qh = h * group + row % group;
     const int64_t token = span.begin + i;
-    const int32_t last = span.kv_len - span.q_len + i;  // last visible position of this row
+    const int32_t context_len = span.kv_len - span.q_len;
+    const int32_t last = context_len + i;  // causal bound of this row (a tree mask hides more, never less)
+    const uint64_t mask = token_tree_mask(p.tree_mask, token);
     const int32_t s1 = s0 + kSplitTokens - 1 < last ? s0 + kSplitTokens - 1 : last;
     const T* qrow = static_cast<const T*>(p.q) + token * p.q_stride_t + int64_t(qh) * p.q_stride_h;
     float qv[kPerLane], acc[kPerLane];
@@ -64,6 +68,9 @@ __global__ void __launch_bounds__(128)
         if (lane == 0 && h == 0 && row == rows - group) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
         continue;
       }
+      // A draft tree's non-ancestors (warp-uniform: one row per warp); after the block check, so bad ids
+      // are still counted once per position the request may read.
+      if (!position_visible(mask, pos, context_len, last)) continue;
       const int64_t base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + lane * kPerLane;
       float sc = 0.f;
 #pragma unroll

@@ -34,6 +34,9 @@ struct AttentionParams {
   int32_t max_blocks = 0;
   const int32_t* seq_lens = nullptr;         // [R]
   const int32_t* query_start_loc = nullptr;  // [R + 1]
+  // [T] or null (causal chains): bit k of tree_mask[t] set iff token t attends to its request's query token at
+  // offset k (draft trees; tree_mask.h has the exact rule, bits above the token's own offset are ignored).
+  const int64_t* tree_mask = nullptr;
   int32_t dtype = 0;
   int32_t num_reqs = 0;
   int64_t num_tokens = 0;  // T
