@@ -669,3 +669,14 @@ def test_unseeded_requests_draw_independent_streams():
     torch.manual_seed(5)
     b = av.tree_rejection_sample(*args, temperature=torch.ones(n))
     assert torch.equal(a[0], b[0])
+
+
+def test_bench_tree_runs_and_agrees_with_the_reference():
+    """`adaptive-verify bench sampling --tree` at a tiny size: every row timed, the op agrees with the reference."""
+    from adaptive_verify.bench import sampling as bench
+
+    result = bench._run(type("A", (), dict(tree=True, reqs=[2], vocab=[300], nodes=[8], device="cpu",
+                                            min_time=0.01))())
+    assert {r["mode"] for r in result["rows"]} == {"greedy", "T=1"}
+    assert all(r["reference_agrees"] == "yes" and r["tree_us"] > 0 and r["chain_us"] > 0 for r in result["rows"])
+    assert "Tree sampling" in bench._report(result)
