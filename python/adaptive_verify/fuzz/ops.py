@@ -19,7 +19,7 @@ from .core import Case
 from .guards import Guards
 from .host_cases import calibration_case, cost_table_case, margin_estimator_case, misc_case, verifier_case
 from .planner_cases import choose_case, plan_case, remembered_case, survival_case
-from .sampling_cases import rejection_case, sample_case
+from .sampling_cases import rejection_case, sample_case, tree_case
 
 # Every public op (and the planner's remembered calls, which have their own failure modes). Weights: share of
 # the calls each op gets in a campaign (the kernel ops, with the most arguments, get more).
@@ -36,6 +36,7 @@ OPS = {
     "write_kv": (write_kv_case, 2),
     "rejection_sample": (rejection_case, 3),
     "sample": (sample_case, 2),
+    "tree_rejection_sample": (tree_case, 2),
     "CostTable": (cost_table_case, 3),
     "AdaptiveVerifier": (verifier_case, 3),
     "MarginEstimator": (margin_estimator_case, 1),

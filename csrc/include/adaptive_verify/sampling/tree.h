@@ -19,7 +19,6 @@ namespace adaptive_verify {
 namespace sampling {
 
 // Most tokens of one request's tree: the anchor and planner::kMaxTreeNodes = 63 nodes (a 64-bit attention mask).
-// The walk keeps the enterable tokens as a 64-bit mask.
 constexpr int32_t kMaxTreeTokens = 64;
 
 AV_HD int64_t tree_input_id(const TreeSampleParams& p, int64_t t) {
@@ -51,18 +50,16 @@ AV_HD void tree_request(const TreeSampleParams& p, int32_t r, Backend& be, bool 
   int32_t n = int32_t(end - begin < cap ? end - begin : cap);
   if (end - begin > cap && writer) atomic_count(p.error_counts, kCountQueryLenOutOfRange);
   const int64_t V = p.vocab;
-  // Bit i: token i may be entered (a parent before it, an id in [0, V)). One look at each token, whatever the
-  // path, so the counts do not depend on the draws; a token that fails is never entered (nor its subtree).
-  uint64_t enterable = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    const int32_t parent = p.token_parent[begin + i];
-    const int64_t id = tree_input_id(p, begin + i);
-    const bool parent_ok = parent >= 0 && parent < i;
-    const bool id_ok = id >= 0 && id < V;
-    if (writer && !parent_ok) atomic_count(p.error_counts, kCountTokenParent);
-    if (writer && !id_ok) atomic_count(p.error_counts, kCountDraftIdOutOfRange);
-    if (parent_ok && id_ok) enterable |= uint64_t(1) << i;
-  }
+  // Bad values, counted once per token whatever the path (so the counts do not depend on the draws). The walk needs
+  // no mask of them: it enters token i only when token_parent == cur, which lies in [0, i), and input id == y,
+  // which lies in [0, V), so a bad parent or id never matches.
+  if (writer)
+    for (int32_t i = 1; i < n; ++i) {
+      const int32_t parent = p.token_parent[begin + i];
+      const int64_t id = tree_input_id(p, begin + i);
+      if (!(parent >= 0 && parent < i)) atomic_count(p.error_counts, kCountTokenParent);
+      if (!(id >= 0 && id < V)) atomic_count(p.error_counts, kCountDraftIdOutOfRange);
+    }
   const float temp = p.temperature != nullptr ? p.temperature[r] : 0.f;
   const bool greedy = !(temp > 0.f);  // 0, negative or NaN (the host rejects negatives on CPU)
   const Rng rng{p.seeds != nullptr ? uint64_t(p.seeds[r]) : 0ull,
@@ -82,7 +79,7 @@ AV_HD void tree_request(const TreeSampleParams& p, int32_t r, Backend& be, bool 
     // Children sit after their parent; the first one carrying y (siblings are distinct in a planned tree).
     int32_t next = -1;
     for (int32_t i = cur + 1; i < n && next < 0; ++i)
-      if (((enterable >> i) & 1u) && p.token_parent[begin + i] == cur && tree_input_id(p, begin + i) == y) next = i;
+      if (p.token_parent[begin + i] == cur && tree_input_id(p, begin + i) == y) next = i;
     if (next < 0) break;  // y matches no child: it is the recovered (or, at a leaf, the bonus) token
     cur = next;  // strictly increasing, so depth <= n <= W
   }
