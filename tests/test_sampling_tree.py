@@ -680,3 +680,33 @@ def test_bench_tree_runs_and_agrees_with_the_reference():
     assert {r["mode"] for r in result["rows"]} == {"greedy", "T=1"}
     assert all(r["reference_agrees"] == "yes" and r["tree_us"] > 0 and r["chain_us"] > 0 for r in result["rows"])
     assert "Tree sampling" in bench._report(result)
+
+
+def test_offset_as_a_device_tensor_equals_the_int():
+    """A 0-d int64 offset (graph-safe: advanced in place between replays) draws what the same int draws."""
+    step = planned_step(12, R=6)
+    kw = settings(step["R"], 12, "sampled")
+    offset = torch.tensor(kw.pop("offset"), dtype=torch.int64)
+    a = call(step, offset=offset, **kw)
+    b = call(step, offset=int(offset), **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    offset += 1
+    c = call(step, offset=offset, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(c, call(step, offset=int(offset), **kw)))
+
+
+def test_compiles_fullgraph_like_eager():
+    dynamo = pytest.importorskip("torch._dynamo")
+    step = planned_step(13, R=5, N=8, V=64)
+    kw = settings(step["R"], 13, "trunc")
+
+    def fn(logits):
+        return av.tree_rejection_sample(logits, step["qsl"], step["parent"], step["ids"], step["W"], **kw)
+
+    dynamo.reset()
+    eager = fn(step["logits"])
+    compiled = torch.compile(fn, fullgraph=True)(step["logits"])
+    assert all(torch.equal(e, c) for e, c in zip(eager, compiled))
+    explained = dynamo.explain(fn)(step["logits"])
+    ops = " ".join(str(n.target) for gm in explained.graphs for n in gm.graph.nodes if n.op == "call_function")
+    assert "tree_rejection_sample_into" in ops
