@@ -226,7 +226,11 @@ def test_tree_sample_fields_by_name(monkeypatch):
         temperature=temperature.data_ptr(), seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R,
         max_query_len=W, top_k=top_k.data_ptr(), top_p=top_p.data_ptr(), min_p=min_p.data_ptr(),
         output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(), accepted_offsets=offsets.data_ptr(),
-        error_counts=av.errors.error_buffer("cpu").data_ptr())
+        logprobs=None, error_counts=av.errors.error_buffer("cpu").data_ptr())
+    p, (_, _, _, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.TreeSampleParams,
+                                  lambda: av.tree_rejection_sample(logits, qsl, parent, ids, W, logprobs=True))
+    f = _fields(p, _binding.TreeSampleParams)
+    assert (f["logprobs"], f["temperature"], f["seeds"], f["input_ids_int64"]) == (lps.data_ptr(), None, None, 1)
 
 
 def test_attention_and_write_kv_fields_by_name(monkeypatch):

@@ -125,13 +125,18 @@ def test_cpu_kernel_matches_reference(dtype, style, kind):
         step = planned_step(seed, style=style, dtype=dtype, V=97 if style == "bushy" else 300,
                             budget=None if seed == 0 else 8)
         kw = settings(step["R"], seed, kind)
-        out = (torch.full((step["R"], step["W"]), 77, dtype=torch.int32), torch.full((step["R"],), 77, dtype=torch.int32),
-               torch.full((step["R"], step["W"]), 77, dtype=torch.int32))  # every element must be written
+        kw["logprobs"] = seed == 1
+        R, W = step["R"], step["W"]
+        out = (torch.full((R, W), 77, dtype=torch.int32), torch.full((R,), 77, dtype=torch.int32),
+               torch.full((R, W), 77, dtype=torch.int32))  # every element must be written
+        if kw["logprobs"]:
+            out += (torch.full((R, W), 77.0),)
         got = call(step, out=out, **kw)
-        want = ref.tree_rejection_sample(step["logits"], step["qsl"], step["parent"], step["ids"], step["W"], **kw)
+        want = ref.tree_rejection_sample(step["logits"], step["qsl"], step["parent"], step["ids"], W, **kw)
+        assert len(got) == len(want) == 3 + kw["logprobs"]
         for g_, w_ in zip(got, want):
             assert torch.equal(g_, w_)
-        check_path(step, *got)
+        check_path(step, *got[:3])
         if style != "star" and seed == 0:
             assert int(got[1].max()) >= 3, "the case never went deep"
 
@@ -171,9 +176,9 @@ def test_chain_tree_is_rejection_sample(kind, dtype):
             if j < q_len[r] - 1 and bool(torch.rand(1, generator=g) < 0.7):
                 logits[b + j, drafts[r, j]] += 8  # accept often
     kw = settings(R, 3, kind)
-    want_tokens, want_emitted = av.rejection_sample(logits, qsl, drafts, **kw)
-    tokens, emitted, offsets = av.tree_rejection_sample(logits, qsl, parent, ids, K + 1, **kw)
-    assert torch.equal(tokens, want_tokens) and torch.equal(emitted, want_emitted)
+    want_tokens, want_emitted, want_lps = av.rejection_sample(logits, qsl, drafts, logprobs=True, **kw)
+    tokens, emitted, offsets, lps = av.tree_rejection_sample(logits, qsl, parent, ids, K + 1, logprobs=True, **kw)
+    assert torch.equal(tokens, want_tokens) and torch.equal(emitted, want_emitted) and torch.equal(lps, want_lps)
     assert int(emitted.max()) >= 4
     depth = torch.arange(K + 1, dtype=torch.int32).expand(R, -1)
     assert torch.equal(offsets, torch.where(depth < emitted[:, None], depth, -1))
@@ -290,6 +295,13 @@ def test_bad_out_names_the_output():
                                             torch.empty(2, 4, dtype=torch.int32)))
     with pytest.raises(TypeError, match="out"):
         av.tree_rejection_sample(**kw, out=(torch.empty(2, 3, dtype=torch.int32),))
+    three = (torch.empty(2, 3, dtype=torch.int32), torch.empty(2, dtype=torch.int32), torch.empty(2, 3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="logprobs"):
+        av.tree_rejection_sample(**kw, logprobs=True, out=three)
+    with pytest.raises(TypeError, match="logprobs"):
+        av.tree_rejection_sample(**kw, out=three + (torch.empty(2, 3, dtype=torch.float64),), logprobs=True)
+    with pytest.raises(TypeError, match="logprobs"):
+        av.tree_rejection_sample(**kw, logprobs=1)
 
 
 def test_ids_out_of_range_are_never_matched_and_counted():
@@ -329,10 +341,10 @@ def test_custom_op_passes_opcheck():
     out = (torch.empty(R, W, dtype=torch.int32), torch.empty(R, dtype=torch.int32), torch.empty(R, W, dtype=torch.int32))
     err = torch.zeros(16, dtype=torch.int32)
     kw = settings(R, 1, "trunc")
-    for offset in (None, torch.tensor(5, dtype=torch.int64)):
+    for offset, lps in ((None, None), (torch.tensor(5, dtype=torch.int64), torch.empty(R, W))):
         torch.library.opcheck(torch.ops.adaptive_verify.tree_rejection_sample_into.default,
                               (step["logits"], step["qsl"], step["parent"], step["ids"], kw["temperature"],
-                               kw["seeds"], offset, kw["top_k"], kw["top_p"], kw["min_p"], *out, err, 3, W))
+                               kw["seeds"], offset, kw["top_k"], kw["top_p"], kw["min_p"], *out, lps, err, 3, W))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,7 +388,7 @@ def test_emulated_kernel_matches_cpu(emulated, dtype, kind):
     for style, V in (("levels", 700), ("bushy", 97)):
         step = planned_step(4, R=5, N=12, V=V, style=style, dtype=dtype)
         args = (step["logits"], step["qsl"], step["parent"], step["ids"], step["W"])
-        _same(emulated, args, settings(step["R"], 4, kind))
+        _same(emulated, args, dict(settings(step["R"], 4, kind), logprobs=kind != "greedy" or V == 97))
 
 
 def test_emulated_bad_values_are_safe_and_counted(emulated):
@@ -420,7 +432,7 @@ def test_emulated_bad_values_are_safe_and_counted(emulated):
 def test_cuda_kernel_matches_cpu(dtype, kind):
     step = planned_step(6, R=40, N=20, V=32003, style="levels", dtype=dtype)
     args = (step["logits"], step["qsl"], step["parent"], step["ids"], step["W"])
-    kw = settings(step["R"], 6, kind)
+    kw = dict(settings(step["R"], 6, kind), logprobs=True)
     cpu = av.tree_rejection_sample(*args, **kw)
     cuda_kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     av.reset_error_counts("cuda")

@@ -44,7 +44,7 @@ void register_sampling(py::module_& m) {
       AV_FIELD(TS, input_ids_int64), AV_FIELD(TS, temperature), AV_FIELD(TS, seeds), AV_FIELD(TS, offset),
       AV_FIELD(TS, offset_ptr), AV_FIELD(TS, num_reqs), AV_FIELD(TS, max_query_len), AV_FIELD(TS, top_k),
       AV_FIELD(TS, top_p), AV_FIELD(TS, min_p), AV_FIELD(TS, output_tokens), AV_FIELD(TS, num_emitted),
-      AV_FIELD(TS, accepted_offsets), AV_FIELD(TS, error_counts)});
+      AV_FIELD(TS, accepted_offsets), AV_FIELD(TS, logprobs), AV_FIELD(TS, error_counts)});
 }
 
 }  // namespace bindings

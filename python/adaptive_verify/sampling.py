@@ -462,6 +462,7 @@ def tree_rejection_sample(
     top_k: Optional[torch.Tensor] = None,
     top_p: Optional[torch.Tensor] = None,
     min_p: Optional[torch.Tensor] = None,
+    logprobs: bool = False,
     out: Optional[tuple] = None,
 ) -> tuple:
     """Samples each request's verified draft tree one-hot ("sample and match"), losslessly.
@@ -481,16 +482,20 @@ def tree_rejection_sample(
             not read).
         input_ids: [T] int32 or int64, the plan's: each token's id (the anchor's is not read).
         max_query_len: int in [1, 64], at least every request's q_len: the outputs' width.
-        temperature, seeds, offset, top_k, top_p, min_p: as in :func:`rejection_sample` (seeds None: unseeded
-            requests, each an independent stream from torch's default generator).
-        out: (output_tokens, num_emitted, accepted_offsets) of the shapes below, int32 contiguous, to write into.
+        temperature, seeds, offset, top_k, top_p, min_p, logprobs: as in :func:`rejection_sample` (seeds None:
+            unseeded requests, each an independent stream from torch's default generator).
+        out: (output_tokens, num_emitted, accepted_offsets[, logprobs]) of the shapes below, int32 (logprobs
+            float32) contiguous, to write into.
     Returns:
         output_tokens [R, max_query_len] int32: the accepted nodes' ids then the last draw (recovered, or the bonus
             after a leaf), -1 padded;
         num_emitted [R] int32 (0 for padding rows);
         accepted_offsets [R, max_query_len] int32: entry d the offset of the path's token at depth d (entry 0 the
             anchor's 0, then the accepted nodes), num_emitted[r] entries, -1 padded. With num_accepted =
-            (num_emitted - 1).clamp(min=0) it is :func:`commit_tree_kv`'s input as it stands.
+            (num_emitted - 1).clamp(min=0) it is :func:`commit_tree_kv`'s input as it stands;
+        then with ``logprobs`` logprobs [R, max_query_len] float32: each emitted token's log-probability under the
+            untruncated softmax(logits / T) of the row it was drawn from (T = 1 for greedy requests), -inf past
+            num_emitted (one more pass over each row read).
 
     Bad values (module docstring for the shared ones): the CPU raises ValueError for a q_len above max_query_len and
     for a token at offset i >= 1 whose parent is not in [0, i); on CUDA that request's tokens past max_query_len
@@ -503,7 +508,7 @@ def tree_rejection_sample(
     if out is not None and not compiling and isinstance(out, (tuple, list)):
         key = ("tree", id(target_logits), id(query_start_loc), id(token_parent), id(input_ids), type(max_query_len),
                max_query_len, id(temperature), id(seeds), id(offset) if isinstance(offset, torch.Tensor) else None,
-               id(top_k), id(top_p), id(min_p), *map(id, out))
+               id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, out))
         call_ = _TREE_CALLS.get(key)
         if call_ is not None:
             call_.run(seeds, temperature, offset)
@@ -525,22 +530,25 @@ def tree_rejection_sample(
                  inner_contiguous=False)
     temperature = _per_request("temperature", temperature, R, device, torch.float32)
     trunc = _truncation(top_k, top_p, min_p, R, V, device)
+    if not isinstance(logprobs, bool):
+        raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
     seeds = _seeds(seeds, temperature, R, device)
     host_offset, offset_t = _offset(offset, device)
     W = max_query_len
+    fields = (("output_tokens", (R, W), torch.int32), ("num_emitted", (R,), torch.int32),
+              ("accepted_offsets", (R, W), torch.int32)) + ((("logprobs", (R, W), torch.float32),) if logprobs else ())
     if out is None:
-        out = (torch.empty(R, W, dtype=torch.int32, device=device), torch.empty(R, dtype=torch.int32, device=device),
-               torch.empty(R, W, dtype=torch.int32, device=device))
+        out = tuple(torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in fields)
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise TypeError("out must be a tuple (output_tokens, num_emitted, accepted_offsets)")
-        for i, (name, shape) in enumerate((("output_tokens", (R, W)), ("num_emitted", (R,)),
-                                           ("accepted_offsets", (R, W)))):
-            check_tensor(f"out[{i}] ({name})", out[i], dtypes=(torch.int32,), device=device, shape=shape,
+        if not isinstance(out, (tuple, list)) or len(out) != len(fields):
+            raise TypeError("out must be a tuple (output_tokens, num_emitted, accepted_offsets"
+                            + (", logprobs)" if logprobs else ")"))
+        for i, (name, shape, dtype) in enumerate(fields):
+            check_tensor(f"out[{i}] ({name})", out[i], dtypes=(dtype,), device=device, shape=shape,
                          inner_contiguous=False)
     err = errors.error_buffer(device)
     args = (target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset_t, trunc.top_k,
-            trunc.top_p, trunc.min_p, out[0], out[1], out[2], err, host_offset, W)
+            trunc.top_p, trunc.min_p, out[0], out[1], out[2], out[3] if logprobs else None, err, host_offset, W)
     if compiling:
         _tree_rejection_sample_into(*args)
         return tuple(out)
@@ -569,7 +577,8 @@ def _run_tree(p, device) -> None:
 
 
 def _tree_params(target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset_t, top_k,
-                 top_p, min_p, output_tokens, num_emitted, accepted_offsets, err, host_offset, max_query_len):
+                 top_p, min_p, output_tokens, num_emitted, accepted_offsets, logprobs, err, host_offset,
+                 max_query_len):
     """The struct of one tree_rejection_sample launch."""
     p = TreeSampleParams()
     p.num_tokens, p.vocab = target_logits.shape
@@ -582,21 +591,21 @@ def _tree_params(target_logits, query_start_loc, token_parent, input_ids, temper
     p.max_query_len = max_query_len
     p.top_k, p.top_p, p.min_p = ptr(top_k), ptr(top_p), ptr(min_p)
     p.output_tokens, p.num_emitted = output_tokens.data_ptr(), num_emitted.data_ptr()
-    p.accepted_offsets, p.error_counts = accepted_offsets.data_ptr(), err.data_ptr()
+    p.accepted_offsets, p.logprobs, p.error_counts = accepted_offsets.data_ptr(), ptr(logprobs), err.data_ptr()
     return p
 
 
 @torch.library.custom_op("adaptive_verify::tree_rejection_sample_into",
-                         mutates_args=("output_tokens", "num_emitted", "accepted_offsets", "error_counts"))
+                         mutates_args=("output_tokens", "num_emitted", "accepted_offsets", "logprobs", "error_counts"))
 def _tree_rejection_sample_into(target_logits: Tensor, query_start_loc: Tensor, token_parent: Tensor,
                                 input_ids: Tensor, temperature: Optional[Tensor], seeds: Optional[Tensor],
                                 offset: Optional[Tensor], top_k: Optional[Tensor], top_p: Optional[Tensor],
                                 min_p: Optional[Tensor], output_tokens: Tensor, num_emitted: Tensor,
-                                accepted_offsets: Tensor, error_counts: Tensor, host_offset: int,
-                                max_query_len: int) -> None:
+                                accepted_offsets: Tensor, logprobs: Optional[Tensor], error_counts: Tensor,
+                                host_offset: int, max_query_len: int) -> None:
     _run_tree(_tree_params(target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset, top_k,
-                           top_p, min_p, output_tokens, num_emitted, accepted_offsets, error_counts, host_offset,
-                           max_query_len), target_logits.device)
+                           top_p, min_p, output_tokens, num_emitted, accepted_offsets, logprobs, error_counts,
+                           host_offset, max_query_len), target_logits.device)
 
 
 @_tree_rejection_sample_into.register_fake

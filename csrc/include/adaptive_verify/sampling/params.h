@@ -133,6 +133,7 @@ struct TreeSampleParams {
   int32_t* output_tokens = nullptr;     // [R, W] contiguous
   int32_t* num_emitted = nullptr;       // [R]
   int32_t* accepted_offsets = nullptr;  // [R, W] contiguous
+  float* logprobs = nullptr;            // [R, W] contiguous or null: as RejectionParams::logprobs
   int32_t* error_counts = nullptr;
 };
 

@@ -29,13 +29,15 @@ AV_HD int64_t tree_input_id(const TreeSampleParams& p, int64_t t) {
 // Runs request r. `writer` is true on exactly one thread (the one that stores results and counts errors).
 template <typename T, typename Backend>
 AV_HD void tree_request(const TreeSampleParams& p, int32_t r, Backend& be, bool writer) {
+  // Output rows are re-derived from p where written rather than kept in registers across the row passes (keeping
+  // three pointers live made ptxas spill in the CUDA kernel).
   const int32_t W = p.max_query_len;
-  int32_t* out = p.output_tokens + int64_t(r) * W;
-  int32_t* path = p.accepted_offsets + int64_t(r) * W;
+  const int64_t row0 = int64_t(r) * W;
   if (writer)
     for (int32_t i = 0; i < W; ++i) {
-      out[i] = -1;
-      path[i] = -1;
+      p.output_tokens[row0 + i] = -1;
+      p.accepted_offsets[row0 + i] = -1;
+      if (p.logprobs != nullptr) p.logprobs[row0 + i] = -INFINITY;
     }
   const int64_t begin = p.query_start_loc[r], end = p.query_start_loc[r + 1];
   if (end <= begin || begin < 0 || end > p.num_tokens) {  // padding row (or lengths no row can satisfy)
@@ -71,9 +73,13 @@ AV_HD void tree_request(const TreeSampleParams& p, int32_t r, Backend& be, bool 
   for (;;) {
     const T* row = logits + (begin + cur) * p.logits_stride;
     const int64_t y = greedy ? be.argmax(row, V) : be.sampled(row, V, temp, trunc, rng, depth, kRace);
+    if (p.logprobs != nullptr) {  // every thread: a block-wide pass over the row
+      const float logprob = token_logprob<T>(be, row, V, greedy ? 1.f : temp, y);
+      if (writer) p.logprobs[int64_t(r) * W + depth] = logprob;
+    }
     if (writer) {
-      out[depth] = int32_t(y);
-      path[depth] = cur;
+      p.output_tokens[int64_t(r) * W + depth] = int32_t(y);
+      p.accepted_offsets[int64_t(r) * W + depth] = cur;
     }
     ++depth;
     // Children sit after their parent; the first one carrying y (siblings are distinct in a planned tree).
