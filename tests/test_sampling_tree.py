@@ -499,11 +499,17 @@ class ToyModel:
             return self.L0
         return self.L1[prefix[0]] if len(prefix) == 1 else self.L2[prefix[-2], prefix[-1]]
 
-    def joint3(self, T):
-        """Exact law of the first three tokens at temperature T (> 0: softmax(logits / T); 0: greedy), float64 [V^3]."""
+    def joint3(self, T, top_k=0):
+        """Exact law of the first three tokens at temperature T (> 0: softmax(logits / T) over each row's top_k tokens
+        when top_k > 0; 0: greedy), float64 [V^3]."""
         def law(x):
             x = x.double()
-            return torch.softmax(x / T, -1) if T > 0 else torch.nn.functional.one_hot(x.argmax(-1), self.V).double()
+            if T == 0:
+                return torch.nn.functional.one_hot(x.argmax(-1), self.V).double()
+            if top_k:
+                kth = x.topk(top_k, -1).values[..., -1:]
+                x = torch.where(x >= kth, x, torch.tensor(float("-inf"), dtype=x.dtype))
+            return torch.softmax(x / T, -1)
         p0 = law(self.L0)
         p1 = law(self.L1)
         p2 = law(self.L2)
@@ -573,7 +579,7 @@ def uniform_tree_rows(model, depth, last, prev):
     return rows
 
 
-def complete_to_three(model, tokens, emitted, T, seed):
+def complete_to_three(model, tokens, emitted, T, seed, top_k=0):
     """The first three tokens of each request: those emitted, then (as the next steps would) draws from the target
     given the tokens so far, with av.sample and fresh seeds."""
     n = tokens.shape[0]
@@ -588,27 +594,30 @@ def complete_to_three(model, tokens, emitted, T, seed):
             rows = (model.L0.expand(idx.numel(), -1), model.L1[seq[idx, 0]], model.L2[seq[idx, 0], seq[idx, 1]])[d]
             temp = torch.full((idx.numel(),), float(T))
             seeds = torch.randint(0, 2**62, (idx.numel(),), generator=torch.Generator().manual_seed(seed + d))
-            seq[idx, d] = av.sample(rows, temp, seeds, offset=d + 1).long()
+            ks = torch.full((idx.numel(),), top_k, dtype=torch.int32)
+            seq[idx, d] = av.sample(rows, temp, seeds, offset=d + 1, top_k=ks).long()
     return seq
 
 
-@pytest.mark.parametrize("T", [1.0, 0.7])
-def test_emitted_tokens_follow_the_target(T):
+@pytest.mark.parametrize("T, top_k", [(1.0, 0), (0.7, 0), (1.0, 3)])
+def test_emitted_tokens_follow_the_target(T, top_k):
     """Chi-square on the joint law of the first three emitted tokens (V = 6: 216 bins) over 2^16 trees with
-    branching at depths 1, 2 and 3, against the exact target; and on the first token alone."""
-    model = ToyModel(6, seed=int(T * 10))
+    branching at depths 1, 2 and 3, against the exact (truncated, with top_k) target; and on the first token alone."""
+    model = ToyModel(6, seed=int(T * 10) + top_k)
     n = 2**16
     qsl, parent, depth, ids, prev = uniform_trees(n, model.V, 17)
     logits, W = uniform_tree_rows(model, depth, ids, prev), int((qsl[1:] - qsl[:-1]).max())
     seeds = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(3))
+    trunc = dict(top_k=torch.full((n,), top_k, dtype=torch.int32)) if top_k else {}
     tokens, emitted, offsets = av.tree_rejection_sample(logits, qsl, parent, ids, W, temperature=torch.full((n,), T),
-                                                        seeds=seeds, offset=2024)
+                                                        seeds=seeds, offset=2024, **trunc)
     assert float((emitted >= 3).double().mean()) > 0.05 and int(emitted.max()) == 4  # branches were taken deep
-    seq = complete_to_three(model, tokens, emitted, T, seed=99)
+    seq = complete_to_three(model, tokens, emitted, T, seed=99, top_k=top_k)
     V = model.V
     codes = seq[:, 0] * V * V + seq[:, 1] * V + seq[:, 2]
-    assert _chi2_pvalue(codes, model.joint3(T)) > ALPHA
-    assert _chi2_pvalue(tokens[:, 0].long(), torch.softmax(model.L0.double() / T, -1)) > ALPHA
+    joint = model.joint3(T, top_k)
+    assert _chi2_pvalue(codes, joint) > ALPHA
+    assert _chi2_pvalue(tokens[:, 0].long(), joint.view(V, V * V).sum(1)) > ALPHA
 
 
 def test_sensitivity_a_biased_sampler_fails():

@@ -188,17 +188,21 @@ def tree_case(rng) -> Case:
     q, pa, ii = g.tensor("query_start_loc", qsl), g.tensor("token_parent", parent), g.tensor("input_ids", ids)
     tp = g.tensor("temperature", temperature) if temperature is not None else None
     sd = g.tensor("seeds", seeds)
+    lp = kind == "valid" and maybe(rng, 0.3)  # logprobs (compared exactly: the same arithmetic)
     out = None
     if maybe(rng, 0.5):
         out = (g.empty("out[0]", (R, W), torch.int32), g.empty("out[1]", (R,), torch.int32),
-               g.empty("out[2]", (R, W), torch.int32))
-    kw = dict(temperature=tp, seeds=sd, offset=offset, out=out)
+               g.empty("out[2]", (R, W), torch.int32)) + ((g.empty("out[3]", (R, W), torch.float32),) if lp else ())
+    kw = dict(temperature=tp, seeds=sd, offset=offset, out=out, logprobs=lp)
     r = rng.random()
     if r < 0.7:
         def check(res):
             want = ref.tree_rejection_sample(logits, qsl, parent, ids, W, temperature=temperature, seeds=seeds,
-                                             offset=offset)
-            for name, got_t, want_t in zip(("output_tokens", "num_emitted", "accepted_offsets"), res, want):
+                                             offset=offset, logprobs=lp)
+            if len(res) != len(want):
+                raise Mismatch(f"{len(res)} outputs, want {len(want)}")
+            for name, got_t, want_t in zip(("output_tokens", "num_emitted", "accepted_offsets", "logprobs"), res,
+                                           want):
                 same(name, got_t, want_t)
             got = errors.error_counts("cpu")
             starts = set(qsl.tolist()[:-1])  # each request's anchor: its id is not read
