@@ -306,3 +306,4 @@ def test_confidence_area_fields_by_name(monkeypatch):
             f["num_positions"], f["num_bins"], f["trials"], f["survivals"]) == (
         conf.data_ptr(), 8, vl.data_ptr(), na.data_ptr(), R, K, 6, 9, stats.trials.data_ptr(),
         stats.survivals.data_ptr())
+    assert f["totals"] == stats.totals.data_ptr()

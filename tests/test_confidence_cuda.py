@@ -78,5 +78,6 @@ def test_stats_update_cuda_matches_cpu_and_runs_in_a_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(gpu.trials.cpu(), 4 * cpu.trials)
+    assert torch.equal(gpu.totals.cpu(), 4 * cpu.totals)
     assert torch.equal(gpu.survivals.cpu(), 4 * cpu.survivals)
     assert torch.equal(gpu._conf_fixed.cpu(), 4 * cpu._conf_fixed)

@@ -506,6 +506,38 @@ def test_hand_tree_layout():
     assert plan.input_ids.tolist() == [9, 10, 11, 13, 8, 0, 0]
 
 
+def test_a_step_without_requests_writes_every_tree_padding_lane():
+    """Found by the fuzzer (issue 16): with R = 0 the parents tensor is empty (no data pointer), and the CPU kernel
+    took the chain path, leaving tree_mask, token_parent, token_node and token_depth unwritten."""
+    out = TreeVerifyPlan.allocate(2, 5, positions=True, slot_mapping=True, input_ids=True)
+    for f in dataclasses.fields(out):
+        t = getattr(out, f.name)
+        if t is not None:
+            t.fill_(-7)
+    empty = dict(context_lens=i32([]), block_table=torch.zeros(0, 3, dtype=torch.int32), block_size=16,
+                 anchor_tokens=i32([]), draft_tokens=torch.zeros(0, 4, dtype=torch.int32))
+    plan = av.plan_tree_verification(torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32), i32([]), mode="all",
+                                     num_reqs_padded=2, num_tokens_padded=5, out=out, **empty)
+    want = ref.plan_tree_verification(torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32), i32([]), mode="all",
+                                      num_reqs_padded=2, num_tokens_padded=5, **empty)
+    for f in dataclasses.fields(plan):
+        assert torch.equal(getattr(plan, f.name), getattr(want, f.name)), f.name
+    assert plan.tree_mask.tolist() == [0] * 5 and plan.token_node.tolist() == [-1] * 5
+
+
+def test_a_full_63_node_tree_sets_the_mask_sign_bit():
+    """Found by the fuzzer (issue 16): a request verifying all 63 nodes has a token at offset 63, whose mask bit is
+    int64's sign bit; the reference overflowed building it."""
+    N = 63
+    parents = torch.arange(-1, N - 1, dtype=torch.int32)[None, :]  # a chain: the last token sees all 64
+    for tree in (parents, torch.full((1, N), -1, dtype=torch.int32)):  # and a star: anchor and itself
+        plan = av.plan_tree_verification(torch.full((1, N), 0.5), tree, i32([N]), mode="all")
+        want = ref.plan_tree_verification(torch.full((1, N), 0.5), tree, i32([N]), mode="all")
+        assert torch.equal(plan.tree_mask, want.tree_mask)
+        assert int(plan.tree_mask[N]) < 0  # bit 63
+    assert int(plan.tree_mask[N]) == -(1 << 63) + 1  # the star's last node: the anchor (bit 0) and itself
+
+
 def test_hand_ties_depth_then_request_then_node():
     """Equal survivals: the shallower node first, then the lower request, then the lower node index."""
     parents = i32([[-1, 0, -1], [-1, -1, 1]])

@@ -26,14 +26,19 @@ def test_counts_equal_the_literal_definition_over_many_steps():
     want_t = torch.zeros(P, B, dtype=torch.int64)
     want_s = torch.zeros_like(want_t)
     want_c = torch.zeros(P, B, dtype=torch.float64)
-    for step in range(6):
-        R, K = [(13, 9), (1, 1), (40, 5), (7, 9), (0, 3), (64, 8)][step]
+    want_totals = torch.zeros(2, dtype=torch.int64)
+    for step in range(7):
+        R, K = [(13, 9), (1, 1), (40, 5), (7, 9), (0, 3), (64, 8), (3, 0)][step]
         conf, vl, na = _step(R, K, g)
+        if step == 3:  # rows as given: a count past K, an accepted count past verify_lens, negatives
+            vl[0], na[0], vl[1], na[1], na[2] = K + 3, K + 5, -2, -1, vl[2] + 4
         stats.update(conf, vl, na)
         t, s, c = ref.stats_update(conf, vl, na, P, B)
         want_t += t
         want_s += s
         want_c += c
+        want_totals += ref.stats_totals(vl, na, K)
+    assert torch.equal(stats.totals, want_totals) and int(want_totals[0]) > 50
     assert torch.equal(stats.trials, want_t)
     assert torch.equal(stats.survivals, want_s)
     assert (stats.conf_sum - want_c).abs().max() < 1e-6  # fixed point truncates below 2^-32 per trial
@@ -109,6 +114,7 @@ def test_reset_and_bad_inputs():
     assert stats.trials.sum() > 0
     stats.reset()
     assert stats.trials.sum() == 0 and stats.survivals.sum() == 0 and stats.conf_sum.sum() == 0
+    assert stats.totals.tolist() == [0, 0]
     assert math.isnan(stats.report()["ece_overall"])
     with pytest.raises(ValueError, match="num_positions"):
         stats.update(torch.rand(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
@@ -145,7 +151,7 @@ def test_update_custom_op_passes_opcheck():
     conf, vl, na = _step(6, 3, torch.Generator().manual_seed(5))
     torch.library.opcheck(torch.ops.adaptive_verify.stats_update_.default,
                           (conf, vl, na, stats.trials, stats.survivals, stats._conf_fixed,
-                           torch.zeros(16, dtype=torch.int32)))
+                           torch.zeros(16, dtype=torch.int32), stats.totals))
 
 
 def test_out_of_range_confidences_bin_like_the_reference():

@@ -104,8 +104,11 @@ int draft_margin_cpu(const MarginParams& p) {
 
 int stats_update_cpu(const StatsParams& p) {
   int32_t nan_count = 0;
+  int64_t verified_sum = 0, accepted_sum = 0;
   for (int32_t r = 0; r < p.num_reqs; ++r) {
     const int32_t verified = p.verify_lens[r], accepted = p.num_accepted[r];
+    verified_sum += verified;
+    accepted_sum += accepted < verified ? accepted : verified;
     for (int32_t j = 0; j < p.max_drafts && j < verified && j <= accepted; ++j) {
       const float c = p.conf[r * p.conf_stride + j];
       if (c != c) {
@@ -119,6 +122,10 @@ int stats_update_cpu(const StatsParams& p) {
     }
   }
   if (nan_count && p.error_counts) p.error_counts[kCountNanConfidence] += nan_count;
+  if (p.totals != nullptr && p.max_drafts > 0) {  // as on CUDA, where a conf without columns launches nothing
+    p.totals[0] += verified_sum;
+    p.totals[1] += accepted_sum;
+  }
   return kOk;
 }
 

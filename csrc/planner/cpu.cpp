@@ -581,6 +581,9 @@ struct CpuBackend {
       }
       for (; t < T_pad; ++t) p.input_ids[t] = 0;
     }
+    // A tree batch without requests arrives here (an empty parents tensor has no data pointer): its tree outputs
+    // are all padding lanes, written like every other padded buffer (a chain's tree pointers are null: a no-op).
+    for (int64_t t = tok; t < T_pad && p.tree_mask != nullptr; ++t) write_tree_padding(p, t);
     return MetadataTotals{tok, slot_errors};
   }
 

@@ -374,7 +374,8 @@ def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwa
         num_tokens=torch.tensor(a.token_offset + T, **i32),
         query_start_loc=torch.tensor(starts + [starts[-1]] * (Rp - R), **i32),
         token_req=lanes([t[0] for t in rows], -1),
-        tree_mask=lanes([t[5] for t in rows], 0, torch.int64),
+        # int64 two's complement: the 64th token of a request (offset 63) sets the sign bit
+        tree_mask=lanes([t[5] - (1 << 64) if t[5] >> 63 else t[5] for t in rows], 0, torch.int64),
         token_parent=lanes([t[4] for t in rows], -1),
         token_node=lanes([t[2] for t in rows], -1),
         token_depth=lanes([t[3] for t in rows], 0),
@@ -461,6 +462,15 @@ def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins):
                 survivals[j, b] += int(j < int(num_accepted[r]))
                 conf_sum[j, b] += min(max(c, 0.0), 1.0)
     return trials, survivals, conf_sum
+
+
+def stats_totals(verify_lens, num_accepted, max_drafts):
+    """AcceptanceStats.totals added by one update: [sum of verify_lens, sum of min(num_accepted, verify_lens)] over
+    every row (int64), nothing when conf has no columns (max_drafts == 0)."""
+    v, a = [int(x) for x in verify_lens], [int(x) for x in num_accepted]
+    if max_drafts == 0:
+        return torch.zeros(2, dtype=torch.int64)
+    return torch.tensor([sum(v), sum(min(x, y) for x, y in zip(a, v))], dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ class AcceptanceStats:
     """Binned per-position acceptance counts on a device. See the module docstring for the semantics.
 
     Attributes (tensors on ``device``): ``trials`` and ``survivals`` int64 [num_positions, num_bins];
-    ``conf_sum`` float64 [num_positions, num_bins] (sum of conf over the trials of each cell).
+    ``conf_sum`` float64 [num_positions, num_bins] (sum of conf over the trials of each cell); ``totals`` int64 [2]:
+    drafts verified and drafts accepted over every update, sum_r verify_lens[r] and sum_r min(num_accepted[r],
+    verify_lens[r]) of every row as given (counted by the same kernel; rows of a conf with no columns add nothing).
     """
 
     def __init__(self, num_positions: int, num_bins: int = 16, device: Union[str, torch.device] = "cpu"):
@@ -52,6 +54,7 @@ class AcceptanceStats:
         self._calls = CallCache()  # remembered update launches (a decode loop repeats its buffers)
         self.survivals = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._conf_fixed = torch.zeros(shape, dtype=torch.int64, device=self.device)  # 32.32 fixed point
+        self.totals = torch.zeros(2, dtype=torch.int64, device=self.device)
         self._errors = errors.error_buffer(self.device)
 
     @property
@@ -63,7 +66,7 @@ class AcceptanceStats:
         verify_lens [R] int32 (drafts verified), num_accepted [R] int32 (drafts accepted)."""
         key = None
         if not torch.compiler.is_compiling():  # a decode loop repeats its buffers: the remembered launch
-            counts = (self.trials, self.survivals, self._conf_fixed, self._errors)
+            counts = (self.trials, self.survivals, self._conf_fixed, self._errors, self.totals)
             key = (id(conf), id(verify_lens), id(num_accepted), *map(id, counts))
             hit = self._calls.get(key)
             if hit is not None:
@@ -77,7 +80,7 @@ class AcceptanceStats:
             raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
         v32 = _int32("verify_lens", verify_lens, self.device, R)
         a32 = _int32("num_accepted", num_accepted, self.device, R)
-        args = (conf, v32, a32, self.trials, self.survivals, self._conf_fixed, self._errors)
+        args = (conf, v32, a32, self.trials, self.survivals, self._conf_fixed, self._errors, self.totals)
         if key is None:
             _stats_update_(*args)
             return
@@ -93,6 +96,7 @@ class AcceptanceStats:
         self.trials.zero_()
         self.survivals.zero_()
         self._conf_fixed.zero_()
+        self.totals.zero_()
 
     def report(self) -> dict:
         """Host-side summary (syncs): per position j and overall,
@@ -141,13 +145,13 @@ def _int32(name, t, device, R):
     return check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
 
 
-def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err):
-    p = _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err)
+def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals):
+    p = _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals)
     check_status(call(_C.stats_update, p, conf.is_cuda, stream_of(conf.device)), "AcceptanceStats.update",
                  conf.device)
 
 
-def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err):
+def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals):
     p = StatsParams()
     p.num_reqs, p.max_drafts = conf.shape
     p.num_positions, p.num_bins = trials.shape
@@ -155,14 +159,15 @@ def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixe
     p.verify_lens, p.num_accepted = verify_lens.data_ptr(), num_accepted.data_ptr()
     p.trials, p.survivals, p.conf_sum, p.error_counts = (trials.data_ptr(), survivals.data_ptr(),
                                                           conf_fixed.data_ptr(), err.data_ptr())
+    p.totals = totals.data_ptr()
     return p
 
 
 @torch.library.custom_op("adaptive_verify::stats_update_",
-                         mutates_args=("trials", "survivals", "conf_fixed", "error_counts"))
+                         mutates_args=("trials", "survivals", "conf_fixed", "error_counts", "totals"))
 def _stats_update_(conf: Tensor, verify_lens: Tensor, num_accepted: Tensor, trials: Tensor, survivals: Tensor,
-                   conf_fixed: Tensor, error_counts: Tensor) -> None:
-    _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, error_counts)
+                   conf_fixed: Tensor, error_counts: Tensor, totals: Tensor) -> None:
+    _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, error_counts, totals)
 
 
 @_stats_update_.register_fake

@@ -70,6 +70,10 @@ MAX_GRAPH_SIZES = 1 << 16
 
 def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
     """[n] int64 numpy array from a list, numpy array or CPU tensor (a CUDA tensor would need a sync)."""
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:  # the per-step case: no copy
+        if n is not None and values.shape[0] != n:
+            raise ValueError(f"{name} must have num_reqs = {n} entries, got {values.shape[0]}")
+        return values
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise ValueError(f"{name} must be on the host (a list, numpy array or CPU tensor), got {values.device}")
@@ -181,8 +185,10 @@ class AdaptiveVerifier:
         self._last_plan: Optional[VerifyPlan] = None
         self.stats = AcceptanceStats(K, device=self.device)
         self.sts = OnlineSTS(K, refresh_every=refresh_every, device=self.device) if online_calibration else None
-        # Device accumulators (graph-safe in-place adds): verified drafts, accepted drafts, expected accepted.
-        self._acc = torch.zeros(3, dtype=torch.float64, device=self.device)
+        # Verified and accepted drafts are the stats kernel's own running totals (stats.totals); the planner's
+        # expected tokens add up on the device (one graph-safe in-place add per step), the rows on the host.
+        self._expected = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._rows = 0
         self._steps = 0
         self._budget_count = 0
         self._budget_sum = 0
@@ -215,7 +221,7 @@ class AdaptiveVerifier:
         b_room = min(int(d.sum()), room)
         # As the planner: forced drafts (min_verify) never push the step past its capacity; they win over the
         # latency target.
-        b_min = min(int(np.minimum(d, self.min_verify).sum()), b_room)
+        b_min = min(int(np.minimum(d, self.min_verify).sum()), b_room) if self.min_verify else 0
         b_max = b_room
         if self.max_step_ms is not None and R:
             cap = step_cap_of(self.cost_table, R, R + extra_tokens, b_room, float(self.cost_table.fixed_cost(R)),
@@ -478,12 +484,11 @@ class AdaptiveVerifier:
         # step, which would send AcceptanceStats.update down its validating path instead of its remembered launch).
         v = (verify_lens if verify_lens.shape[0] == R else verify_lens[:R]).to(torch.int32)
         a = (num_accepted if num_accepted.shape[0] == R else num_accepted[:R]).to(torch.int32)
-        self.stats.update(self._last_conf, v, a)
+        self.stats.update(self._last_conf, v, a)  # also adds the step's verified and accepted drafts to stats.totals
         if self.sts is not None:
             self.sts.step(self.stats)
-        self._acc[0] += v.sum()
-        self._acc[1] += torch.minimum(a.to(torch.int64), v.to(torch.int64)).sum()
-        self._acc[2] += self._last_plan.expected_tokens.double() - R
+        self._expected += self._last_plan.expected_tokens
+        self._rows += R
         self._steps += 1
 
     def metrics(self) -> dict:
@@ -492,8 +497,9 @@ class AdaptiveVerifier:
         (the planner's P(B), what it expected), acceptance_rate (accepted / verified drafts), ece and auc
         of the confidences (AcceptanceStats), graph_use {padded size: steps}. In "greedy" and "global"
         modes the budget figures are plan_budget's upper bound B_max (the device chooses the budget);
-        verified_per_step is what it chose."""
-        acc = self._acc.cpu().tolist()
+        verified_per_step is what it chose. The verified and accepted counts are ``stats.totals`` (so a
+        ``verifier.stats.reset()`` restarts them too)."""
+        acc = [*self.stats.totals.cpu().tolist(), float(self._expected) - self._rows]
         steps = max(self._steps, 1)
         rep = self.stats.report()
         return {

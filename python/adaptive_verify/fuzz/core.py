@@ -46,7 +46,6 @@ class Case:
     names: tuple = ()  # invalid / maybe: the argument names an error message may name
     guards: Optional[Guards] = None
     what: str = ""  # the input's gist, for a failure's report
-    reported: bool = False  # sampling ops: a failure is listed (the area is being rewritten), not a CI failure
 
     def __post_init__(self):
         assert self.kind in KINDS, self.kind

@@ -226,6 +226,8 @@ def _plan_adversarial(rng, choose: bool) -> Case:
             kind = "maybe"
         kw[name] = value
         names, what = (name,), f"{name}={value!r}"
+        if name == "block_size":  # a smaller valid block size can leave the block table too short: named there
+            names += ("block_table",)
     elif target == "tensor":
         present = [n for n in ("survival", "drafts", "conf") if args.get(n) is not None] + \
             [n for n in ("context_lens", "block_table", "anchor_tokens", "draft_tokens") if kw.get(n) is not None]

@@ -38,7 +38,7 @@ class Report:
     seed: int
     counts: dict  # op -> outcome -> n
     kinds: dict  # op -> kind -> n
-    failures: list  # records of failing cases (reported ones included, flagged)
+    failures: list  # records of failing cases
     seconds: float
     processes: int
 
@@ -46,8 +46,8 @@ class Report:
     def calls(self) -> int:
         return sum(sum(c.values()) for c in self.counts.values())
 
-    def failing(self, include_reported: bool = False) -> list:
-        return [f for f in self.failures if include_reported or not f.get("reported")]
+    def failing(self) -> list:
+        return list(self.failures)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"calls": self.calls}
@@ -106,7 +106,7 @@ def _isolate(seed: int, case: list, chunk_why: str, case_timeout: float, startup
         return rec
     op, index = case
     outcome = "hang" if why and why.startswith("timeout") else "crash"
-    return dict(op=op, index=index, kind="?", outcome=outcome, detail=why or chunk_why, what="", reported=False,
+    return dict(op=op, index=index, kind="?", outcome=outcome, detail=why or chunk_why, what="",
                 seconds=0.0)
 
 

@@ -1,6 +1,7 @@
-"""Fuzz cases of rejection_sample and sample, on their current signatures. Every case is marked ``reported``: the
-sampling area is being rewritten elsewhere, so a failure here is listed in the campaign's report for that work
-rather than failing CI (docs/fuzzing.md). tree_rejection_sample's cases are not: a failure there fails CI."""
+"""Fuzz cases of rejection_sample and sample: drafts, temperatures, seeds and offsets at their edges, the sampling
+parameters (top_k, top_p, min_p, some off, some per request) and logprobs, compared with the reference bit for
+bit; out-of-range values of each, which the CPU kernel refuses by name. tree_rejection_sample likewise, on random
+topological trees, with bad parents, lengths and widths."""
 from __future__ import annotations
 
 import torch
@@ -33,6 +34,31 @@ def _problem(rng):
     return R, K, V, T, q_lens, torch.tensor(qsl, dtype=torch.int32), logits, drafts, temperature, seeds, probs
 
 
+def _truncation(rng, n: int, V: int) -> dict:
+    """top_k / top_p / min_p, each absent or per row with the off value and the edges mixed in."""
+    kw = {}
+    if maybe(rng, 0.4):
+        kw["top_k"] = torch.from_numpy(rng.choice([0, 1, 2, V, V + 3, 2**31 - 1], size=n)).to(torch.int32)
+    if maybe(rng, 0.4):
+        kw["top_p"] = torch.from_numpy(rng.choice([1.0, 0.9, 0.5, 1e-7, 0.3], size=n)).float()
+    if maybe(rng, 0.3):
+        kw["min_p"] = torch.from_numpy(rng.choice([0.0, 0.1, 0.5, 1.0], size=n)).float()
+    return kw
+
+
+def _bad_truncation(rng, n: int) -> tuple:
+    """One sampling parameter with a value the kernels refuse (CPU) or turn off and count (CUDA)."""
+    which = pick(rng, ["top_k", "top_p", "min_p"])
+    if which == "top_k":
+        t = torch.zeros(n, dtype=torch.int32)
+        t[0] = pick(rng, [-1, -(2**31)])
+    else:
+        t = torch.ones(n) if which == "top_p" else torch.zeros(n)
+        bad = [0.0, -0.5, 1.5, float("nan"), float("inf")] if which == "top_p" else [-0.1, 1.01, float("nan")]
+        t[0] = pick(rng, bad)
+    return which, t
+
+
 def _judged_bad_ids(qsl, drafts, emitted, V) -> int:
     """Out-of-range draft ids the sampler judged: request r judges drafts j < min(emitted, q_len - 1)."""
     n = 0
@@ -61,16 +87,25 @@ def rejection_case(rng) -> Case:
     pr = g.tensor("draft_probs", probs) if probs is not None else None
     tp = g.tensor("temperature", temperature) if temperature is not None else None
     sd = g.tensor("seeds", seeds)
-    out = (g.empty("out[0]", (R, K + 1), torch.int32), g.empty("out[1]", (R,), torch.int32)) if maybe(rng, 0.5) else None
-    kw = dict(draft_probs=pr, temperature=tp, seeds=sd, offset=offset, out=out)
+    trunc = _truncation(rng, R, V)
+    logprobs = maybe(rng, 0.3)
+    out = None
+    if maybe(rng, 0.5):
+        out = (g.empty("out[0]", (R, K + 1), torch.int32), g.empty("out[1]", (R,), torch.int32))
+        if logprobs:
+            out += (g.empty("out[2]", (R, K + 1), torch.float32),)
+    kw = dict(draft_probs=pr, temperature=tp, seeds=sd, offset=offset, out=out, logprobs=logprobs,
+              **{k: g.tensor(k, v) for k, v in trunc.items()})
     r = rng.random()
     if r < 0.7:
         def check(res):
-            tokens, emitted = res
-            want_t, want_e = ref.rejection_sample(logits, qsl, drafts, draft_probs=probs, temperature=temperature,
-                                                  seeds=seeds, offset=offset)
-            same("output_tokens", tokens, want_t)
-            same("num_emitted", emitted, want_e)
+            want = ref.rejection_sample(logits, qsl, drafts, draft_probs=probs, temperature=temperature,
+                                        seeds=seeds, offset=offset, logprobs=logprobs, **trunc)
+            if len(res) != len(want):
+                raise Mismatch(f"{len(res)} results, want {len(want)}")
+            for name, a, b in zip(("output_tokens", "num_emitted", "logprobs"), res, want):
+                same(name, a, b)
+            want_e = want[1]
             got = errors.error_counts("cpu")
             bad = _judged_bad_ids(qsl, drafts, want_e, V)
             if got["draft_id_out_of_range"] != bad:
@@ -79,12 +114,17 @@ def rejection_case(rng) -> Case:
             if not 0 <= got["nan_logits"] <= 2 * nan_rows * V or (nan_rows == 0 and got["nan_logits"]):
                 raise Mismatch(f"nan_logits: got {got['nan_logits']} with {nan_rows} NaN rows")
 
-        return Case(kind, lambda: rejection_sample(lg, q, d, **kw), check, guards=g, reported=True,
-                    what=f"R={R} K={K} V={V} probs={probs is not None}")
+        return Case(kind, lambda: rejection_sample(lg, q, d, **kw), check, guards=g,
+                    what=f"R={R} K={K} V={V} probs={probs is not None} {sorted(trunc)} logprobs={logprobs}")
     if r < 0.85:
-        which = pick(rng, ["offset", "temperature", "query_start_loc", "cuda_kernel"])
+        which = pick(rng, ["offset", "temperature", "query_start_loc", "cuda_kernel", "truncation", "logprobs"])
         names = (which,)
-        if which == "offset":
+        if which == "truncation" and R:
+            name, t = _bad_truncation(rng, R)
+            kw[name], k, names = g.tensor(name + "2", t), "invalid", (name,)
+        elif which == "logprobs":
+            kw["logprobs"], k = pick(rng, [1, 0, "yes", None, torch.tensor(True)]), "invalid"
+        elif which == "offset":
             kw["offset"], k = int_arg(rng, 0, 2**64 - 1)
         elif which == "temperature" and R:
             t = torch.ones(R)
@@ -97,13 +137,12 @@ def rejection_case(rng) -> Case:
             # (the last value can still leave every q_len in [0, K + 1]: then the call is valid)
             bad = not all(0 <= a <= b <= T and b - a <= K + 1 for a, b in zip(s.tolist(), s.tolist()[1:]))
             return Case("invalid" if bad else "maybe", lambda: rejection_sample(lg, q2, d, **kw), guards=g,
-                        names=names, reported=True, what="bad query_start_loc")
-        else:
+                        names=names, what="bad query_start_loc")
+        elif which in ("cuda_kernel", "truncation", "temperature", "query_start_loc"):  # (the last three: R = 0)
             kw["cuda_kernel"] = pick(rng, ["v2", "splitv", "", 0])
             k = "maybe" if kw["cuda_kernel"] == "splitv" else "invalid"
             names = ("cuda_kernel", "CUDA_KERNEL")
-        return Case(k, lambda: rejection_sample(lg, q, d, **kw), guards=g, names=names, reported=True,
-                    what=f"{which}")
+        return Case(k, lambda: rejection_sample(lg, q, d, **kw), guards=g, names=names, what=f"{which}")
     args = [lg, q, d]
     names = ["target_logits", "query_start_loc", "draft_tokens", "draft_probs", "temperature", "seeds"]
     i = int(rng.integers(0, 6))
@@ -118,7 +157,7 @@ def rejection_case(rng) -> Case:
     else:
         kw[names[i]] = value
     return Case(kind, lambda: rejection_sample(*args, **kw), guards=g, names=tuple(names) + ("out", "V", "K"),
-                reported=True, what=f"{names[i]}: {desc}")
+                what=f"{names[i]}: {desc}")
 
 
 def sample_case(rng) -> Case:
@@ -135,24 +174,42 @@ def sample_case(rng) -> Case:
     lg = g.tensor("logits", logits, row_gap=int(pick(rng, [0, 2])))
     tp = g.tensor("temperature", temperature) if temperature is not None else None
     sd = g.tensor("seeds", seeds)
-    out = g.empty("out", (N,), torch.int32) if maybe(rng, 0.5) else None
-    if rng.random() < 0.7:
+    trunc = _truncation(rng, N, V)
+    tk = {k: g.tensor(k, v) for k, v in trunc.items()}
+    logprobs = maybe(rng, 0.3)
+    out = None
+    if maybe(rng, 0.5):
+        out = g.empty("out", (N,), torch.int32)
+        if logprobs:
+            out = (out, g.empty("out[1]", (N,), torch.float32))
+    r = rng.random()
+    if r < 0.7:
         def check(got):
-            same("tokens", got, ref.sample(logits, temperature, seeds, offset))
+            want = ref.sample(logits, temperature, seeds, offset, logprobs=logprobs, **trunc)
+            if logprobs:
+                same("tokens", got[0], want[0])
+                same("logprobs", got[1], want[1])
+            else:
+                same("tokens", got, want)
 
-        return Case("safe" if nan else "valid", lambda: sample(lg, tp, sd, offset, out=out), check, guards=g,
-                    reported=True, what=f"N={N} V={V} {dtype}")
+        return Case("safe" if nan else "valid", lambda: sample(lg, tp, sd, offset, out=out, logprobs=logprobs, **tk),
+                    check, guards=g, what=f"N={N} V={V} {dtype} {sorted(trunc)} logprobs={logprobs}")
+    if r < 0.8 and N:
+        name, t = _bad_truncation(rng, N)
+        bad = g.tensor(name + "2", t)
+        return Case("invalid", lambda: sample(lg, tp, sd, offset, **{**tk, name: bad}), guards=g, names=(name,),
+                    what=f"bad {name}")
     names = ["logits", "temperature", "seeds", "out"]
     i = int(rng.integers(0, 4))
-    base = [lg, tp, sd, out][i]
+    base = [lg, tp, sd, out[0] if isinstance(out, tuple) else out][i]
     if base is None:
         base = torch.ones(N) if i == 1 else torch.zeros(N, dtype=torch.int32)
     allowed = {0: DTYPES, 1: (torch.float32,), 2: (torch.int64,), 3: (torch.int32,)}[i]
     desc, value, kind = pick(rng, tensor_variants(base, allowed_dtypes=allowed))
     args = [lg, tp, sd, out]
-    args[i] = value
-    return Case(kind, lambda: sample(args[0], args[1], args[2], offset, out=args[3]), guards=g,
-                names=tuple(names) + ("V",), reported=True, what=f"{names[i]}: {desc}")
+    args[i] = (value, out[1]) if i == 3 and isinstance(out, tuple) else value
+    return Case(kind, lambda: sample(args[0], args[1], args[2], offset, out=args[3], logprobs=logprobs, **tk), guards=g,
+                names=tuple(names) + ("V",), what=f"{names[i]}: {desc}")
 
 
 def _tree_problem(rng):

@@ -2,7 +2,7 @@
 index], ...]}``, as JSON on stdin and prints one JSON line per case as soon as it is judged (so when the process
 dies, the parent knows exactly which cases finished and which one was running).
 
-Each line: ``{"op", "index", "kind", "outcome", "detail", "what", "reported", "seconds"}``. A generator that
+Each line: ``{"op", "index", "kind", "outcome", "detail", "what", "seconds"}``. A generator that
 raises (a bug of the fuzzer, not of the library) reports the outcome ``generator_error``.
 """
 from __future__ import annotations
@@ -41,12 +41,12 @@ def run_job(job: dict, emit) -> None:
             case = make_case(seed, op, int(index))
         except Exception as e:  # noqa: BLE001 - reported as the fuzzer's own bug
             emit(dict(op=op, index=index, kind="?", outcome="generator_error", what="",
-                      detail=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"[:1500], reported=False,
+                      detail=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"[:1500],
                       seconds=time.perf_counter() - t0))
             continue
         outcome, detail = run_case(case)
         emit(dict(op=op, index=index, kind=case.kind, outcome=outcome, detail=detail, what=case.what,
-                  reported=case.reported, seconds=time.perf_counter() - t0))
+                  seconds=time.perf_counter() - t0))
 
 
 def main() -> None:

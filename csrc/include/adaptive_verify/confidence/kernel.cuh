@@ -174,6 +174,11 @@ __global__ void stats_kernel(const StatsParams p) {
   if (idx >= int64_t(p.num_reqs) * p.max_drafts) return;
   const int32_t r = int32_t(idx / p.max_drafts), j = int32_t(idx % p.max_drafts);
   const int32_t accepted = p.num_accepted[r];
+  if (j == 0 && p.totals != nullptr) {  // one thread per row adds the row to the running totals
+    const int64_t v = p.verify_lens[r], a = accepted < v ? accepted : v;
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.totals), static_cast<unsigned long long>(v));
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.totals + 1), static_cast<unsigned long long>(a));
+  }
   if (j >= p.verify_lens[r] || j > accepted) return;
   const float c = p.conf[r * p.conf_stride + j];
   if (c != c) {

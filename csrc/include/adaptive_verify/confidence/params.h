@@ -60,6 +60,9 @@ struct StatsParams {
   int64_t* survivals = nullptr;  // [num_positions, num_bins]
   int64_t* conf_sum = nullptr;   // [num_positions, num_bins], sum of conf in 32.32 fixed point (exact, any order)
   int32_t* error_counts = nullptr;
+  // [2] nullable: += sum_r verify_lens[r] and sum_r min(num_accepted[r], verify_lens[r]) (every row, as given), so a
+  // caller's running totals cost no extra op per step.
+  int64_t* totals = nullptr;
 };
 
 }  // namespace confidence
