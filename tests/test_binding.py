@@ -18,7 +18,7 @@ from adaptive_verify._ext import _C
 
 STRUCTS = {name: getattr(_binding, name) for name in (
     "SurvivalParams", "PlannerParams", "ConfidenceParams", "LogitParams", "MarginParams", "StatsParams",
-    "RejectionParams", "SampleParams", "AttentionParams", "WriteKvParams", "CommitTreeKvParams")}
+    "RejectionParams", "SampleParams", "TreeSampleParams", "AttentionParams", "WriteKvParams", "CommitTreeKvParams")}
 
 
 @pytest.mark.parametrize("name", sorted(STRUCTS))
@@ -206,6 +206,31 @@ def test_rejection_and_sample_fields_by_name(monkeypatch):
     f = _fields(p, _binding.SampleParams)
     assert (f["top_k"], f["top_p"], f["min_p"], f["tokens"], f["logprobs"]) == (
         k9.data_ptr(), p9.data_ptr(), m9.data_ptr(), out.data_ptr(), lps.data_ptr())
+
+
+def test_tree_sample_fields_by_name(monkeypatch):
+    R, V, T, W = 2, 13, 7, 5
+    logits = torch.randn(T, 17)[:, :V]
+    qsl = torch.tensor([0, 3, 7], dtype=torch.int32)
+    parent = torch.tensor([-1, 0, 0, -1, 0, 1, 1], dtype=torch.int32)
+    ids = torch.arange(T, dtype=torch.int64)
+    temperature, seeds = torch.full((R,), 0.5), torch.arange(R, dtype=torch.int64) + 7
+    top_k, top_p, min_p = torch.tensor([1, 0], dtype=torch.int32), torch.full((R,), 0.5), torch.zeros(R)
+    p, (tokens, emitted, offsets) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.TreeSampleParams,
+                                              lambda: av.tree_rejection_sample(
+                                                  logits, qsl, parent, ids, W, temperature=temperature, seeds=seeds,
+                                                  offset=41, top_k=top_k, top_p=top_p, min_p=min_p))
+    assert _fields(p, _binding.TreeSampleParams) == dict(
+        logits=logits.data_ptr(), logits_stride=17, dtype=0, num_tokens=T, vocab=V, query_start_loc=qsl.data_ptr(),
+        token_parent=parent.data_ptr(), input_ids=ids.data_ptr(), input_ids_int64=1,
+        temperature=temperature.data_ptr(), seeds=seeds.data_ptr(), offset=41, offset_ptr=None, num_reqs=R,
+        max_query_len=W, top_k=top_k.data_ptr(), top_p=top_p.data_ptr(), min_p=min_p.data_ptr(),
+        output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(), accepted_offsets=offsets.data_ptr(),
+        logprobs=None, error_counts=av.errors.error_buffer("cpu").data_ptr())
+    p, (_, _, _, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.TreeSampleParams,
+                                  lambda: av.tree_rejection_sample(logits, qsl, parent, ids, W, logprobs=True))
+    f = _fields(p, _binding.TreeSampleParams)
+    assert (f["logprobs"], f["temperature"], f["seeds"], f["input_ids_int64"]) == (lps.data_ptr(), None, None, 1)
 
 
 def test_attention_and_write_kv_fields_by_name(monkeypatch):

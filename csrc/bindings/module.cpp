@@ -84,6 +84,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATUS_DUPLICATE_SIBLING") = int(kErrDuplicateSibling);
   m.attr("STATUS_ACCEPTED_PATH") = int(kErrAcceptedPath);
   m.attr("STATUS_CONTEXT_LEN") = int(kErrContextLen);
+  m.attr("STATUS_TOKEN_PARENT") = int(kErrTokenParent);
   m.attr("NUM_ERROR_COUNTERS") = int(kNumErrorCounters);
   bindings::register_planner(m);
   bindings::register_confidence(m);

@@ -3,6 +3,7 @@
 
 #include "adaptive_verify/sampling/algorithm.h"
 #include "adaptive_verify/sampling/cpu.h"
+#include "adaptive_verify/sampling/tree.h"
 
 namespace adaptive_verify {
 namespace sampling {
@@ -118,6 +119,20 @@ int check_query_start_loc(const RejectionParams& p) {
   return kOk;
 }
 
+// Tree tokens: query_start_loc non-decreasing within [0, T] with at most max_query_len tokens per request (kErrQueryLen),
+// and every token at offset i >= 1 with its parent at an offset in [0, i) (kErrTokenParent).
+int check_tree(const TreeSampleParams& p) {
+  if (p.num_reqs == 0) return kOk;
+  if (p.query_start_loc[0] < 0 || p.query_start_loc[p.num_reqs] > p.num_tokens) return kErrQueryLen;
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    const int64_t begin = p.query_start_loc[r], q_len = int64_t(p.query_start_loc[r + 1]) - begin;
+    if (q_len < 0 || q_len > p.max_query_len) return kErrQueryLen;
+    for (int64_t i = 1; i < q_len; ++i)
+      if (p.token_parent[begin + i] < 0 || p.token_parent[begin + i] >= i) return kErrTokenParent;
+  }
+  return kOk;
+}
+
 }  // namespace
 
 int rejection_sample_cpu(const RejectionParams& p) {
@@ -127,6 +142,17 @@ int rejection_sample_cpu(const RejectionParams& p) {
     using T = decltype(tag);
     CpuRows<T> rows{p.error_counts, {}};
     for (int32_t r = 0; r < p.num_reqs; ++r) rejection_request<T>(p, r, rows, true);
+  });
+}
+
+int tree_rejection_sample_cpu(const TreeSampleParams& p) {
+  if (p.max_query_len < 1 || p.max_query_len > kMaxTreeTokens) return kErrBadArgument;
+  if (const int bad = check_tree(p)) return bad;
+  if (const int bad = check_row_params(p.temperature, p.top_k, p.top_p, p.min_p, p.num_reqs)) return bad;
+  return dispatch(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    CpuRows<T> rows{p.error_counts, {}};
+    for (int32_t r = 0; r < p.num_reqs; ++r) tree_request<T>(p, r, rows, true);
   });
 }
 

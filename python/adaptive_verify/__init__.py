@@ -14,7 +14,7 @@ from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
 from .planner import (TreeVerifyPlan, VerifyPlan, choose_budget, plan_tree_verification, plan_verification,
                       prefix_survival, tree_survival)
-from .sampling import rejection_sample, sample
+from .sampling import rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
 from .verifier import AdaptiveVerifier
 
@@ -45,6 +45,7 @@ __all__ = [
     "rejection_sample",
     "reset_error_counts",
     "sample",
+    "tree_rejection_sample",
     "tree_survival",
     "verify_attention",
     "write_kv",

@@ -67,6 +67,8 @@ def check_status(status: int, op: str, device: torch.device, messages: dict | No
         ),
         _C.STATUS_CONTEXT_LEN: "context_lens: every value must lie in [0, 2^31 - 65] (positions and seq_lens "
                                "are int32)",
+        _C.STATUS_TOKEN_PARENT: "token_parent: within each request, the token at offset i >= 1 must have its "
+                                "parent's offset in [0, i) (the anchor at offset 0, parents before children)",
         _C.STATUS_BAD_ARGUMENT: "internal: an argument the Python layer should have rejected",
         _C.STATUS_TEMPERATURE: "temperature must be >= 0 (0 = greedy) and not NaN",
         _C.STATUS_TOP_K: "top_k must be >= 0 (0 = off)",

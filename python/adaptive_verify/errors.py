@@ -48,6 +48,9 @@ COUNTER_NAMES = (
     # planner: a context length outside [0, MAX_CONTEXT_LEN] on CUDA: the request's seq_lens and positions are
     # written 0 and its slots -1 (the CPU raises ValueError).
     "context_len_out_of_range",
+    # tree_rejection_sample on CUDA: a token at offset i >= 1 whose token_parent lies outside [0, i) (not a parent
+    # before it in its request): it is no child of any token, so the walk never enters it (the CPU raises ValueError).
+    "token_parent_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

@@ -776,6 +776,53 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
     return out.to(dev), emitted.to(dev)
 
 
+def tree_rejection_sample(target_logits, query_start_loc, token_parent, input_ids, max_query_len, *,
+                          temperature=None, seeds=None, offset=0, top_k=None, top_p=None, min_p=None, logprobs=False):
+    """Reference of adaptive_verify.tree_rejection_sample (same arguments, ``out`` excepted), for valid trees.
+
+    From request r's anchor (offset 0): y = argmax (T = 0) or a race over the kept tokens of the current token's
+    row at position = its depth; go to the child (token_parent == current offset) whose input id is y, else emit y
+    and stop. Returns (output_tokens [R, W] int32, num_emitted [R] int32, accepted_offsets [R, W] int32), -1 padded,
+    W = max_query_len[, logprobs [R, W] float32: :func:`token_logprob` of each emitted token at T (1 when greedy),
+    -inf past num_emitted]."""
+    R, W = query_start_loc.numel() - 1, max_query_len
+    logits = target_logits.detach().cpu().to(torch.float32)
+    qsl = query_start_loc.cpu().long().tolist()
+    parent, ids = token_parent.cpu().long(), input_ids.cpu().long()
+    temps = torch.zeros(R) if temperature is None else temperature.cpu().to(torch.float32)
+    ks = None if top_k is None else top_k.cpu().tolist()
+    ps = None if top_p is None else top_p.cpu().to(torch.float32).tolist()
+    mps = None if min_p is None else min_p.cpu().to(torch.float32).tolist()
+    seeds = _seeds_or_fresh(seeds, temperature, R, target_logits.device)
+    out = torch.full((R, W), -1, dtype=torch.int32)
+    emitted = torch.zeros(R, dtype=torch.int32)
+    path = torch.full((R, W), -1, dtype=torch.int32)
+    lps = torch.full((R, W), float("-inf"), dtype=torch.float32)
+    for r in range(R):
+        begin, q_len = qsl[r], qsl[r + 1] - qsl[r]
+        cur, depth = 0, 0
+        while q_len > 0:
+            row = logits[begin + cur]
+            if float(temps[r]) == 0.0:
+                y = _argmax(row)
+            else:
+                z = _fdiv(row, temps[r])
+                keep = kept_tokens(z, _param(ks, r, 0), _param(ps, r, 1.0), _param(mps, r, 0.0))
+                y = _race(z, seeds[r], int(offset), depth, _RACE, keep)
+            out[r, depth], path[r, depth] = y, cur
+            lps[r, depth] = token_logprob(row if float(temps[r]) == 0.0 else _fdiv(row, temps[r]), y)
+            depth += 1
+            kids = [i for i in range(1, q_len) if int(parent[begin + i]) == cur and int(ids[begin + i]) == y]
+            if not kids:
+                break
+            cur = kids[0]
+        emitted[r] = depth
+    dev = target_logits.device
+    if logprobs:
+        return out.to(dev), emitted.to(dev), path.to(dev), lps.to(dev)
+    return out.to(dev), emitted.to(dev), path.to(dev)
+
+
 def sample(logits, temperature=None, seeds=None, offset=0, *, top_k=None, top_p=None, min_p=None, logprobs=False):
     """Reference of adaptive_verify.sample: argmax (T = 0) or a race over the kept tokens on stream 2,
     position 0, per row; with ``logprobs`` also each token's :func:`token_logprob`."""

@@ -1,6 +1,7 @@
 // The sampler's CUDA kernels (sampling/kernel.cuh "v1", sampling/kernel_splitv.cuh "splitv"), launched by their
 // real launchers, run on the host by the fiber emulator (cuda_emu.h), behind C entry points that take the same
-// parameter structs as adaptive_verify._C's rejection_sample / sample (tests/test_sampling_emu.py swaps them
+// parameter structs as adaptive_verify._C's rejection_sample / sample / tree_rejection_sample (tests/test_sampling_emu.py
+// and tests/test_sampling_tree.py swap them
 // in). The split-vocabulary workspace is allocated here, zero-filled, as the Python layer does on CUDA. Built by
 // the tests with the host compiler; not part of the package.
 #include "cuda_emu.h"
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "adaptive_verify/sampling/kernel_splitv.cuh"
+#include "adaptive_verify/sampling/kernel_tree.cuh"
 
 namespace sm = adaptive_verify::sampling;
 
@@ -54,6 +56,15 @@ int av_emu_sample(const sm::SampleParams* params, char* err, int err_len) {
   return av_emu::run_entry(av_emu::kLateCopies, logits_range(p.logits, p.num_rows, p.logits_stride, p.vocab, p.dtype),
                            err, err_len, [&] {
     if (sm::launch_sample_rows(p, nullptr) != cudaSuccess) throw av_emu::Failure("launch returned an error");
+  });
+}
+
+// params: the struct adaptive_verify._C.tree_rejection_sample takes.
+int av_emu_tree_rejection_sample(const sm::TreeSampleParams* params, char* err, int err_len) {
+  const sm::TreeSampleParams p = *params;
+  return av_emu::run_entry(av_emu::kLateCopies, logits_range(p.logits, p.num_tokens, p.logits_stride, p.vocab, p.dtype),
+                           err, err_len, [&] {
+    if (sm::launch_tree_sample(p, nullptr) != cudaSuccess) throw av_emu::Failure("launch returned an error");
   });
 }
 

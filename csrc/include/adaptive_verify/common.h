@@ -39,6 +39,7 @@ enum Status : int {
   kErrDuplicateSibling = 14,    // draft trees: two children of one node carry the same draft id
   kErrAcceptedPath = 15,        // commit_tree_kv: an accepted path that is not a valid move (offsets, lengths)
   kErrContextLen = 16,          // planner: context_lens[r] outside [0, kMaxContextLen]
+  kErrTokenParent = 17,         // tree_rejection_sample: token_parent of offset i >= 1 outside [0, i)
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -58,6 +59,7 @@ enum ErrorCounter : int {
   kCountDuplicateSibling = 10,  // draft trees: a node repeating an earlier sibling's id: it (and its subtree) is none
   kCountAcceptedPath = 11,      // commit_tree_kv: a request whose accepted path is invalid: nothing of it is moved
   kCountContextLenOutOfRange = 12,  // planner: context_lens[r] outside [0, kMaxContextLen] (its metadata padding)
+  kCountTokenParent = 13,       // tree_rejection_sample: a token whose parent offset is outside [0, i): never entered
   kNumErrorCounters = 16,
 };
 

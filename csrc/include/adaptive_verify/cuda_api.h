@@ -36,6 +36,7 @@ int verify_attention_cuda(const AttentionParams& p, void* stream);
 namespace sampling {
 int rejection_sample_cuda(const RejectionParams& p, void* stream);
 int sample_cuda(const SampleParams& p, void* stream);
+int tree_rejection_sample_cuda(const TreeSampleParams& p, void* stream);
 }  // namespace sampling
 
 }  // namespace adaptive_verify

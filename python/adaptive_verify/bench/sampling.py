@@ -14,6 +14,9 @@ to and including its last emitted token, once), against a plain copy's bandwidth
 On CUDA both sampler kernels are timed (cuda_kernel="v1", the default, and the candidate "splitv"); splitv may
 also read rows past a request's first rejection (those whose blocks start before the rejection is known), and is
 still charged only the bytes that must be read.
+
+``--tree`` benchmarks tree_rejection_sample instead (bench/sampling_tree.py): trees against chains of the same token
+count, and the torch reference.
 """
 from __future__ import annotations
 
@@ -168,16 +171,37 @@ def report(result: dict) -> str:
     ]) + "\n"
 
 
+def _run(a) -> dict:
+    if not a.tree:
+        return run(a.reqs or R_VALUES, a.vocab or V_VALUES, device=a.device, min_time_s=a.min_time)
+    from . import sampling_tree
+
+    return sampling_tree.run(a.reqs or sampling_tree.R_VALUES, a.vocab or sampling_tree.V_VALUES,
+                             a.nodes or sampling_tree.N_VALUES, device=a.device, min_time_s=a.min_time)
+
+
+def _report(result: dict) -> str:
+    if result.get("tree"):
+        from . import sampling_tree
+
+        return sampling_tree.report(result)
+    return report(result)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     def add_arguments(ap):
-        ap.add_argument("--reqs", type=int, nargs="+", default=list(R_VALUES), help="R values")
-        ap.add_argument("--vocab", type=int, nargs="+", default=list(V_VALUES), help="V values")
+        ap.add_argument("--reqs", type=int, nargs="+", default=None,
+                        help=f"R values (default {' '.join(map(str, R_VALUES))}; with --tree 1 16 64)")
+        ap.add_argument("--vocab", type=int, nargs="+", default=None,
+                        help=f"V values (default {' '.join(map(str, V_VALUES))}; with --tree 32000)")
+        ap.add_argument("--nodes", type=int, nargs="+", default=None,
+                        help="with --tree: N, verified nodes per request (default 16 40)")
+        ap.add_argument("--tree", action="store_true", help="tree_rejection_sample (draft trees) instead")
         ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
     return cli_main(argv, prog="adaptive-verify bench sampling", description=__doc__.split("\n\n")[0],
-                    add_arguments=add_arguments, report=report,
-                    run=lambda a: run(a.reqs, a.vocab, device=a.device, min_time_s=a.min_time))
+                    add_arguments=add_arguments, report=_report, run=_run)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,7 +19,7 @@ from .core import Case
 from .guards import Guards
 from .host_cases import calibration_case, cost_table_case, margin_estimator_case, misc_case, verifier_case
 from .planner_cases import choose_case, plan_case, remembered_case, survival_case
-from .sampling_cases import rejection_case, sample_case
+from .sampling_cases import rejection_case, sample_case, tree_case
 from .tree_cases import commit_case as tree_commit_case
 from .tree_cases import plan_case as tree_plan_case
 from .tree_cases import survival_case as tree_survival_case
@@ -42,6 +42,7 @@ OPS = {
     "tree_survival": (tree_survival_case, 2),
     "plan_tree_verification / choose_budget(parents)": (tree_plan_case, 4),
     "commit_tree_kv": (tree_commit_case, 2),
+    "tree_rejection_sample": (tree_case, 2),
     "CostTable": (cost_table_case, 3),
     "AdaptiveVerifier": (verifier_case, 3),
     "MarginEstimator": (margin_estimator_case, 1),

@@ -1,13 +1,14 @@
 """Fuzz cases of rejection_sample and sample: drafts, temperatures, seeds and offsets at their edges, the sampling
 parameters (top_k, top_p, min_p, some off, some per request) and logprobs, compared with the reference bit for
-bit; out-of-range values of each, which the CPU kernel refuses by name."""
+bit; out-of-range values of each, which the CPU kernel refuses by name. tree_rejection_sample likewise, on random
+topological trees, with bad parents, lengths and widths."""
 from __future__ import annotations
 
 import torch
 
 from .. import errors
 from .. import reference as ref
-from ..sampling import rejection_sample, sample
+from ..sampling import rejection_sample, sample, tree_rejection_sample
 from .core import Case, Mismatch, same
 from .guards import Guards
 from .values import floats, int_arg, ints, maybe, pick, small_int, sprinkle, tensor_variants
@@ -213,4 +214,104 @@ def sample_case(rng) -> Case:
                 names=tuple(names) + ("V", "top_k", "top_p", "min_p"), what=f"{names[i]}: {desc}")
 
 
-__all__ = ["rejection_case", "sample_case"]
+def _tree_problem(rng):
+    """R requests of q_len <= W tokens, the anchor first and every other token under an earlier one."""
+    R, V, W = small_int(rng, 4), int(pick(rng, [1, 2, 7, 64])), int(pick(rng, [1, 2, 5, 9]))
+    qsl, parent = [0], []
+    for _ in range(R):
+        q_len = small_int(rng, W)
+        parent += [-1] * (q_len > 0) + [int(rng.integers(0, i)) for i in range(1, q_len)]
+        qsl.append(qsl[-1] + q_len)
+    T = qsl[-1] + small_int(rng, 2)
+    parent += [-1] * (T - qsl[-1])
+    logits = floats(rng, (T, V), -4, 4, pick(rng, DTYPES))
+    ids = ints(rng, 0, V - 1, (T,), pick(rng, [torch.int32, torch.int64]))
+    temperature = None if maybe(rng, 0.3) else torch.from_numpy(rng.choice([0.0, 0.5, 1.0, 2.0], size=R)).float()
+    return R, V, W, T, torch.tensor(qsl, dtype=torch.int32), torch.tensor(parent, dtype=torch.int32), logits, ids, \
+        temperature, ints(rng, -(2**62), 2**62, (R,), torch.int64)
+
+
+def tree_case(rng) -> Case:
+    R, V, W, T, qsl, parent, logits, ids, temperature, seeds = _tree_problem(rng)
+    offset = int(pick(rng, [0, 7, 2**64 - 1]))
+    kind = "valid"
+    if maybe(rng, 0.3) and T:  # documented safe results: ids outside [0, V) never match, NaN logits never win
+        kind = "safe"
+        if maybe(rng, 0.5):
+            ids = ids.clone()
+            ids[int(rng.integers(0, T))] = pick(rng, [-1, V, 2**31 - 1, -(2**31)])
+        else:
+            logits = sprinkle(rng, logits.float(), 0.2, (float("nan"),)).to(logits.dtype)
+    g = Guards()
+    lg = g.tensor("target_logits", logits, row_gap=int(pick(rng, [0, 3])))
+    q, pa, ii = g.tensor("query_start_loc", qsl), g.tensor("token_parent", parent), g.tensor("input_ids", ids)
+    tp = g.tensor("temperature", temperature) if temperature is not None else None
+    sd = g.tensor("seeds", seeds)
+    lp = kind == "valid" and maybe(rng, 0.3)  # logprobs (compared exactly: the same arithmetic)
+    out = None
+    if maybe(rng, 0.5):
+        out = (g.empty("out[0]", (R, W), torch.int32), g.empty("out[1]", (R,), torch.int32),
+               g.empty("out[2]", (R, W), torch.int32)) + ((g.empty("out[3]", (R, W), torch.float32),) if lp else ())
+    kw = dict(temperature=tp, seeds=sd, offset=offset, out=out, logprobs=lp)
+    r = rng.random()
+    if r < 0.7:
+        def check(res):
+            want = ref.tree_rejection_sample(logits, qsl, parent, ids, W, temperature=temperature, seeds=seeds,
+                                             offset=offset, logprobs=lp)
+            if len(res) != len(want):
+                raise Mismatch(f"{len(res)} outputs, want {len(want)}")
+            for name, got_t, want_t in zip(("output_tokens", "num_emitted", "accepted_offsets", "logprobs"), res,
+                                           want):
+                same(name, got_t, want_t)
+            got = errors.error_counts("cpu")
+            starts = set(qsl.tolist()[:-1])  # each request's anchor: its id is not read
+            bad = sum(not 0 <= int(ids[t]) < V for t in range(int(qsl[-1])) if t not in starts)
+            if got["draft_id_out_of_range"] != bad:
+                raise Mismatch(f"draft_id_out_of_range: got {got['draft_id_out_of_range']}, want {bad}")
+            nan_rows = int(torch.isnan(logits.float()).any(1).sum())
+            if not 0 <= got["nan_logits"] <= 2 * nan_rows * V or (nan_rows == 0 and got["nan_logits"]):
+                raise Mismatch(f"nan_logits: got {got['nan_logits']} with {nan_rows} NaN rows")
+
+        return Case(kind, lambda: tree_rejection_sample(lg, q, pa, ii, W, **kw), check, guards=g,
+                    what=f"R={R} W={W} V={V}")
+    if r < 0.85:
+        which = pick(rng, ["token_parent", "max_query_len", "query_start_loc"])
+        if which == "token_parent" and R and int(qsl[-1]) > 1:
+            p2 = parent.clone()
+            t = int(rng.integers(0, int(qsl[-1])))
+            off = t - int(qsl[int(torch.searchsorted(qsl, t, right=True)) - 1])
+            p2[t] = pick(rng, [-1, off, off + 3, 2**31 - 1, -(2**31)])
+            pa2 = g.tensor("token_parent2", p2)
+            # an anchor's entry is not read: changing it leaves the call valid
+            return Case("maybe" if off == 0 else "invalid", lambda: tree_rejection_sample(lg, q, pa2, ii, W, **kw),
+                        guards=g, names=("token_parent",), what="bad token_parent")
+        if which == "query_start_loc" and R:
+            s = qsl.clone()
+            s[int(rng.integers(1, R + 1))] = pick(rng, [-1, T + 1, 2**31 - 1, int(s[0]) + W + 1])
+            bad = not all(0 <= a <= b <= T and b - a <= W for a, b in zip(s.tolist(), s.tolist()[1:]))
+            q2 = g.tensor("query_start_loc2", s)
+            # a q_len that grew still has valid parents only where it kept its own tokens: either outcome is fine
+            return Case("maybe", lambda: tree_rejection_sample(lg, q2, pa, ii, W, **kw), guards=g,
+                        names=("query_start_loc", "token_parent"), what=f"query_start_loc (bad={bad})")
+        value, k = int_arg(rng, 1, 64)
+        return Case("maybe" if k == "maybe" else "invalid",
+                    lambda: tree_rejection_sample(lg, q, pa, ii, value, **{**kw, "out": None}), guards=g,
+                    names=("max_query_len", "query_start_loc"), what=f"max_query_len={value!r}")
+    args = [lg, q, pa, ii]
+    names = ["target_logits", "query_start_loc", "token_parent", "input_ids", "temperature", "seeds"]
+    i = int(rng.integers(0, 6))
+    base = args[i] if i < 4 else kw[names[i]]
+    if base is None:
+        base = torch.ones(R)
+    allowed = {0: DTYPES, 1: (torch.int32,), 2: (torch.int32,), 3: (torch.int32, torch.int64), 4: (torch.float32,),
+               5: (torch.int64,)}[i]
+    desc, value, kind = pick(rng, tensor_variants(base, allowed_dtypes=allowed))
+    if i < 4:
+        args[i] = value
+    else:
+        kw[names[i]] = value
+    return Case(kind, lambda: tree_rejection_sample(*args, W, **kw), guards=g,
+                names=tuple(names) + ("out", "max_query_len"), what=f"{names[i]}: {desc}")
+
+
+__all__ = ["rejection_case", "sample_case", "tree_case"]

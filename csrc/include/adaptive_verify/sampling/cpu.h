@@ -8,6 +8,7 @@ namespace sampling {
 
 int rejection_sample_cpu(const RejectionParams& p);
 int sample_cpu(const SampleParams& p);
+int tree_rejection_sample_cpu(const TreeSampleParams& p);
 
 }  // namespace sampling
 }  // namespace adaptive_verify

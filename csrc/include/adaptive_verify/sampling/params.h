@@ -108,5 +108,34 @@ struct SampleParams {
   int64_t workspace_bytes = 0;
 };
 
+// tree_rejection_sample(): one-hot "sample and match" down each request's verified draft tree (tree.h). Tokens
+// are the tree planner's layout: request r's q_len tokens start at query_start_loc[r], the anchor at offset 0,
+// then the verified nodes, parents before children.
+struct TreeSampleParams {
+  const void* logits = nullptr;  // [T, V] of `dtype`, row stride logits_stride, last dim contiguous
+  int64_t logits_stride = 0;
+  int32_t dtype = 0;
+  int64_t num_tokens = 0;  // T
+  int64_t vocab = 0;       // V
+  const int32_t* query_start_loc = nullptr;  // [R + 1]
+  const int32_t* token_parent = nullptr;     // [T]: parent's offset within the request (the anchor's is not read)
+  const void* input_ids = nullptr;           // [T] int32 or int64 (input_ids_int64): each token's id
+  int32_t input_ids_int64 = 0;
+  const float* temperature = nullptr;  // [R] or null (all greedy)
+  const int64_t* seeds = nullptr;      // [R] or null (all zero)
+  uint64_t offset = 0;                 // used when offset_ptr is null
+  const int64_t* offset_ptr = nullptr;  // 0-d int64 on the kernel's device, or null
+  int32_t num_reqs = 0;       // R
+  int32_t max_query_len = 0;  // W in [1, kMaxTreeTokens]: the outputs' width; longer requests are clamped
+  const int32_t* top_k = nullptr;  // [R] or null, as in RejectionParams
+  const float* top_p = nullptr;
+  const float* min_p = nullptr;
+  int32_t* output_tokens = nullptr;     // [R, W] contiguous
+  int32_t* num_emitted = nullptr;       // [R]
+  int32_t* accepted_offsets = nullptr;  // [R, W] contiguous
+  float* logprobs = nullptr;            // [R, W] contiguous or null: as RejectionParams::logprobs
+  int32_t* error_counts = nullptr;
+};
+
 }  // namespace sampling
 }  // namespace adaptive_verify
