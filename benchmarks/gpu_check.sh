@@ -57,10 +57,10 @@ case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 
 # 2. tests: the CUDA tests only (CI runs the CPU suite, the emulator tests included; leaving it out keeps
 # time for the sanitizer runs below). The tests of the kernels not yet run on a GPU (verify_attention's
-# candidate "mma" / "mma_fused", the sampler's candidate "splitv", and the planner's one-algorithm kernel of
-# 2026-12-01) go in a process of their own, after the others: a fault there would poison the CUDA context for
-# every later test.
-candidates="mma or splitv or planner"
+# candidate "mma" / "mma_fused", the sampler's candidate "splitv", the planner's one-algorithm kernel of
+# 2026-12-01 and the tree sampler, tests/test_sampling_tree.py) go in a process of their own, after the others: a
+# fault there would poison the CUDA context for every later test.
+candidates="mma or splitv or planner or sampling_tree"
 timeout "$(cap 240)" python3 -m pytest tests -q -m cuda -k "not ($candidates)" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
@@ -127,7 +127,7 @@ stamp sanitizer_rc
   echo "| build | $(status $build_rc) |"
   echo "| CUDA kernels usable | $cuda_ok |"
   echo "| CUDA tests (validated kernels: rowwise attention, sampler v1, confidence, write_kv) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
-  echo "| CUDA tests (candidates: mma attention, sampler splitv, the one-algorithm planner) | $(status $cuda_cand_rc): $(tail -1 "$log/cuda_tests_candidates.txt") |"
+  echo "| CUDA tests (candidates: mma attention, sampler splitv, the one-algorithm planner, the tree sampler) | $(status $cuda_cand_rc): $(tail -1 "$log/cuda_tests_candidates.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
   echo "| sampling benchmark | $(status $bench_samp_rc) |"

@@ -4,8 +4,8 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
 
 Covers verify_attention's candidate "mma" and "mma_fused" (and every kernel with a draft-tree mask), the
-planner's one-algorithm kernel (2026-12-01) and the sampler's candidate "splitv" (the split-vocabulary kernel
-with its cross-block early exit): the
+planner's one-algorithm kernel (2026-12-01), the sampler's candidate "splitv" (the split-vocabulary kernel
+with its cross-block early exit) and the tree sampler (tree_rejection_sample, with logprobs and truncation): the
 shared-memory races and out-of-bounds accesses the host emulator (tests/emu) cannot see on real hardware. Sizes are small because the sanitizer
 slows kernels down 10-100x; each case still spans several splits, chunks and blocks. Exits 1 if any result
 disagrees with the CPU kernel (attention: within the float32 tolerance; planner and sampler: exactly).
@@ -82,6 +82,22 @@ def sampler_cases():
     want_toks = av.sample(logits, row_temp, row_seeds, 5)
     yield "rejection_sample splitv", torch.equal(want[0], got[0].cpu()) and torch.equal(want[1], got[1].cpu()), ""
     yield "sample splitv", torch.equal(want_toks, toks.cpu()), ""
+    # tree_rejection_sample: per request the anchor and two levels (offsets 1-3 under the anchor, 4-6 under
+    # offset 1), each token's row favouring its first child's id so that paths go deep; request 3 is padding.
+    qsl_t = torch.tensor([0, 7, 14, 21, 21, 28, 35, 42, 49], dtype=torch.int32)
+    parent = torch.tensor([-1, 0, 0, 0, 1, 1, 1] * 7, dtype=torch.int32)
+    ids = torch.randint(0, V, (49,), generator=g, dtype=torch.int32)
+    tl = (torch.randn(49, V, generator=g) * 2)
+    for t in range(0, 49, 7):
+        tl[t, ids[t + 1]] = tl[t + 1, ids[t + 4]] = 12.0
+    tl = tl.to(torch.bfloat16)
+    kw = dict(temperature=temperature, seeds=seeds, offset=5, logprobs=True,
+              top_k=torch.tensor([0, 50] * (R // 2), dtype=torch.int32))
+    want_t = av.tree_rejection_sample(tl, qsl_t, parent, ids, 7, **kw)
+    got_t = av.tree_rejection_sample(tl.cuda(), qsl_t.cuda(), parent.cuda(), ids.cuda(), 7,
+                                     **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+    yield "tree_rejection_sample", all(torch.equal(a, b.cpu()) for a, b in zip(want_t, got_t)), \
+        f"tokens emitted {got_t[1].tolist()}"
 
 
 def main() -> int:
