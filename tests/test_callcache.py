@@ -85,7 +85,8 @@ def test_a_loop_takes_the_remembered_path(monkeypatch):
     drafts = torch.full((R,), K, dtype=torch.int32)
     out = av.VerifyPlan.allocate(R, R + R * K)
     base = table()
-    av.plan_verification(survival, drafts, base, mode="greedy", out=out)
+    # (capacity given from the start: a per-step scalar of another type, None then int, is another call)
+    av.plan_verification(survival, drafts, base, mode="greedy", capacity=R + R * K, out=out)
     calls = []
     real = planner_ops.resolve_plan_args
     monkeypatch.setattr(planner_ops, "resolve_plan_args", lambda *a, **k: calls.append(1) or real(*a, **k))

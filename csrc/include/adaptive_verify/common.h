@@ -83,6 +83,17 @@ AV_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// A value in [0, 1] in 32.32 fixed point (survivals, softmax terms, confidences): x * 2^32 is exact in float (a
+// power-of-two scale) and the conversion truncates identically on host and device, so sums of these are exact in
+// any order. x <= 1 keeps x * 2^32 <= 2^32 within int64: the signed conversion is one instruction on x86-64.
+AV_HD uint64_t to_fixed(float x) {
+#if defined(__CUDA_ARCH__)
+  return uint64_t(__float2ll_rz(x * 4294967296.0f));
+#else
+  return uint64_t(static_cast<int64_t>(x * 4294967296.0f));
+#endif
+}
+
 // Adds one to an error counter: atomically on the device, plainly on the host (CPU kernels are serial).
 AV_HD void atomic_count(int32_t* counters, int slot) {
   if (counters == nullptr) return;

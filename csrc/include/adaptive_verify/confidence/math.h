@@ -33,7 +33,7 @@ AV_HD int32_t bin_of(float c, int32_t num_bins) {
 // Confidence in 32.32 fixed point, clamped to [0, 1], for order-independent (exact) sums.
 AV_HD int64_t conf_fixed(float c) {
   c = c > 0.f ? (c < 1.f ? c : 1.f) : 0.f;
-  return int64_t(c * 4294967296.0f);
+  return int64_t(to_fixed(c));
 }
 
 // Running top-2 of a stream; NaN never enters.

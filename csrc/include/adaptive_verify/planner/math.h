@@ -147,16 +147,7 @@ AV_HD int32_t tree_survival_row(const float* conf, const int32_t* parents, int32
   return nan_count;
 }
 
-// Survival in 32.32 fixed point; s * 2^32 is exact in float (power-of-two scale), the conversion
-// truncates identically on host and device.
-// s <= 1 so s * 2^32 <= 2^32 fits int64: the signed conversion is one instruction on x86-64.
-AV_HD uint64_t to_fixed(float s) {
-#if defined(__CUDA_ARCH__)
-  return uint64_t(__float2ll_rz(s * 4294967296.0f));
-#else
-  return uint64_t(static_cast<int64_t>(s * 4294967296.0f));
-#endif
-}
+// Survival in 32.32 fixed point: to_fixed (common.h).
 
 // ---- ranking words (algorithm.h): survival bits, plus kForcedTag for a forced candidate ----
 constexpr int32_t kForcedTag = int32_t(1) << 30;  // above the bits of every s in [0, 1]

@@ -75,14 +75,6 @@ AV_HD uint64_t rank_key(float z, int64_t v) {
   return (uint64_t(~b) << 32) | uint64_t(uint32_t(v));
 }
 
-// Survival-style fixed point of a softmax term e in [0, 1]: e * 2^32 is exact, the conversion truncates.
-AV_HD uint64_t mass_fixed(float e) {
-#if defined(__CUDA_ARCH__)
-  return uint64_t(__float2ll_rz(e * 4294967296.0f));
-#else
-  return uint64_t(static_cast<int64_t>(e * 4294967296.0f));
-#endif
-}
 
 // One level of a selection: per bucket of the key's bits [shift, shift + 8), among tokens kept by `limit`
 // whose key agrees with `prefix` above the level: their count, mass (when asked) and smallest / largest key.
@@ -102,7 +94,7 @@ AV_HD int rank_bucket(float z, int64_t v, float m, uint64_t limit, uint64_t pref
   if (shift < 56 && (key >> (shift + 8)) != (prefix >> (shift + 8))) return -1;
   uint64_t mass = 0;
   if (with_mass) {
-    mass = mass_fixed(av_exp(fsub(z, m)));
+    mass = to_fixed(av_exp(fsub(z, m)));  // a softmax term in [0, 1], summed exactly in any order
     if (mass == 0) return -1;
   }
   *key_out = key;

@@ -4,7 +4,7 @@
 // would let the CPU and the GPU emit different tokens from the same seed. So the sampler uses its own
 // av_exp/av_log built from + - * / only, each rounded to float explicitly (the __f*_rn intrinsics on the
 // device, and -ffp-contract=off on the host so no multiply-add is fused). The torch reference
-// (python/adaptive_verify/reference.py) repeats the same operations in the same order.
+// (python/adaptive_verify/reference/sampling.py) repeats the same operations in the same order.
 //
 // Algorithm (per request r, drafts j < L[r] judged by rows qsl[r] + j, T = temperature[r]):
 //   greedy (T == 0): accept draft x iff x == argmax(row) (ties: smallest id); else emit the argmax, stop.

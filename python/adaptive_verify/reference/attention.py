@@ -1,0 +1,76 @@
+"""Verification attention and KV-write references (float64)."""
+from __future__ import annotations
+
+import torch
+
+# ----------------------------------------------------------------------------------------------------
+# verification attention and KV writes (docs/design.md, "Verification attention")
+# ----------------------------------------------------------------------------------------------------
+
+
+def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale=None,
+                     return_lse=False, dtype=torch.float64, tree_mask=None):
+    """Readable oracle of adaptive_verify.verify_attention, computed in `dtype` (float64 by default).
+
+    q [T, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_table [R, max_blocks];
+    seq_lens [R] (KV length including this step's tokens); query_start_loc [R + 1]. Query token i of
+    request r attends to KV positions 0 .. seq_lens[r] - q_len[r] + i. With tree_mask [T] int64 (draft
+    trees), it attends to its context 0 .. context_len - 1 (context_len = seq_lens[r] - q_len[r]) and to
+    context_len + k for each k <= i whose bit k of tree_mask[token] is set (higher bits are ignored). A token
+    that sees nothing, like the tokens of padding rows (q_len 0) and past query_start_loc[R], gets zeros (and
+    lse -inf). Returns out [T, Hq, D] in q's dtype (as float `dtype` when dtype is given explicitly and
+    differs) and lse [T, Hq] float32 when asked.
+    """
+    T, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(T, Hq, D, dtype=dtype)
+    lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32)
+    qsl = query_start_loc.cpu().long()
+    for r in range(block_table.shape[0]):
+        begin, end = int(qsl[r]), int(qsl[r + 1])
+        q_len, kv_len = end - begin, int(seq_lens[r])
+        if q_len <= 0:
+            continue
+        pos = torch.arange(kv_len)
+        blocks = block_table[r].cpu().long()[pos // block_size]
+        k = k_cache.cpu()[blocks, pos % block_size].to(dtype)  # [kv_len, Hkv, D]
+        v = v_cache.cpu()[blocks, pos % block_size].to(dtype)
+        k = k.repeat_interleave(group, dim=1)  # [kv_len, Hq, D]: query head h reads KV head h // group
+        v = v.repeat_interleave(group, dim=1)
+        qr = q[begin:end].cpu().to(dtype)  # [q_len, Hq, D]
+        scores = torch.einsum("ihd,phd->hip", qr, k) * scale  # [Hq, q_len, kv_len]
+        context_len = kv_len - q_len
+        i = torch.arange(q_len)[:, None]  # query offsets [q_len, 1]
+        block_pos = pos[None, :] - context_len  # offset in the verified block of each KV position [1, kv_len]
+        visible = block_pos <= i  # [q_len, kv_len]: the context and the causal part of the block
+        if tree_mask is not None:
+            masks = tree_mask[begin:end].cpu().long()[:, None]  # [q_len, 1]
+            bit_set = (masks >> block_pos.clamp(0, 63)) & 1 == 1
+            visible = visible & ((block_pos < 0) | bit_set)
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        seen = visible.any(dim=1)  # [q_len]: a token that sees nothing gets zeros and lse -inf
+        probs = torch.where(seen[None, :, None], torch.softmax(scores, dim=-1), 0.0)  # [Hq, q_len, kv_len]
+        # Every token sees the whole context; in the block each token multiplies only the V rows it sees (a
+        # hidden row's V is zeroed, so a NaN there never reaches it as 0 * NaN).
+        out_ctx = torch.einsum("hip,phd->ihd", probs[..., :context_len], v[:context_len])
+        v_block = torch.where(visible[:, context_len:, None, None], v[None, context_len:], 0.0)  # [i, j, Hq, D]
+        out_block = torch.einsum("hij,ijhd->ihd", probs[..., context_len:], v_block)
+        out[begin:end] = out_ctx + out_block
+        lse[begin:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1).float()
+    out = out.to(q.dtype) if dtype == torch.float64 else out
+    return (out, lse) if return_lse else out
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    """Oracle of adaptive_verify.write_kv on copies: token t's K/V go to slot slot_mapping[t]
+    (block slot // block_size, offset slot % block_size); slot -1 is skipped. Returns (k_cache, v_cache)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    block_size = k_cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        k_cache[slot // block_size, slot % block_size] = k[t]
+        v_cache[slot // block_size, slot % block_size] = v[t]
+    return k_cache, v_cache

@@ -1,0 +1,100 @@
+"""Draft-tree references: tree survival, the tree plan and the KV commit (docs/design.md, "Draft trees"), loops over
+each request's nodes as the design states them."""
+from __future__ import annotations
+
+import torch
+
+from ..planner import TreeVerifyPlan
+from .planner import FIXED_ONE, _resolve, _sanitize, choose, tree_candidate_order
+
+# ----------------------------------------------------------------------------------------------------
+# draft trees (docs/design.md, "Draft trees"): loops over each request's nodes, as the design states them
+# ----------------------------------------------------------------------------------------------------
+
+
+def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.Tensor) -> torch.Tensor:
+    """a[r, j] = a[r, parents[r, j]] * clamp(conf[r, j], 0, 1) (the anchor, parent -1, survives with 1) for
+    j < tree_sizes[r], else 0. [R, N] float32, one float32 product per node."""
+    R, N = conf.shape
+    c = _sanitize(conf.float())
+    out = torch.zeros(R, N, dtype=torch.float32, device=conf.device)
+    for j in range(N):  # node order is topological: a parent's survival is final before its children's
+        p = parents[:, j].long()
+        base = torch.where(p >= 0, out.gather(1, p.clamp(0, N - 1)[:, None])[:, 0], torch.ones_like(out[:, 0]))
+        out[:, j] = torch.where(j < tree_sizes.long(), base * c[:, j], torch.zeros_like(base))
+    return out
+
+
+def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwargs) -> TreeVerifyPlan:
+    """Reference of adaptive_verify.plan_tree_verification (same arguments, ``out`` excepted)."""
+    kwargs.setdefault("mode", "global")
+    a = _resolve(survival, tree_sizes, cost_table, **kwargs)
+    dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
+    order = tree_candidate_order(a, parents)
+    budget, (req, node), prefix = choose(a, order[:4])
+    if a.weights is not None:  # expected tokens stay unweighted: the verified nodes' own survivals
+        prefix = int((order[5][:budget] * FIXED_ONE).long().sum())
+    verified = [sorted(int(n) for n, q in zip(node[:budget], req[:budget]) if int(q) == r) for r in range(R)]
+    par = parents.long().tolist()
+    ctx = [0] * R if a.context_lens is None else a.context_lens.long().tolist()
+    depth_of = {}  # (request, node) -> depth
+    rows = []  # one per token: (request, offset, node, depth, parent offset, mask)
+    for r in range(R):
+        offset = {n: 1 + i for i, n in enumerate(verified[r])}  # the anchor is offset 0
+        rows.append((r, 0, -1, 0, -1, 1))
+        for n in verified[r]:
+            p = par[r][n]
+            depth_of[r, n] = 1 + (depth_of[r, p] if p >= 0 else 0)
+            mask, q = 1 | (1 << offset[n]), p
+            while q >= 0:  # itself, its ancestors and the anchor
+                mask, q = mask | (1 << offset[q]), par[r][q]
+            rows.append((r, offset[n], n, depth_of[r, n], offset[p] if p >= 0 else 0, mask))
+    T = len(rows)
+    i32 = dict(dtype=torch.int32, device=dev)
+
+    def lanes(values, pad, dtype=torch.int32):  # [Tp]: the tokens' values, then padding
+        return torch.tensor(values + [pad] * (Tp - T), dtype=dtype, device=dev)
+
+    q_len = [1 + len(v) for v in verified]
+    starts = [a.token_offset + sum(q_len[:r]) for r in range(R + 1)]
+    out = dict(
+        verify_lens=torch.tensor([len(v) for v in verified] + [0] * (Rp - R), **i32),
+        budget=torch.tensor(budget, **i32),
+        expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
+        num_tokens=torch.tensor(a.token_offset + T, **i32),
+        query_start_loc=torch.tensor(starts + [starts[-1]] * (Rp - R), **i32),
+        token_req=lanes([t[0] for t in rows], -1),
+        # int64 two's complement: the 64th token of a request (offset 63) sets the sign bit
+        tree_mask=lanes([t[5] - (1 << 64) if t[5] >> 63 else t[5] for t in rows], 0, torch.int64),
+        token_parent=lanes([t[4] for t in rows], -1),
+        token_node=lanes([t[2] for t in rows], -1),
+        token_depth=lanes([t[3] for t in rows], 0),
+    )
+    if a.context_lens is not None:
+        out["seq_lens"] = torch.tensor([ctx[r] + q_len[r] for r in range(R)] + [0] * (Rp - R), **i32)
+        out["positions"] = lanes([ctx[t[0]] + t[3] for t in rows], 0)  # RoPE position: context_len + depth
+        if a.block_table is not None:
+            bt, bs = a.block_table.long().tolist(), a.block_size
+            kv = [ctx[t[0]] + t[1] for t in rows]  # KV index: context_len + offset
+            if any(k // bs >= len(bt[0]) for k in kv):
+                raise ValueError("block_table: too few blocks per request for context_lens + q_len positions")
+            out["slot_mapping"] = lanes([bt[t[0]][k // bs] * bs + k % bs for t, k in zip(rows, kv)], -1, torch.int64)
+    if a.anchor_tokens is not None:
+        anchors, ids = a.anchor_tokens.long().tolist(), a.draft_tokens.long().tolist()
+        out["input_ids"] = lanes([anchors[t[0]] if t[2] < 0 else ids[t[0]][t[2]] for t in rows], 0)
+    return TreeVerifyPlan(**out)
+
+
+def commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted):
+    """Reference of adaptive_verify.commit_tree_kv: for each request r and i = 1 .. num_accepted[r], the K/V entry at
+    KV index context_lens[r] + accepted_offsets[r, i] moves to context_lens[r] + i (the accepted node's depth), in
+    increasing i. Returns new caches (the inputs are not modified)."""
+    k, v = k_cache.clone(), v_cache.clone()
+    bs = k.shape[1]
+    for r in range(block_table.shape[0]):
+        for i in range(1, int(num_accepted[r]) + 1):
+            src, dst = int(context_lens[r]) + int(accepted_offsets[r, i]), int(context_lens[r]) + i
+            sb, db = int(block_table[r, src // bs]), int(block_table[r, dst // bs])
+            k[db, dst % bs] = k[sb, src % bs]
+            v[db, dst % bs] = v[sb, src % bs]
+    return k, v
