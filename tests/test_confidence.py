@@ -234,3 +234,11 @@ def test_temperatures_made_under_inference_mode():
         temperature[1] = -1.0
     with pytest.raises(ValueError, match="temperature"):
         av.confidence(hidden, weight, temperature=temperature)
+
+
+def test_an_unhashable_bias_with_out_is_named_not_a_cache_error():
+    """Found by the fuzzer (issue 16): with out= the remembered-call lookup hashed bias first, so bias=[1.0] raised
+    "unhashable type: 'list'" instead of the TypeError naming bias."""
+    hidden, weight = torch.randn(2, 3, 4), torch.randn(4)
+    with pytest.raises(TypeError, match="^bias"):
+        av.confidence(hidden, weight, bias=[1.0], out=torch.empty(2, 3))

@@ -720,3 +720,12 @@ def test_load_or_profile_reuses_matching_files_and_reprofiles_others(tmp_path):
     assert calls and CostTable.from_json(path).metadata["model"] == "m2"
     with pytest.raises(TypeError, match="^expect keys"):
         CostTable.load_or_profile(path, step, expect={1: 2}, **kw)
+
+
+def test_roofline_context_len_is_bounded():
+    """Found by the fuzzer (issue 16): a context length too large for a float raised OverflowError."""
+    kw = dict(hbm_gbps=4800, tflops=990, weight_bytes=16e9, active_params=8e9, kv_bytes_per_token=131072)
+    for bad in (10**400, 2**31):
+        with pytest.raises(ValueError, match="^context_len"):
+            CostTable.roofline(context_len=bad, **kw)
+    assert CostTable.roofline(context_len=2**31 - 1, **kw).verify_cost(1) > 0

@@ -63,7 +63,10 @@ class CallCache:
 
     def get(self, key) -> Optional[Any]:
         """The value stored under ``key`` if every tensor still has the signature it was validated with."""
-        entry = self._entries.get(key)
+        try:
+            entry = self._entries.get(key)
+        except TypeError:  # an unhashable scalar (a list for a float): the validating path names it
+            return None
         if entry is None or entry[2] != tensor_signature(entry[1], entry[4]):
             return None
         return entry[3]

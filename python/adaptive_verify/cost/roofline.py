@@ -26,7 +26,8 @@ def roofline_points(*, hbm_gbps: float, tflops: float, weight_bytes: float, acti
     itself, where the limit is max_tokens, or max(8192, largest graph size) when unbounded.
 
     Validation: hbm_gbps, tflops, weight_bytes, active_params > 0; kv_bytes_per_token, overhead_ms
-    >= 0; context_len an int >= 0.
+    >= 0; context_len an int in [0, 2^31 - 1] (a context length the kernels can hold: larger Python ints would
+    not even convert to a float).
     """
     hbm_gbps = check_real("hbm_gbps", hbm_gbps, lo=0.0, lo_open=True)
     tflops = check_real("tflops", tflops, lo=0.0, lo_open=True)
@@ -34,7 +35,7 @@ def roofline_points(*, hbm_gbps: float, tflops: float, weight_bytes: float, acti
     active_params = check_real("active_params", active_params, lo=0.0, lo_open=True)
     kv_bytes_per_token = check_real("kv_bytes_per_token", kv_bytes_per_token, lo=0.0)
     overhead_ms = check_real("overhead_ms", overhead_ms, lo=0.0)
-    context_len = check_int("context_len", context_len, lo=0)
+    context_len = check_int("context_len", context_len, lo=0, hi=2**31 - 1)
     if token_counts is None:
         limit = max_tokens if max_tokens is not None else max(8192, graph_sizes[-1] if graph_sizes else 0)
         default = set(graph_sizes)

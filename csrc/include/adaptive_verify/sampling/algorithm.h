@@ -258,6 +258,18 @@ AV_HD int64_t truncated_race(Backend& be, const T* row, int64_t V, float temp, c
   return be.race(row, V, temp, m, rng, j, stream, limit);
 }
 
+// Whether request r's rows [begin, end) of query_start_loc are a padding row (q_len 0, or lengths no row can
+// satisfy): then its num_emitted is 0, and impossible lengths are counted (the rejection and tree samplers alike).
+template <typename Params>
+AV_HD bool padding_request(const Params& p, int32_t r, int64_t begin, int64_t end, bool writer) {
+  if (end > begin && begin >= 0 && end <= p.num_tokens) return false;
+  if (writer) {
+    p.num_emitted[r] = 0;
+    if (end < begin || begin < 0 || end > p.num_tokens) atomic_count(p.error_counts, kCountQueryLenOutOfRange);
+  }
+  return true;
+}
+
 // Runs request r. `writer` is true on exactly one thread (the one that stores results and counts errors).
 template <typename T, typename Backend>
 AV_HD void rejection_request(const RejectionParams& p, int32_t r, Backend& be, bool writer) {
@@ -270,13 +282,7 @@ AV_HD void rejection_request(const RejectionParams& p, int32_t r, Backend& be, b
       if (lp != nullptr) lp[i] = -INFINITY;
     }
   const int64_t begin = p.query_start_loc[r], end = p.query_start_loc[r + 1];
-  if (end <= begin || begin < 0 || end > p.num_tokens) {  // padding row (or lengths no row can satisfy)
-    if (writer) {
-      p.num_emitted[r] = 0;
-      if (end < begin || begin < 0 || end > p.num_tokens) atomic_count(p.error_counts, kCountQueryLenOutOfRange);
-    }
-    return;
-  }
+  if (padding_request(p, r, begin, end, writer)) return;
   int32_t L = int32_t(end - begin - 1);
   if (L > K) {
     L = K;

@@ -40,13 +40,7 @@ AV_HD void tree_request(const TreeSampleParams& p, int32_t r, Backend& be, bool 
       if (p.logprobs != nullptr) p.logprobs[row0 + i] = -INFINITY;
     }
   const int64_t begin = p.query_start_loc[r], end = p.query_start_loc[r + 1];
-  if (end <= begin || begin < 0 || end > p.num_tokens) {  // padding row (or lengths no row can satisfy)
-    if (writer) {
-      p.num_emitted[r] = 0;
-      if (end < begin || begin < 0 || end > p.num_tokens) atomic_count(p.error_counts, kCountQueryLenOutOfRange);
-    }
-    return;
-  }
+  if (padding_request(p, r, begin, end, writer)) return;
   // Tokens past the outputs' width (or past 64) do not exist for the walk: the path fits the outputs.
   const int32_t cap = W < kMaxTreeTokens ? W : kMaxTreeTokens;
   int32_t n = int32_t(end - begin < cap ? end - begin : cap);
