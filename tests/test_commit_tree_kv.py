@@ -188,7 +188,8 @@ def emulated(request, monkeypatch, emu_lib):
     emu_lib.av_emu_set_reverse(request.param == "reverse")
     proxy = emu_build.EmulatedC(attention_module._C, {
         "commit_tree_kv": lambda params, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_commit_tree_kv, params)})
-    return emu_build.emulated_runner(monkeypatch, attention_module, proxy)
+    yield emu_build.emulated_runner(monkeypatch, attention_module, proxy)
+    emu_lib.av_emu_set_reverse(0)  # the emulator's state is one per process (shared by every emulated library)
 
 
 # D * Hkv * 2 bytes: 32 (16-byte words) and 6 (2-byte words, the unaligned path)

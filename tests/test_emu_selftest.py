@@ -12,11 +12,16 @@ import emu_build
 
 @pytest.fixture(scope="session")
 def selftest(tmp_path_factory):
-    fn = emu_build.build("selftest_emu", tmp_path_factory).av_emu_selftest
+    lib = emu_build.build("selftest_emu", tmp_path_factory)
+    fn = lib.av_emu_selftest
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
     fn.restype = ctypes.c_int
+    lib.av_emu_set_reverse.argtypes = [ctypes.c_int]
 
     def run(which):
+        # Thread order is the emulator's one per-process setting (its state is shared by every emulated library,
+        # whatever loaded it last): these checks are written for forward order.
+        lib.av_emu_set_reverse(0)
         out = torch.full((64,), -1, dtype=torch.int32)
         err = ctypes.create_string_buffer(512)
         status = fn(which, out.data_ptr(), err, len(err))

@@ -41,7 +41,8 @@ def emulated(request, monkeypatch, emu_lib):
     emu_lib.av_emu_set_reverse(request.param == "reverse")
     proxy = emu_build.EmulatedC(ops_module._C, {
         "plan": lambda params, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_plan, params)})
-    return emu_build.emulated_runner(monkeypatch, ops_module, proxy)
+    yield emu_build.emulated_runner(monkeypatch, ops_module, proxy)
+    emu_lib.av_emu_set_reverse(0)  # the emulator's state is one per process (shared by every emulated library)
 
 
 @pytest.fixture(params=["forward", "reverse"])
@@ -50,7 +51,8 @@ def emulated_survival(request, monkeypatch, emu_lib):
     emu_lib.av_emu_set_reverse(request.param == "reverse")
     proxy = emu_build.EmulatedC(survival_module._C, {
         "prefix_survival": lambda params, on_cuda, stream: emu_build.status_of(emu_lib.av_emu_prefix_survival, params)})
-    return emu_build.emulated_runner(monkeypatch, survival_module, proxy)
+    yield emu_build.emulated_runner(monkeypatch, survival_module, proxy)
+    emu_lib.av_emu_set_reverse(0)
 
 
 def _compare(ct, cases, run):
