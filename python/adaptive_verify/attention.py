@@ -86,6 +86,18 @@ def _cache(name, t, q_dtype, device):
     return t
 
 
+def _cache_pair(k_cache, v_cache) -> torch.device:
+    """Checks the paged K and V caches a write moves entries in (bf16, fp16 or fp32, [num_blocks, block_size, Hkv,
+    D], one shape and dtype); returns their device."""
+    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4,
+                 inner_contiguous=False)
+    device = check_device("k_cache", k_cache)
+    _cache("v_cache", v_cache, k_cache.dtype, device)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    return device
+
+
 def verify_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -249,12 +261,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     caches ([num_blocks, block_size, Hkv, D], contiguous, same dtype): block slot // block_size, offset
     slot % block_size. Slot -1 is skipped. Other out-of-range slots raise ValueError on CPU; on CUDA they
     are skipped and counted in ``error_counts()["slot_out_of_range"]``."""
-    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4,
-                 inner_contiguous=False)
-    device = check_device("k_cache", k_cache)
-    _cache("v_cache", v_cache, k_cache.dtype, device)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    device = _cache_pair(k_cache, v_cache)
     num_blocks, block_size, Hkv, D = k_cache.shape
     check_tensor("k", k, dtypes=(k_cache.dtype,), device=device, ndim=3)
     T = k.shape[0]
@@ -305,12 +312,7 @@ def commit_tree_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: to
     ``error_counts()["accepted_path"]``: never a read or write outside the request's blocks. One launch, every length
     read on the device: graph-safe.
     """
-    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4,
-                 inner_contiguous=False)
-    device = check_device("k_cache", k_cache)
-    _cache("v_cache", v_cache, k_cache.dtype, device)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    device = _cache_pair(k_cache, v_cache)
     check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
     R = block_table.shape[0]
     if device.type == "cuda" and R > 65535:
