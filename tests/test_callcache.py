@@ -11,6 +11,7 @@ import torch
 
 import adaptive_verify as av
 from adaptive_verify import errors as av_errors
+from adaptive_verify import reference as ref
 from adaptive_verify._callcache import CALL_CACHE_SIZE
 from adaptive_verify.planner import ops as planner_ops
 from adaptive_verify.planner import survival as survival_ops
@@ -139,11 +140,19 @@ def test_step_scalars_are_still_validated_on_the_remembered_path():
         av.plan_verification(survival, drafts, ct, mode="fixed", budget=2, extra_tokens=1.5, out=out)
     with pytest.raises(ValueError, match="capacity"):  # 4 requests + 37 prompt tokens > max_tokens 40
         av.plan_verification(survival, drafts, ct, mode="fixed", budget=2, extra_tokens=37, out=out)
-    # A prompt chunk that changes the default T_pad is checked against out again.
+    # A prompt chunk that shrinks the default T_pad (4 + min(16, 40 - 34) = 10) is served by the longer buffers: the
+    # plan is views of their first 10 entries.
+    plan = av.plan_verification(survival, drafts, ct, mode="fixed", budget=2, extra_tokens=30, out=out)
+    assert plan.token_req.shape == (10,) and plan.token_req.data_ptr() == out.token_req.data_ptr()
+    assert torch.equal(plan.token_req, ref.plan_verification(survival, drafts, ct, mode="fixed", budget=2,
+                                                             extra_tokens=30).token_req)
+    plan = av.plan_verification(survival, drafts, ct, mode="fixed", budget=3, out=out)  # and back to T_pad = 20
+    assert int(plan.budget) == 3 and plan.token_req.shape == (20,)
+    # One that grows T_pad past out's buffers is checked against out again.
+    short = av.VerifyPlan.allocate(R, 10)
+    av.plan_verification(survival, drafts, ct, mode="fixed", budget=2, extra_tokens=30, out=short)
     with pytest.raises(ValueError, match="out.token_req"):
-        av.plan_verification(survival, drafts, ct, mode="fixed", budget=2, extra_tokens=30, out=out)
-    plan = av.plan_verification(survival, drafts, ct, mode="fixed", budget=3, out=out)  # and it recovers
-    assert int(plan.budget) == 3
+        av.plan_verification(survival, drafts, ct, mode="fixed", budget=2, out=short)
 
 
 def test_remembered_calls_are_bounded_and_hold_their_arguments():
@@ -389,3 +398,23 @@ def test_a_scalar_of_another_type_is_validated_on_the_remembered_path(first, sec
         av.choose_budget(survival, drafts, ct, **{k: v for k, v in first.items()})
         with pytest.raises(TypeError, match=rf"^{name} must be an int"):
             av.choose_budget(survival, drafts, ct, **second)
+
+
+def test_a_tensor_budget_with_a_new_cost_table_on_the_remembered_path():
+    """A remembered call with a 0-d tensor budget re-derives its per-step fields for a new (e.g. shifted) table: the
+    budget stays the tensor's (regression: the re-derivation read the host budget, None, and raised)."""
+    R, K = 5, 4
+    survival = torch.sort(torch.rand(R, K), dim=1, descending=True).values
+    drafts = torch.full((R,), K, dtype=torch.int32)
+    out = av.VerifyPlan.allocate(R, R + R * K)
+    budget = torch.tensor(7, dtype=torch.int32)
+    ct = table(max_tokens=200)
+    for extra in (0, 3, 11):
+        tab = ct.shifted(extra) if extra else ct
+        budget.fill_(7 + extra % 4)
+        plan = av.plan_verification(survival, drafts, tab, mode="fixed", budget=budget, capacity=200 - extra,
+                                    num_tokens_padded=R + R * K, out=out)
+        want = ref.plan_verification(survival, drafts, tab, mode="fixed", budget=int(budget), capacity=200 - extra,
+                                     num_tokens_padded=R + R * K)
+        assert int(plan.budget) == int(want.budget) == 7 + extra % 4
+        assert torch.equal(plan.verify_lens, want.verify_lens)

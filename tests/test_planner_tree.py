@@ -26,7 +26,7 @@ from adaptive_verify import errors as av_errors
 from adaptive_verify import reference as ref
 from adaptive_verify.planner import TreeVerifyPlan, resolve_plan_args
 from adaptive_verify.planner.launch import pack_plan_args
-from adaptive_verify.planner.ops import _present
+from adaptive_verify.planner.ops import token_views
 from test_planner import algorithm1, brute_force_argmax, gen_cost_table, model_budget_cap
 
 FIXED_ONE = 2**32
@@ -688,7 +688,7 @@ def test_opcheck_tree_plan_into():
             out.token_parent, out.token_node, out.token_depth, err, config, draft_cost)
     torch.library.opcheck(torch.ops.adaptive_verify.plan_into.default, args)
     torch.ops.adaptive_verify.plan_into(*args)
-    assert_plans_equal(_present(out, a), ref.plan_tree_verification(survival, parents, sizes, table, **kwargs))
+    assert_plans_equal(token_views(out, a, a.num_tokens_padded), ref.plan_tree_verification(survival, parents, sizes, table, **kwargs))
 
 
 def test_torch_compile_tree_plan_matches_eager():

@@ -454,3 +454,60 @@ def test_a_step_of_prompt_tokens_only_may_fill_the_capacity():
     v.record_confidence(conf)
     plan = v.plan(conf, drafts, budget=budget, extra_tokens=64)
     assert int(plan.budget) == 0 and int(plan.num_tokens) == 0
+
+
+def test_eager_steps_share_one_buffer_set_and_one_remembered_planner_call():
+    """Above the largest graph size the padded size follows the budget; every such step of R requests writes one
+    buffer set (views of its first R + B entries come back), so the planner never revalidates for a new size, and
+    each plan equals a fresh planner call."""
+    from adaptive_verify.planner import ops as planner_ops
+
+    ct = av.CostTable.from_points({1: 4.0, 64: 5.0, 1024: 30.0}, draft_ms=0.5, graph_sizes=[8, 16], max_tokens=1024)
+    R = 24
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(21)
+    ctx = torch.from_numpy(rng.integers(0, 50, R).astype(np.int32))
+    bt = torch.arange(R * 16, dtype=torch.int32).reshape(R, 16)
+    anchors = torch.from_numpy(rng.integers(0, 100, R).astype(np.int32))
+    dt = torch.from_numpy(rng.integers(0, 100, (R, K)).astype(np.int32))
+    planner_ops._CALLS.clear()
+    pointers, sizes = set(), set()
+    conf_buf, d = torch.empty(R, K), torch.empty(R, dtype=torch.int32)  # an engine's persistent inputs
+    for step in range(12):
+        conf, drafts = step_inputs(rng, R)
+        conf_buf.copy_(conf)
+        d.copy_(torch.from_numpy(drafts))
+        conf = conf_buf
+        extra = int(rng.integers(0, 200))
+        b, padded = v.plan_budget(R, drafts, extra)
+        v.record_confidence(conf)
+        b = max(0, b - step % 3)  # a budget the caller changed: a new size each step
+        plan = v.plan(conf, d, ctx, bt, anchors, dt, b, extra_tokens=extra)
+        ref = av.plan_verification(av.prefix_survival(conf, d), d, ct.shifted(extra) if extra else ct, mode="fixed",
+                                   budget=b, context_lens=ctx, block_table=bt, block_size=4, anchor_tokens=anchors,
+                                   draft_tokens=dt, num_tokens_padded=R + b, capacity=ct.max_tokens - extra)
+        for f in ("verify_lens", "budget", "num_tokens", "query_start_loc", "seq_lens", "positions", "slot_mapping",
+                  "input_ids", "token_req"):
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), f
+        assert plan.token_req.shape == (R + b,)
+        pointers.add(plan.token_req.data_ptr())
+        sizes.add(R + b)
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+    assert len(sizes) > 3 and len(pointers) == 1  # many sizes, one buffer
+    assert len([k for k in planner_ops._CALLS._entries if k[0] == "plan_verification"]) == 1
+
+
+def test_a_new_slot_after_the_snapshot_reads_as_the_prior():
+    """add_request between record_confidence and the next plan_budget: the slot's snapshot row belongs to its
+    previous request, so the lagged budget must rank the prior for it (and keep every other slot's row)."""
+    v = AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16, prior=0.5)
+    conf = torch.full((4, K), 0.9)
+    v.plan_budget(4, [K] * 4)
+    v.record_confidence(conf)
+    assert np.allclose(v.stale_confidence([0, 1, 2, 3]), 0.9)
+    v.add_request(2)
+    stale = v.stale_confidence([0, 1, 2, 3])
+    assert np.allclose(stale[[0, 1, 3]], 0.9) and np.allclose(stale[2], 0.5)
+    v.plan_budget(4, [K] * 4)
+    v.record_confidence(conf)  # the slot's first confidences arrive
+    assert np.allclose(v.stale_confidence([0, 1, 2, 3]), 0.9)

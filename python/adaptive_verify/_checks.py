@@ -19,7 +19,10 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def is_int(x: Any) -> bool:
     """An integral number that is not a bool (numpy integers count)."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    t = type(x)
+    if t is int:  # the common case, without the abstract-class check (a decode loop asks thousands of times a step)
+        return True
+    return t is not bool and isinstance(x, numbers.Integral)
 
 
 def is_real(x: Any) -> bool:
@@ -30,9 +33,10 @@ def is_real(x: Any) -> bool:
 def check_int(name: str, value: Any, *, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
     """``value`` as a Python int in [lo, hi]; TypeError for a non-integer (bools included), ValueError out of
     range."""
-    if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = operator.index(value)
+    if type(value) is not int:
+        if not is_int(value):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        value = operator.index(value)
     if lo is not None and value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
     if hi is not None and value > hi:

@@ -64,6 +64,8 @@ MODES = ("lagged", "greedy", "global", "all", "off")
 PLAN_CACHE_SIZE = 64
 #: Most persistent request slots (the confidence table is max_reqs x max_drafts floats, twice on the host).
 MAX_REQ_SLOTS = 1 << 20
+#: The plan-buffer key of eager steps (above the largest graph size): one buffer set per R, views per size.
+EAGER = -1
 #: Most CUDA-graph sizes (engines capture tens; the bound keeps a mistyped range from being walked per step).
 MAX_GRAPH_SIZES = 1 << 16
 
@@ -165,6 +167,8 @@ class AdaptiveVerifier:
         self._snap_np = self._snap.numpy()
         self._gen = np.zeros(self.max_reqs, dtype=np.int64)
         self._snap_gen = [self._gen.copy(), self._gen.copy()]
+        self._adds = 0  # add_request calls so far: a snapshot taken at the same count has no new slot
+        self._snap_adds = [0, 0]
         self._snap_events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._idx_pinned = torch.zeros(2, self.max_reqs, dtype=torch.int64, pin_memory=pin)
         self._slot = 0  # the snapshot slot the next record_confidence writes
@@ -173,6 +177,10 @@ class AdaptiveVerifier:
         self._arange = np.arange(self.max_reqs, dtype=np.int64)
         self._plans: collections.OrderedDict[tuple, VerifyPlan] = collections.OrderedDict()
         self._plans_pinned: dict[tuple, VerifyPlan] = {}
+        self._views: dict[tuple, tuple] = {}  # (id(plan), padded) -> (plan, its first padded tokens): eager steps
+        # The host budget of plan() as a persistent 0-d tensor on the plan's device (written in place each step).
+        self._budget_in = torch.zeros((), dtype=torch.int32, device=self.device)
+        self._budget_np = self._budget_in.numpy() if self.device.type == "cpu" else None
         self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
         self._survival_views: dict[tuple, torch.Tensor] = {}
         # The lagged budget's host inputs, persistent so that choose_budget sees the same tensors each step
@@ -213,9 +221,9 @@ class AdaptiveVerifier:
         """[K] float32 temperatures of the online calibration (None without it)."""
         return self.sts.temperatures if self.sts is not None else None
 
-    def _bounds(self, drafts_host: np.ndarray, extra_tokens: int) -> tuple[int, int]:
-        """(B_min, B_max) of a step with these drafts (capacity, max_drafts and max_step_ms respected)."""
-        d = np.minimum(drafts_host, self.max_drafts)
+    def _bounds(self, d: np.ndarray, extra_tokens: int) -> tuple[int, int]:
+        """(B_min, B_max) of a step with these drafts (values in [0, max_drafts]; capacity and max_step_ms
+        respected)."""
         R = len(d)
         room = max(self.capacity - R - extra_tokens, 0)
         b_room = min(int(d.sum()), room)
@@ -240,10 +248,14 @@ class AdaptiveVerifier:
         if req_indices is None:
             return self._arange[:R]
         idx = _host_ints("req_indices", req_indices, R)
-        if R and (idx.min() < 0 or idx.max() >= self.max_reqs):
-            raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
-        if R > 1 and int(np.bincount(idx, minlength=1).max()) > 1:  # O(R + max_reqs): no sort per step
-            raise ValueError("req_indices must be distinct (one persistent slot per request)")
+        if R:
+            if idx.min() < 0:
+                raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
+            counts = np.bincount(idx)  # O(R + max_reqs): no sort per step; its length is idx.max() + 1
+            if counts.shape[0] > self.max_reqs:
+                raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
+            if R > 1 and counts.max() > 1:
+                raise ValueError("req_indices must be distinct (one persistent slot per request)")
         return idx
 
     def add_request(self, req_indices) -> None:
@@ -254,6 +266,7 @@ class AdaptiveVerifier:
         if idx.size and (idx.min() < 0 or idx.max() >= self.max_reqs):
             raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.tolist()}")
         self._gen[idx] += 1
+        self._adds += 1
         self._conf_dev[torch.from_numpy(idx).to(self.device)] = self.prior
 
     def plan_budget(self, num_reqs: int, drafts_host, extra_tokens: int = 0, *,
@@ -307,9 +320,10 @@ class AdaptiveVerifier:
         if self._snap_events[prev] is not None:
             self._snap_events[prev].synchronize()
         np.take(self._snap_np[prev], idx, axis=0, out=out)  # [R, K]
-        new = self._snap_gen[prev][idx] != self._gen[idx]
-        if new.any():
-            out[new] = self.prior
+        if self._snap_adds[prev] != self._adds:  # a slot took a new request since that snapshot
+            new = self._snap_gen[prev][idx] != self._gen[idx]
+            if new.any():
+                out[new] = self.prior
         return out
 
     def _lag_inputs(self, R: int) -> tuple:
@@ -323,7 +337,7 @@ class AdaptiveVerifier:
     def _lagged_budget(self, idx: np.ndarray, drafts: np.ndarray, extra_tokens: int, b_min: int, b_max: int) -> int:
         conf, d, conf_np, d_np = self._lag_inputs(idx.shape[0])
         self._stale(idx, out=conf_np)
-        np.minimum(drafts, self.max_drafts, out=d_np, casting="unsafe")
+        d_np[:] = drafts  # in [0, max_drafts] (plan_budget checked)
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         planner.choose_budget(None, d, table, conf=conf, mode="global", min_verify=self.min_verify,
                               capacity=self.capacity - extra_tokens, out=self._lag_budget,
@@ -373,19 +387,24 @@ class AdaptiveVerifier:
             self._snap_events[slot].record(torch.cuda.current_stream(self.device))
         else:
             self._snap[slot].copy_(self._conf_dev)
-        self._snap_gen[slot] = self._gen.copy()
+        if self._snap_adds[slot] != self._adds:
+            self._snap_gen[slot] = self._gen.copy()
+            self._snap_adds[slot] = self._adds
         self._slot = 1 - slot
         self._recorded = True
         self._last_conf = conf
 
-    def _plan_buffers(self, key: tuple, wants: tuple) -> VerifyPlan:
+    def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
+        """Buffers for key = (R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""
         out = self._plans_pinned.get(key)
         if out is None:
             out = self._plans.get(key)
             if out is not None:
                 self._plans.move_to_end(key)
+        if out is not None and out.token_req.shape[0] < tokens:
+            out = None  # an eager step larger than every earlier one (a caller's own padded_tokens): grow
         if out is None:
-            out = VerifyPlan.allocate(key[0], key[1], self.device, positions=wants[0], slot_mapping=wants[1],
+            out = VerifyPlan.allocate(key[0], tokens, self.device, positions=wants[0], slot_mapping=wants[1],
                                       input_ids=wants[2])
             if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 self._plans_pinned[key] = out  # a captured graph writes these addresses at every replay
@@ -432,7 +451,8 @@ class AdaptiveVerifier:
                              f"[{self.max_reqs}, {self.max_drafts}]")
         if budget is None:
             raise ValueError("budget is required: pass the budget plan_budget returned")
-        if isinstance(budget, torch.Tensor):  # a 0-d device tensor: CUDA-graph replays read it afresh
+        host_budget = not isinstance(budget, torch.Tensor)
+        if not host_budget:  # a 0-d device tensor: CUDA-graph replays read it afresh
             if budget.dim() != 0 or budget.dtype not in (torch.int32, torch.int64):
                 raise ValueError("budget must be an int or a 0-d int32/int64 tensor")
             if padded_tokens is None:
@@ -446,23 +466,51 @@ class AdaptiveVerifier:
         padded_tokens = check_int("padded_tokens", padded_tokens, lo=R,
                                   hi=max(self.capacity, self.graph_sizes[-1] if self.graph_sizes else 0))
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
-        key = (R, padded_tokens) + wants
-        out = self._plan_buffers(key, wants)
+        if self.graph_sizes and padded_tokens + extra_tokens <= self.graph_sizes[-1]:
+            key, tokens = (R, padded_tokens) + wants, padded_tokens
+        else:
+            # An eager step: its size follows the budget, so one buffer set per R serves them all (sized for the
+            # largest eager step; the plan is views of its first padded_tokens entries), and the planner runs on
+            # the whole buffer (padding lanes past the step), so its remembered call never sees a new size.
+            key = (R, EAGER) + wants
+            tokens = max(padded_tokens, min(R * (1 + self.max_drafts), self.capacity))
+        out = self._plan_buffers(key, wants, tokens)
+        if host_budget and self.mode not in ("greedy", "global"):
+            # The host budget goes in through a persistent 0-d tensor, as a CUDA-graph replay's does: a new value
+            # is then not a new call for the planner (no re-derivation of its per-step fields).
+            if self._budget_np is not None:
+                self._budget_np[()] = budget
+            else:
+                self._budget_in.fill_(budget)
+            budget = self._budget_in
         # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
         # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
         # (A step of prompt tokens only, R = 0, may fill the capacity: no view is left to price, and none is needed.)
         table = self.cost_table.shifted(extra_tokens) if extra_tokens and R else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
-                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
+                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=out.token_req.shape[0], out=out,
                   capacity=self.capacity - extra_tokens, conf=conf, survival_out=self._survival_buffer(R, conf.shape[1]),
                   max_step_ms=self.max_step_ms, weights=weights)
         if self.mode in ("greedy", "global"):
             plan = planner.plan_verification(None, drafts, table, mode=self.mode, verification=self.verification, **kw)
         else:
             plan = planner.plan_verification(None, drafts, table, mode="fixed", budget=budget, **kw)
+        plan = self._first_tokens(plan, padded_tokens)
         self._last_plan = plan
         return plan
+
+    def _first_tokens(self, plan: VerifyPlan, padded: int) -> VerifyPlan:
+        """plan.first_tokens(padded), remembered per (plan object, padded): an eager step's views are made once."""
+        if plan.token_req.shape[0] == padded:
+            return plan
+        key = (id(plan), padded)
+        hit = self._views.get(key)
+        if hit is None or hit[0] is not plan:
+            if len(self._views) >= PLAN_CACHE_SIZE:
+                self._views.pop(next(iter(self._views)))
+            hit = self._views[key] = (plan, plan.first_tokens(padded))
+        return hit[1]
 
     def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Counts this step's outcomes on the device (no sync): verify_lens [R] and num_accepted [R] int32,
@@ -482,8 +530,12 @@ class AdaptiveVerifier:
                 raise ValueError(f"{name} must be on the verifier's device {self.device}, got {t.device}")
         # The caller's own tensors when they hold exactly R int32 rows (a slice or a conversion is a new object every
         # step, which would send AcceptanceStats.update down its validating path instead of its remembered launch).
-        v = (verify_lens if verify_lens.shape[0] == R else verify_lens[:R]).to(torch.int32)
-        a = (num_accepted if num_accepted.shape[0] == R else num_accepted[:R]).to(torch.int32)
+        v = verify_lens if verify_lens.shape[0] == R else verify_lens[:R]
+        a = num_accepted if num_accepted.shape[0] == R else num_accepted[:R]
+        if v.dtype != torch.int32:  # (a no-op .to() still costs microseconds)
+            v = v.to(torch.int32)
+        if a.dtype != torch.int32:
+            a = a.to(torch.int32)
         self.stats.update(self._last_conf, v, a)  # also adds the step's verified and accepted drafts to stats.totals
         if self.sts is not None:
             self.sts.step(self.stats)

@@ -60,7 +60,7 @@ def to_dict(table: CostTable) -> dict[str, Any]:
         "request_ms": table._request_ms,
         "graph_sizes": list(table._graph_sizes) if table._base is None else [],
         "max_tokens": table._max_tokens,
-        "metadata": copy.deepcopy(table._metadata),
+        "metadata": copy.deepcopy(table._meta()),
     }
 
 

@@ -71,7 +71,7 @@ class CostTable:
     """
 
     def __init__(self, *, _verify, _draft, _draft_mode, _graph_sizes, _max_tokens, _metadata, _curve=None,
-                 _request_ms=0.0):
+                 _request_ms=0.0, _draft_curve=None):
         # Private: use the classmethods, which validate. Arguments are already checked here.
         self._verify_points: tuple[tuple[int, float], ...] = _verify
         self._draft = _draft
@@ -79,9 +79,9 @@ class CostTable:
         self._request_ms: float = _request_ms
         self._graph_sizes: tuple[int, ...] = _graph_sizes
         self._max_tokens: int | None = _max_tokens
-        self._metadata: dict = _metadata
+        self._metadata: dict | None = _metadata  # None on a shifted view until asked for (see _meta)
         self._curve = _curve if _curve is not None else VerifyCurve(_verify, _graph_sizes)
-        self._draft_curve = DraftCurve(_draft, _draft_mode)
+        self._draft_curve = _draft_curve if _draft_curve is not None else DraftCurve(_draft, _draft_mode)
         self._dense: dict[tuple[str, torch.device], _DenseEntry] = {}
         self._shifted: collections.OrderedDict[int, CostTable] = collections.OrderedDict()
         self._shifted_pinned: dict[int, CostTable] = {}
@@ -314,17 +314,25 @@ class CostTable:
             what = "max_tokens" if self._max_tokens is not None else "token limit (MAX_TOKENS_LIMIT)"
             raise ValueError(f"tokens={tokens} leaves no room: the table's {what} is {self.token_limit}")
         top = None if self._max_tokens is None else self._max_tokens - tokens
-        meta = copy.deepcopy(self._metadata)
-        meta["shifted_by"] = tokens
+        # A view shares the base's curves and builds its metadata only when asked (_meta): chunked prefill makes a
+        # new view almost every step, so its construction is a few attribute writes.
         view = CostTable(_verify=self._verify_points, _draft=self._draft, _draft_mode=self._draft_mode,
                          _graph_sizes=tuple(g - tokens for g in self._graph_sizes if g > tokens),
-                         _max_tokens=top, _metadata=meta, _curve=ShiftedCurve(self._curve, tokens),
-                         _request_ms=self._request_ms)
+                         _max_tokens=top, _metadata=None, _curve=ShiftedCurve(self._curve, tokens),
+                         _request_ms=self._request_ms, _draft_curve=self._draft_curve)
         view._base, view._shift = self, tokens
         self._shifted[tokens] = view
         while len(self._shifted) > SHIFTED_CACHE_SIZE:
             self._shifted.popitem(last=False)
         return view
+
+    def _meta(self) -> dict:
+        """The metadata dict (a shifted view's: the base's, deep-copied, plus shifted_by; made on first use)."""
+        if self._metadata is None:
+            meta = copy.deepcopy(self._base._meta())
+            meta["shifted_by"] = self._shift
+            self._metadata = meta
+        return self._metadata
 
     def _pin(self) -> None:
         """Keeps this shifted view alive for the base table's lifetime (its array is in a captured graph)."""
@@ -357,9 +365,13 @@ class CostTable:
         return self._dense_view("draft", max_r + 1, device)
 
     def _dense_view(self, kind: str, length: int, device: Any) -> torch.Tensor:
-        dev = normalize_device(device)
-        if _capturing(dev):
-            self._pin()
+        # The planner asks with a torch.device every step: a CPU one needs no normalising (and cannot capture).
+        if type(device) is torch.device and device.type == "cpu":
+            dev = device
+        else:
+            dev = normalize_device(device)
+            if _capturing(dev):
+                self._pin()
         entry = self._dense.get((kind, dev))
         if entry is None or entry.tensor.shape[0] < length:
             cap = self.token_limit + 1 if kind == "verify" else None
@@ -369,7 +381,8 @@ class CostTable:
                 grown = min(grown, cap)
             curve = self._curve if kind == "verify" else self._draft_curve
             values = curve.dense(grown).astype(np.float32)  # float64 -> float32 once, as verify_cost rounds
-            tensor = torch.from_numpy(values).to(dev, copy=True)  # [grown]
+            # [grown]; astype made a new array, so a CPU tensor may share it
+            tensor = torch.from_numpy(values) if dev.type == "cpu" else torch.from_numpy(values).to(dev)
             if entry is None:
                 entry = self._dense[(kind, dev)] = _DenseEntry(tensor)
             else:
@@ -418,7 +431,7 @@ class CostTable:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return types.MappingProxyType(self._metadata)
+        return types.MappingProxyType(self._meta())
 
     @property
     def verify_ms(self) -> dict[int, float]:
@@ -463,6 +476,6 @@ class CostTable:
             parts.append(f"graph_sizes=[{sizes[0]}, {sizes[1]}, ..., {sizes[-1]}] ({len(sizes)} sizes)")
         parts.append(f"max_tokens={self._max_tokens}")
         for key in ("device", "model", "source"):
-            if key in self._metadata:
-                parts.append(f"{key}={self._metadata[key]!r}")
+            if key in self._meta():
+                parts.append(f"{key}={self._meta()[key]!r}")
         return f"CostTable({', '.join(parts)})"

@@ -297,33 +297,51 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
 
 
 def check_out(out, a: PlanArgs) -> VerifyPlan:
-    """out= must hold every buffer this call writes, with the right dtype, device and shape (contiguous)."""
+    """out= must hold every buffer this call writes, with the right dtype and device, contiguous. Request buffers have
+    exactly R_pad (+ 1) entries; token buffers at least T_pad (a persistent buffer sized for the largest step, as
+    engines keep theirs: the plan then returns views of its first T_pad entries, see :func:`token_buffer_len`)."""
     kind = TreeVerifyPlan if a.parents is not None else VerifyPlan
     if not isinstance(out, kind):
         raise TypeError(f"out must be a {kind.__name__} (see {kind.__name__}.allocate), got {type(out).__name__}")
     i32, dev = torch.int32, a.device
-    Rp, Tp = a.num_reqs_padded, a.num_tokens_padded
+    Rp = a.num_reqs_padded
     _tensor("out.verify_lens", out.verify_lens, dtype=i32, device=dev, shape=(Rp,))
     _tensor("out.budget", out.budget, dtype=i32, device=dev, shape=())
     _tensor("out.expected_tokens", out.expected_tokens, dtype=torch.float32, device=dev, shape=())
     _tensor("out.num_tokens", out.num_tokens, dtype=i32, device=dev, shape=())
     _tensor("out.query_start_loc", out.query_start_loc, dtype=i32, device=dev, shape=(Rp + 1,))
-    _tensor("out.token_req", out.token_req, dtype=i32, device=dev, shape=(Tp,))
     wanted = {
-        "seq_lens": (a.context_lens is not None, i32, (Rp,)),
-        "positions": (a.context_lens is not None, i32, (Tp,)),
-        "slot_mapping": (a.block_table is not None, torch.int64, (Tp,)),
-        "input_ids": (a.anchor_tokens is not None, i32, (Tp,)),
+        "token_req": (True, i32, False),
+        "seq_lens": (a.context_lens is not None, i32, True),
+        "positions": (a.context_lens is not None, i32, False),
+        "slot_mapping": (a.block_table is not None, torch.int64, False),
+        "input_ids": (a.anchor_tokens is not None, i32, False),
     }
     if a.parents is not None:
-        wanted.update(tree_mask=(True, torch.int64, (Tp,)), token_parent=(True, i32, (Tp,)),
-                      token_node=(True, i32, (Tp,)), token_depth=(True, i32, (Tp,)))
-    for name, (needed, dtype, shape) in wanted.items():
+        wanted.update(tree_mask=(True, torch.int64, False), token_parent=(True, i32, False),
+                      token_node=(True, i32, False), token_depth=(True, i32, False))
+    length = None
+    for name, (needed, dtype, per_request) in wanted.items():
         t = getattr(out, name)
         if t is not None and not isinstance(t, torch.Tensor):  # unused here, but remembered calls look at it
             raise TypeError(f"out.{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if needed and t is None:
+        if not needed:
+            continue
+        if t is None:
             raise ValueError(f"out.{name} is None but this call produces it (allocate it in the VerifyPlan)")
-        if needed:
-            _tensor(f"out.{name}", t, dtype=dtype, device=dev, shape=shape)
+        if per_request:
+            _tensor(f"out.{name}", t, dtype=dtype, device=dev, shape=(Rp,))
+            continue
+        check_tensor(f"out.{name}", t, dtypes=(dtype,), device=dev, ndim=1, inner_contiguous=False)
+        if t.shape[0] < a.num_tokens_padded:
+            raise ValueError(f"out.{name} must have at least T_pad = {a.num_tokens_padded} entries, got "
+                             f"{tuple(t.shape)}")
+        if length is not None and t.shape[0] != length:
+            raise ValueError(f"out.{name} must have as many entries as out.token_req ({length}), got {tuple(t.shape)}")
+        length = t.shape[0]
     return out
+
+
+def token_buffer_len(out: VerifyPlan) -> int:
+    """Entries of out's token buffers (>= the T_pad of every call it served)."""
+    return out.token_req.shape[0]

@@ -19,7 +19,7 @@ from .. import errors
 from .._callcache import CallCache
 from .._validate import check_tensor
 from ..cost import CostTable
-from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step
+from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_buffer_len
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
 from .survival import prefix_survival
 from .verify_plan import VerifyPlan
@@ -60,37 +60,51 @@ def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need
 class _Call:
     """A validated call: its arguments, its filled struct, and what it returns."""
 
-    __slots__ = ("a", "params", "addr", "on_cuda", "result", "step", "table", "padded", "workspace", "expected",
-                 "op")
+    __slots__ = ("a", "params", "addr", "on_cuda", "result", "step", "table", "workspace", "expected", "op",
+                 "out", "room", "views")
 
-    def __init__(self, a: PlanArgs, params, result, step, table, padded, workspace, expected, op):
-        self.a, self.params, self.result, self.step, self.table, self.padded = a, params, result, step, table, padded
+    def __init__(self, a: PlanArgs, params, result, step, table, workspace, expected, op, out=None):
+        self.a, self.params, self.result, self.step, self.table = a, params, result, step, table
         self.addr, self.on_cuda = ctypes.addressof(params), a.device.type == "cuda"
         self.workspace, self.expected, self.op = workspace, expected, op  # workspace/expected: kept alive
+        # out's token buffers may be longer than T_pad (persistent, sized for the largest step): the result is then
+        # views of their first T_pad entries, one set per T_pad seen (an eager step's T_pad follows its budget).
+        self.out, self.room = out, token_buffer_len(out) if out is not None else 0
+        self.views = {a.num_tokens_padded: result} if out is not None else None
 
     def restep(self, step, cost_table) -> bool:
         """Re-derives the per-step fields for a new step (id(cost_table), then capacity, budget, extra_tokens,
-        extra_emitting, token_offset and max_step_ms, each after its type); False when they change the padded token
-        count (the outputs must then be checked again: the caller revalidates, and this entry is re-stepped on
-        every use until replaced)."""
-        _, _, capacity, _, budget, _, extra_tokens, _, extra_emitting, _, token_offset, _, max_step_ms = step
-        padded = self.a.num_tokens_padded
-        resolve_step(self.a, cost_table, capacity, self.padded, _costs, budget=budget, extra_tokens=extra_tokens,
+        extra_emitting, token_offset, max_step_ms and num_tokens_padded, each after its type); False when the padded
+        token count outgrows out's token buffers (the caller then revalidates, and this entry is re-stepped on every
+        use until replaced)."""
+        _, _, capacity, _, budget, _, extra_tokens, _, extra_emitting, _, token_offset, _, max_step_ms, _, padded = step
+        if budget is None and self.a.budget_in is not None:  # a tensor budget is in the key, not in the step
+            budget = self.a.budget_in
+        resolve_step(self.a, cost_table, capacity, padded, _costs, budget=budget, extra_tokens=extra_tokens,
                      extra_emitting=extra_emitting, token_offset=token_offset, max_step_ms=max_step_ms)
         fill_step(self.params, self.a)
         self.table = cost_table  # held: its id is in self.step
-        if self.a.num_tokens_padded != padded:
+        if self.out is not None and self.a.num_tokens_padded > self.room:
             self.step = None
             return False
         self.step = step
+        if self.views is not None:
+            self.result = self._views(self.a.num_tokens_padded)
         return True
+
+    def _views(self, padded: int):
+        plan = self.views.get(padded)
+        if plan is None:
+            if len(self.views) >= _VIEWS_PER_CALL:
+                self.views.pop(next(iter(self.views)))
+            plan = self.views[padded] = token_views(self.out, self.a, padded)
+        return plan
 
     def with_budget_out(self, budget_out: torch.Tensor) -> "_Call":
         """A copy writing the budget into ``budget_out`` (choose_budget without out=)."""
         params = type(self.params).from_buffer_copy(self.params)
         params.budget_out = budget_out.data_ptr()
-        return _Call(self.a, params, budget_out, self.step, self.table, self.padded, self.workspace, self.expected,
-                     self.op)
+        return _Call(self.a, params, budget_out, self.step, self.table, self.workspace, self.expected, self.op)
 
     def run(self) -> None:
         launch_at(self.addr, self.on_cuda, self.a.device, self.op, self.a.parents is not None)
@@ -119,18 +133,23 @@ def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out)
     return key, call
 
 
-def _present(out: VerifyPlan, a: PlanArgs) -> VerifyPlan:
-    """The fields this call did not produce are None."""
-    if a.context_lens is None and a.block_table is None and a.anchor_tokens is None:
-        if out.seq_lens is None and out.positions is None and out.slot_mapping is None and out.input_ids is None:
-            return out
-    return dataclasses.replace(
-        out,
-        seq_lens=out.seq_lens if a.context_lens is not None else None,
-        positions=out.positions if a.context_lens is not None else None,
-        slot_mapping=out.slot_mapping if a.block_table is not None else None,
-        input_ids=out.input_ids if a.anchor_tokens is not None else None,
-    )
+#: Views kept per remembered call, one set per T_pad (an eager step's T_pad follows its budget).
+_VIEWS_PER_CALL = 64
+
+
+def token_views(out: VerifyPlan, a: PlanArgs, padded: int) -> VerifyPlan:
+    """The plan a call returns: out, with None for the fields it did not produce and its token buffers cut to their
+    first ``padded`` (T_pad) entries when they are longer."""
+    changes = {}
+    if a.context_lens is None:
+        changes.update(seq_lens=None, positions=None)
+    if a.block_table is None:
+        changes["slot_mapping"] = None
+    if a.anchor_tokens is None:
+        changes["input_ids"] = None
+    changes = {k: v for k, v in changes.items() if getattr(out, k) is not v}
+    plan = dataclasses.replace(out, **changes) if changes else out
+    return plan.first_tokens(padded)
 
 
 def _owns_inputs(a: PlanArgs, kw: dict, survival, conf, drafts) -> bool:
@@ -210,7 +229,7 @@ def choose_budget(
     tensors = (survival, conf, drafts, draft_tokens, out, weights, parents)
     statics = (mode, type(min_verify), min_verify, type(max_verify), max_verify)
     step = (id(cost_table), type(capacity), capacity, type(None), None, type(extra_tokens), extra_tokens,
-            type(extra_emitting), extra_emitting, int, 0, type(max_step_ms), max_step_ms)  # plan_verification's layout
+            type(extra_emitting), extra_emitting, int, 0, type(max_step_ms), max_step_ms, type(None), None)  # as run_plan
     compiling = torch.compiler.is_compiling()
     key = None
     if not compiling:
@@ -240,7 +259,7 @@ def choose_budget(
     launch(p, a.device, "choose_budget")
     if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
         _CALLS.put(key, tensors, _signature_tensors(tensors, None),
-                   _Call(a, p, out, step, cost_table, None, ws, expected, "choose_budget"))
+                   _Call(a, p, out, step, cost_table, ws, expected, "choose_budget"))
     return out
 
 
@@ -348,12 +367,12 @@ def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, o
     tensors = (survival, kw["conf"], drafts, kw["context_lens"], kw["block_table"], kw["anchor_tokens"],
                kw["draft_tokens"], budget_tensor, kw["survival_out"], kw["weights"], kw.get("parents"))
     # Scalars with their types, so a bool or a float never passes where an earlier call's int was validated.
-    statics = tuple(x for name in ("mode", "min_verify", "max_verify", "block_size", "num_reqs_padded",
-                                   "num_tokens_padded") for x in ((kw[name],) if name == "mode" else
-                                                                  (type(kw[name]), kw[name])))
+    statics = tuple(x for name in ("mode", "min_verify", "max_verify", "block_size", "num_reqs_padded")
+                    for x in ((kw[name],) if name == "mode" else (type(kw[name]), kw[name])))
     host_budget = None if budget_tensor is not None else budget
     step = (id(cost_table),) + tuple(x for v in (kw["capacity"], host_budget, kw["extra_tokens"], kw["extra_emitting"],
-                                                 kw["token_offset"], kw["max_step_ms"]) for x in (type(v), v))
+                                                 kw["token_offset"], kw["max_step_ms"], kw["num_tokens_padded"])
+                                     for x in (type(v), v))
     compiling = torch.compiler.is_compiling()
     key = None
     if isinstance(out, plan_type) and not compiling:
@@ -371,13 +390,13 @@ def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, o
         check_out(out, a)
     if compiling:
         run_traced(a, out, out.budget, out.expected_tokens)
-        return _present(out, a)
+        return token_views(out, a, a.num_tokens_padded)
     p = make_params(a, out, out.budget, out.expected_tokens, errors.error_buffer(a.device))
     ws = workspace_for(a)
     p.workspace = 0 if ws is None else ws.data_ptr()
     launch(p, a.device, op)
-    result = _present(out, a)
+    result = token_views(out, a, a.num_tokens_padded)
     if key is not None and _owns_inputs(a, kw, survival, kw["conf"], drafts):
         _CALLS.put(key, (out, *tensors), _signature_tensors(tensors, out),
-                   _Call(a, p, result, step, cost_table, kw["num_tokens_padded"], ws, None, op))
+                   _Call(a, p, result, step, cost_table, ws, None, op, out=out))
     return result

@@ -17,6 +17,11 @@ MAX_TOKENS = 1 << 30
 MAX_CONTEXT_LEN = (1 << 31) - 1 - 64
 
 
+#: The per-token ([T_pad]) fields of a VerifyPlan and of a TreeVerifyPlan.
+TOKEN_FIELDS = ("token_req", "positions", "slot_mapping", "input_ids", "tree_mask", "token_parent", "token_node",
+                "token_depth")
+
+
 @dataclasses.dataclass(frozen=True)
 class VerifyPlan:
     """Outputs of :func:`adaptive_verify.plan_verification` (device tensors; int32 unless noted).
@@ -47,6 +52,15 @@ class VerifyPlan:
     positions: Optional[torch.Tensor] = None
     slot_mapping: Optional[torch.Tensor] = None
     input_ids: Optional[torch.Tensor] = None
+
+    def first_tokens(self, n: int) -> "VerifyPlan":
+        """This plan with its per-token buffers ([T_pad]: token_req, positions, slot_mapping, input_ids and a tree
+        plan's four) cut to their first ``n`` entries (views; the same plan when they already have n). For a plan
+        written into persistent buffers longer than the step's T_pad."""
+        names = [f.name for f in dataclasses.fields(self) if f.name in TOKEN_FIELDS and getattr(self, f.name) is not None]
+        if all(getattr(self, name).shape[0] == n for name in names):
+            return self
+        return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
 
     @classmethod
     def allocate(
