@@ -34,7 +34,9 @@ Decisions (docs/design.md, "What engines rely on every step"):
 - Padded tokens: the smallest graph size >= R + extra_tokens + B; above the largest, exactly that count
   (an eager step). Graph sizes default to the cost table's.
 - Bounded host state: persistent plan buffers are kept per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE``
-  entries (entries created during CUDA-graph capture are never evicted); metrics keep running sums.
+  entries (entries created during CUDA-graph capture are never evicted); every eager step of R requests (above
+  the largest graph size) shares one entry sized for the largest eager step, and its plan is views of the first
+  padded tokens; metrics keep running sums.
 """
 from __future__ import annotations
 
