@@ -1,4 +1,5 @@
-"""SGLang adapter, EAGLE verify path with chain drafts (``speculative_eagle_topk == 1``).
+"""SGLang adapter, EAGLE verify path: chain drafts (``speculative_eagle_topk == 1``) here, draft trees
+(``topk > 1``) in :mod:`.sglang_tree`, re-exported here (tree_from_sglang, tree_verify_input, ...).
 
 Where each call goes in SGLang's loop and what changes there: docs/integrations/sglang.md. Nothing here
 imports SGLang; functions return dicts keyed by the names SGLang uses for the same quantities
@@ -7,8 +8,8 @@ imports SGLang; functions return dicts keyed by the names SGLang uses for the sa
 What differs from SGLang's own layout: SGLang verifies ``draft_token_num`` tokens for every request (a
 uniform ``[bs, draft_token_num]`` layout, ``qo_indptr = arange(bs + 1) * draft_token_num``); with adaptive
 verification request r verifies ``1 + verify_lens[r]`` tokens (anchor first, then its verified drafts), so
-every quantity below is varlen, indexed through the plan's ``query_start_loc``. Trees (``topk > 1``) are not
-covered: the planner allocates along chains.
+every quantity below is varlen, indexed through the plan's ``query_start_loc``. For trees the planner allocates
+over nodes (plan_tree_verification); see sglang_tree.
 
 Conventions kept from SGLang: ``seq_lens`` is the KV length *before* the step (SGLang's ``batch.seq_lens``,
 our ``context_lens``); indices into the verify forward's logits / hidden-state rows are relative to the
@@ -21,8 +22,13 @@ from typing import Optional
 import torch
 
 from . import _check_int, _check_tensor, _num_reqs, _plan_field, _relative_starts
+from .sglang_tree import (SGLangTree, mask_bits_from_sglang, tree_from_eagle_draft, tree_from_sglang,
+                          tree_from_sglang_mask, tree_mask_to_sglang, tree_to_sglang, tree_verify_input,
+                          tree_verify_output)
 
-__all__ = ["verify_input", "verify_output", "chain_from_sglang", "ragged_layout_fields", "TESTED_SGLANG_VERSION"]
+__all__ = ["verify_input", "verify_output", "chain_from_sglang", "ragged_layout_fields", "TESTED_SGLANG_VERSION",
+           "SGLangTree", "tree_from_sglang", "tree_from_eagle_draft", "tree_from_sglang_mask", "mask_bits_from_sglang",
+           "tree_to_sglang", "tree_mask_to_sglang", "tree_verify_input", "tree_verify_output"]
 
 #: The SGLang release the adapter is tested against (tests/integration/peers.txt).
 TESTED_SGLANG_VERSION = "0.5.23"
