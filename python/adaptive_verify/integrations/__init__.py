@@ -3,8 +3,9 @@
 - :mod:`adaptive_verify.integrations.vllm`: vLLM v1 (``SpecDecodeMetadata``, ``CommonAttentionMetadata``-style
   attention fields, the rejection sampler's per-request output lists) and vLLM's own adaptive verification
   (``patch_manager``).
-- :mod:`adaptive_verify.integrations.sglang`: SGLang's EAGLE verify path, chain drafts (``topk == 1``) only, and
-  DSpark's ragged verify layout.
+- :mod:`adaptive_verify.integrations.sglang`: SGLang's EAGLE verify path, chain drafts (``topk == 1``) and EAGLE
+  trees (``topk > 1``: its draft tokens, retrieve pointers and custom mask to our parents / tree_sizes and back;
+  :mod:`adaptive_verify.integrations.sglang_tree`), and DSpark's ragged verify layout.
 
 Neither module imports its engine: they work on plain tensors, lists and duck-typed objects, and return
 dicts whose keys are the engine's field names (``SomeEngineClass(**d)`` builds the real object where it is
