@@ -192,7 +192,7 @@ def test_vllm_zero_requests():
     assert avv.drafts_from_vllm([], K)[0].shape == (0, K)
     assert avv.sampled_token_ids(torch.zeros(0, K + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)) == []
     o = avs.verify_input(plan, K)
-    assert o["qo_indptr"].tolist() == [0] and o["retrive_index"].shape == (0, K + 1)
+    assert o["qo_indptr"].tolist() == [0] and o["retrieve_index"].shape == (0, K + 1)
 
 
 def test_vllm_drafts_round_trip_and_tensor_input():
@@ -321,9 +321,9 @@ def test_sglang_verify_input_matches_reference(case):
     assert d["draft_token"][:n].tolist() == toks and d["draft_token"].dtype == torch.int64
     assert d["positions"][:n].tolist() == pos and d["positions"].dtype == torch.int64
     for r, L in enumerate(vl):
-        assert d["retrive_index"][r].tolist() == [qo[r] + j if j <= L else -1 for j in range(K + 1)]
-        assert d["retrive_next_token"][r].tolist() == [j + 1 if j < L else -1 for j in range(K + 1)]
-    assert (d["retrive_next_sibling"] == -1).all()
+        assert d["retrieve_index"][r].tolist() == [qo[r] + j if j <= L else -1 for j in range(K + 1)]
+        assert d["retrieve_next_token"][r].tolist() == [j + 1 if j < L else -1 for j in range(K + 1)]
+    assert (d["retrieve_next_sibling"] == -1).all()
     d2 = avs.verify_input(plan, K, R, num_tokens=n)
     assert d2["draft_token"].tolist() == toks
 
@@ -342,7 +342,7 @@ def test_sglang_uniform_case_matches_sglang_layout():
     assert torch.equal(d["draft_token"], sg.to(torch.int64))
     assert d["qo_indptr"].tolist() == list(range(0, (R + 1) * (steps + 1), steps + 1))
     assert d["positions"].tolist() == [c + j for c in ctx.tolist() for j in range(steps + 1)]
-    assert d["retrive_index"].tolist() == [[b * (steps + 1) + j for j in range(steps + 1)] for b in range(R)]
+    assert d["retrieve_index"].tolist() == [[b * (steps + 1) + j for j in range(steps + 1)] for b in range(R)]
     with pytest.raises(ValueError, match="draft_token"):
         avs.chain_from_sglang(sg[:-1], R)
     with pytest.raises(ValueError, match="num_reqs"):

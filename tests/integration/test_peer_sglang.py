@@ -259,9 +259,9 @@ def test_chain_tree_is_verify_input(interpreted):
         vi = avs.verify_input(plan, D, R)
         assert vi["draft_token"].tolist() == tree["tokens"]
         assert vi["positions"].tolist() == tree["positions"]
-        assert vi["retrive_index"].tolist() == tree["index"]
-        assert vi["retrive_next_token"].tolist() == tree["next"]
-        assert vi["retrive_next_sibling"].tolist() == tree["sibling"]
+        assert vi["retrieve_index"].tolist() == tree["index"]
+        assert vi["retrieve_next_token"].tolist() == tree["next"]
+        assert vi["retrieve_next_sibling"].tolist() == tree["sibling"]
         W = D + 1
         mask = np.array(tree["mask"], dtype=bool).reshape(R, W, W)
         assert (mask == np.tril(np.ones((W, W), dtype=bool))[None]).all()
@@ -277,3 +277,24 @@ def test_schedule_gpu_kernel_interpreted(sg, interpreted):
         ours = ours_schedule(conf, budget)
         assert theirs == sglang_schedule(sg, conf, budget)  # the kernel and SGLang's torch path
         assert classify_schedule(sg, conf, budget, ours, theirs, "tiny") in ("agree", "eps")
+
+
+def test_verify_input_keys_are_eagle_verify_input_fields():
+    """The chain verify_input's keys that name EagleVerifyInput fields are spelled as SGLang 0.5.23 spells them
+    (``retrieve_*``; an earlier adapter wrote the kernels' ``retrive_*``). EagleVerifyInput does not import on a CPU
+    torch, so its fields are read from eagle_info.py's source."""
+    import ast
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt/speculative/eagle_info.py"
+    cls = next(n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef)
+               and n.name == "EagleVerifyInput")
+    fields = {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)}
+    R, K = 3, 4
+    plan = av.plan_verification(torch.rand(R, K), torch.full((R,), K, dtype=torch.int32), mode="all",
+                                context_lens=torch.tensor([5, 6, 7], dtype=torch.int32),
+                                anchor_tokens=torch.zeros(R, dtype=torch.int32),
+                                draft_tokens=torch.ones(R, K, dtype=torch.int32))
+    keys = set(avs.verify_input(plan, K, R))
+    for name in ("draft_token", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "topk"):
+        assert name in keys and name in fields, name

@@ -78,9 +78,9 @@ def verify_input(plan, max_drafts: int, num_reqs: Optional[int] = None, *, num_t
             ``arange(bs + 1) * draft_token_num``);
         ``kv_indptr`` [R + 1] int32: exclusive cumsum of ``end_offset`` (SGLang's ``cum_kv_seq_len``);
         ``verify_lens`` [R] int32: drafts verified per request (SGLang has no counterpart: uniform there);
-        ``retrive_index`` [R, K + 1] int64: row of token j of request r (qo_indptr[r] + j), -1 past its end;
-        ``retrive_next_token`` [R, K + 1] int64: j + 1 while inside the chain, -1 at its last token;
-        ``retrive_next_sibling`` [R, K + 1] int64: all -1 (a chain has no siblings);
+        ``retrieve_index`` [R, K + 1] int64: row of token j of request r (qo_indptr[r] + j), -1 past its end;
+        ``retrieve_next_token`` [R, K + 1] int64: j + 1 while inside the chain, -1 at its last token;
+        ``retrieve_next_sibling`` [R, K + 1] int64: all -1 (a chain has no siblings);
         ``topk``: 1.
     """
     K = _check_int("max_drafts", max_drafts, lo=1, hi=MAX_DRAFTS)
@@ -95,7 +95,7 @@ def verify_input(plan, max_drafts: int, num_reqs: Optional[int] = None, *, num_t
     device = starts.device
     j = torch.arange(K + 1, dtype=torch.int64, device=device)
     inside = j[None, :] < q_len[:, None]
-    retrive_index = torch.where(inside, starts[:-1, None] + j[None, :], torch.full_like(inside, -1, dtype=torch.int64))
+    retrieve_index = torch.where(inside, starts[:-1, None] + j[None, :], torch.full_like(inside, -1, dtype=torch.int64))
     has_next = j[None, :] + 1 < q_len[:, None]
     retrive_next = torch.where(has_next, (j + 1)[None, :].expand(R, K + 1), torch.full_like(has_next, -1,
                                                                                        dtype=torch.int64))
@@ -110,9 +110,9 @@ def verify_input(plan, max_drafts: int, num_reqs: Optional[int] = None, *, num_t
         "qo_indptr": starts.to(torch.int32),
         "kv_indptr": kv_indptr.to(torch.int32),
         "verify_lens": plan.verify_lens[:R].to(torch.int32),
-        "retrive_index": retrive_index,
-        "retrive_next_token": retrive_next,
-        "retrive_next_sibling": torch.full((R, K + 1), -1, dtype=torch.int64, device=device),
+        "retrieve_index": retrieve_index,
+        "retrieve_next_token": retrive_next,
+        "retrieve_next_sibling": torch.full((R, K + 1), -1, dtype=torch.int64, device=device),
         "topk": 1,
     }
 
