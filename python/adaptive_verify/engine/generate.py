@@ -11,6 +11,18 @@ prompts are prefilled and join)::
     tokens, emitted <- rejection_sample(logits, ...)          lossless
     verifier.observe(plan.verify_lens, emitted - 1)
 
+Draft trees (``tree_topk``, or modes "tree" and "tree-fixed"; engine/tree.py): the drafter proposes a tree per
+request (k alternatives per node, the best ``tree_nodes`` nodes by path confidence), and the step becomes::
+
+    budget <- verifier.plan_budget(R, tree_sizes, tree=True)  host: a node count
+    tokens, parents, conf <- draft_tree(drafter, h, anchor)   conf: each node's conditional acceptance
+    verifier.record_confidence(conf, parents=, tree_sizes=)
+    plan <- verifier.plan(conf, tree_sizes, ..., parents=)    TreeVerifyPlan
+    logits, hidden <- target.forward_paged(..., tree_mask)    positions context + depth
+    tokens, emitted, offsets <- tree_rejection_sample(...)    sample and match: lossless in every mode
+    commit_tree_kv(offsets, emitted - 1)                      the accepted path to context + depth
+    verifier.observe(plan.verify_lens, emitted - 1, accepted_offsets=offsets)
+
 Randomness (temperature > 0): request i's tokens come from Philox keyed by a per-request seed mixed with
 the number of tokens it has generated so far (``offset`` stays 0), so a request's draws do not depend on
 which step or batch it is in. Prefill runs in chunks of up to 16 tokens (verify_attention's q_len bound).
@@ -30,8 +42,16 @@ from ..cost import CostTable
 from ..verifier import AdaptiveVerifier
 from .drafter import DSparkDrafter
 from .model import PagedKV, TinyTarget
+from .tree import draft_tree, tree_size, verify_tree_step, width
 
-__all__ = ["generate", "GenerationResult", "default_cost_table", "profile_cost_table"]
+__all__ = ["generate", "GenerationResult", "default_cost_table", "profile_cost_table", "MODES", "TREE_MODES"]
+
+#: generate()'s modes. "tree": trees with the live global budget (lossless: trees are verified one-hot);
+#: "tree-fixed": EAGLE-2 style, every drafted node (the best tree_nodes per request) verified, no global budget.
+MODES = ("off", "all", "lagged", "greedy", "global", "tree", "tree-fixed")
+TREE_MODES = {"tree": "global", "tree-fixed": "all"}
+#: k of modes "tree" and "tree-fixed" when tree_topk is not given.
+DEFAULT_TREE_TOPK = 3
 
 _PREFILL_CHUNK = 16
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -96,8 +116,9 @@ class _StepGraphs:
     """One captured CUDA graph of _verify_step per (requests, padded tokens), replayed with fresh inputs
     copied into its static tensors (the budget too, as a 0-d device tensor)."""
 
-    def __init__(self, target, verifier, kv, K):
+    def __init__(self, target, verifier, kv, K, step_fn=None):
         self.target, self.verifier, self.kv, self.K = target, verifier, kv, K
+        self.step_fn = step_fn or _verify_step  # verify_tree_step for trees (K is then the query width 1 + N)
         self.graphs: dict = {}
         self.captures = self.replays = 0
 
@@ -109,11 +130,11 @@ class _StepGraphs:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm up (allocations, memos) outside the capture
-                _verify_step(self.target, self.verifier, self.kv, self.K, padded, budget_t, *static)
+                self.step_fn(self.target, self.verifier, self.kv, self.K, padded, budget_t, *static)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outs = _verify_step(self.target, self.verifier, self.kv, self.K, padded, budget_t, *static)
+                outs = self.step_fn(self.target, self.verifier, self.kv, self.K, padded, budget_t, *static)
             self.graphs[key] = (graph, static, budget_t, outs)
             self.captures += 1
         graph, static, budget_t, outs = self.graphs[key]
@@ -124,6 +145,27 @@ class _StepGraphs:
         self.replays += 1
         self.verifier.last_plan = outs[0]  # observe() must read this key's expected tokens
         return outs
+
+
+def _admit(target, kv, req: _Request, max_blocks: int, temp_value: float, device) -> None:
+    """Allocates the request's blocks, prefills its prompt in chunks and samples its first token (the anchor)."""
+    req.blocks = kv.allocate(max_blocks)
+    bt = torch.tensor([req.blocks], dtype=torch.int32, device=device)
+    L = len(req.prompt)
+    for s in range(0, L, _PREFILL_CHUNK):  # chunked prefill of one request
+        e = min(s + _PREFILL_CHUNK, L)
+        ids = torch.tensor(req.prompt[s:e], dtype=torch.int32, device=device)
+        pos = torch.arange(s, e, dtype=torch.int32, device=device)
+        logits, hidden = target.forward_paged(
+            ids, pos, kv, bt, torch.tensor([e], dtype=torch.int32, device=device),
+            torch.tensor([0, e - s], dtype=torch.int32, device=device), kv.slots(req.blocks, pos), e - s)
+    req.ctx = L
+    seeds = torch.tensor([_step_seed(req.seed, 0)], dtype=torch.int64, device=device)
+    first = av.sample(logits[-1:], torch.tensor([temp_value], device=device), seeds)
+    req.anchor = int(first[0])
+    req.out.append(req.anchor)
+    req.h = hidden[-1]
+
 
 
 def _encode(p: Union[str, bytes, Sequence[int]]) -> list:
@@ -141,15 +183,30 @@ def _encode(p: Union[str, bytes, Sequence[int]]) -> list:
 def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequence, *, mode: str = "lagged",
              max_new_tokens: int = 64, concurrency: int = 4, temperature: float = 0.0, seed: int = 0,
              cost_table: Optional[CostTable] = None, block_size: int = 16,
-             verifier: Optional[AdaptiveVerifier] = None, cuda_graphs: bool = False) -> GenerationResult:
+             verifier: Optional[AdaptiveVerifier] = None, cuda_graphs: bool = False,
+             tree_topk: Union[int, Sequence[int], None] = None, tree_nodes: int = 24) -> GenerationResult:
     """Generates ``max_new_tokens`` bytes for every prompt, ``concurrency`` requests at a time.
 
     mode: "off" (plain decoding, no drafter), "all" (verify every draft: fixed k = K), "lagged" or
-    "greedy" (adaptive). temperature: 0 = greedy, else sampling at that temperature (lossless in every
-    mode). seed: request i uses seed + i. The KV cache is sized for ``concurrency`` requests.
+    "greedy" (adaptive); with trees also "global" (the live argmax, lossless for trees); "tree" (trees, "global")
+    and "tree-fixed" (trees, "all": EAGLE-2's best tree_nodes nodes per request, no global budget).
+    temperature: 0 = greedy, else sampling at that temperature (lossless in every mode). seed: request i uses
+    seed + i. The KV cache is sized for ``concurrency`` requests.
+    tree_topk: draft trees with k alternatives per node (an int, or one per prompt: 1 drafts that request's chain,
+    so a batch mixes chains and trees); default DEFAULT_TREE_TOPK in modes "tree"/"tree-fixed", else chains.
+    tree_nodes: N, the most nodes per tree (1..63).
     """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode in TREE_MODES and tree_topk is None:
+        tree_topk = DEFAULT_TREE_TOPK
+    if tree_topk is not None:
+        return _generate_trees(target, drafter, prompts, mode=TREE_MODES.get(mode, mode), label=mode,
+                               max_new_tokens=max_new_tokens, concurrency=concurrency, temperature=temperature,
+                               seed=seed, cost_table=cost_table, block_size=block_size, verifier=verifier,
+                               cuda_graphs=cuda_graphs, tree_topk=tree_topk, tree_nodes=tree_nodes)
     if mode not in ("off", "all", "lagged", "greedy"):
-        raise ValueError(f"mode must be off, all, lagged or greedy, got {mode!r}")
+        raise ValueError(f"mode {mode!r} needs draft trees (tree_topk); chains take off, all, lagged or greedy")
     if mode != "off" and drafter is None:
         raise ValueError("a drafter is required unless mode='off'")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -182,22 +239,7 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
     temp_value = float(temperature)
 
     def admit(req: _Request) -> None:
-        req.blocks = kv.allocate(max_blocks)
-        bt = torch.tensor([req.blocks], dtype=torch.int32, device=device)
-        L = len(req.prompt)
-        for s in range(0, L, _PREFILL_CHUNK):  # chunked prefill of one request
-            e = min(s + _PREFILL_CHUNK, L)
-            ids = torch.tensor(req.prompt[s:e], dtype=torch.int32, device=device)
-            pos = torch.arange(s, e, dtype=torch.int32, device=device)
-            logits, hidden = target.forward_paged(
-                ids, pos, kv, bt, torch.tensor([e], dtype=torch.int32, device=device),
-                torch.tensor([0, e - s], dtype=torch.int32, device=device), kv.slots(req.blocks, pos), e - s)
-        req.ctx = L
-        seeds = torch.tensor([_step_seed(req.seed, 0)], dtype=torch.int64, device=device)
-        first = av.sample(logits[-1:], torch.tensor([temp_value], device=device), seeds)
-        req.anchor = int(first[0])
-        req.out.append(req.anchor)
-        req.h = hidden[-1]
+        _admit(target, kv, req, max_blocks, temp_value, device)
 
     while waiting or active:
         while waiting and len(active) < concurrency:
@@ -271,6 +313,131 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
     }
     texts = [bytes(t).decode("utf-8", errors="replace") for t in tokens]
     return GenerationResult(tokens=tokens, texts=texts, figures=figures)
+
+
+def _generate_trees(target, drafter, prompts, *, mode, label, max_new_tokens, concurrency, temperature, seed,
+                    cost_table, block_size, verifier, cuda_graphs, tree_topk, tree_nodes) -> GenerationResult:
+    """generate() with draft trees (engine/tree.py): mode is the verifier's ("all", "lagged", "greedy", "global")."""
+    if mode not in ("all", "lagged", "greedy", "global"):
+        raise ValueError(f"draft trees take modes all, lagged, greedy, global, tree or tree-fixed, got {label!r}")
+    if drafter is None:
+        raise ValueError("a drafter is required unless mode='off'")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int) or not 1 <= tree_nodes <= 63:
+        raise ValueError(f"tree_nodes must be an int in [1, 63], got {tree_nodes!r}")
+    encoded = [_encode(p) for p in prompts]
+    topks = [tree_topk] * len(encoded) if isinstance(tree_topk, int) else list(tree_topk)
+    if len(topks) != len(encoded) or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in topks):
+        raise ValueError(f"tree_topk must be an int >= 1 or one int >= 1 per prompt, got {tree_topk!r}")
+    device = next(target.parameters()).device
+    K = drafter.config.num_drafts
+    W = 1 + width(max(topks), K, tree_nodes)  # query width: the anchor and the widest tree
+    per_request = max(len(p) for p in encoded) + max_new_tokens + W + 1
+    max_blocks = -(-per_request // block_size)
+    kv = PagedKV.for_model(target.config, num_blocks=concurrency * max_blocks, block_size=block_size, device=device)
+    cost_table = cost_table or default_cost_table()
+    if verifier is None:
+        verifier = AdaptiveVerifier(cost_table, max_reqs=concurrency, max_drafts=K, block_size=block_size, mode=mode,
+                                    device=device, max_nodes=W - 1)
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError("cuda_graphs=True needs the models on a CUDA device")
+    graphs = _StepGraphs(target, verifier, kv, W, verify_tree_step) if cuda_graphs else None
+    waiting = [_Request(i, p, max_new_tokens, seed + i) for i, p in enumerate(encoded)]
+    waiting.reverse()
+    active: list[_Request] = []
+    done: dict[int, list] = {}
+    free_slots = list(range(concurrency))  # persistent verifier slots: the lagged budget's request identity
+    slot_of: dict[int, int] = {}
+    steps = req_steps = emitted_total = verified_total = accepted_total = 0
+    start = time.perf_counter()
+    temp_value = float(temperature)
+
+    def finish(r: _Request) -> None:
+        kv.free(r.blocks)
+        free_slots.append(slot_of.pop(r.index))
+        free_slots.sort()
+        done[r.index] = r.out
+
+    while waiting or active:
+        while waiting and len(active) < concurrency:
+            req = waiting.pop()
+            slot_of[req.index] = free_slots.pop(0)
+            verifier.add_request(slot_of[req.index])
+            _admit(target, kv, req, max_blocks, temp_value, device)
+            if req.remaining == 0:
+                finish(req)
+            else:
+                active.append(req)
+        if not active:
+            continue
+        R = len(active)
+        depth = [min(K, r.remaining - 1) for r in active]
+        ks = [topks[r.index] for r in active]
+        sizes_host = np.array([tree_size(k, d, W - 1) for k, d in zip(ks, depth)], dtype=np.int64)
+        slots = np.array([slot_of[r.index] for r in active], dtype=np.int64)
+        budget, padded = verifier.plan_budget(R, sizes_host, tree=True, req_indices=slots)
+        h = torch.stack([r.h for r in active])  # [R, d]
+        anchors = torch.tensor([r.anchor for r in active], dtype=torch.int32, device=device)  # [R]
+        tokens, parents, conf, _ = draft_tree(drafter, h, anchors, ks, W - 1, depth)  # [R, n] each
+        if tokens.shape[1] < W - 1:  # a step whose widest k is below the run's: pad to the verifier's width
+            pad = W - 1 - tokens.shape[1]
+            tokens = torch.nn.functional.pad(tokens, (0, pad))
+            parents = torch.nn.functional.pad(parents, (0, pad), value=-1)
+            conf = torch.nn.functional.pad(conf, (0, pad))
+        sizes = torch.from_numpy(sizes_host.astype(np.int32)).to(device)
+        verifier.record_confidence(conf, parents=parents, tree_sizes=sizes)
+        ctx = torch.tensor([r.ctx for r in active], dtype=torch.int32, device=device)
+        bt = torch.tensor([r.blocks for r in active], dtype=torch.int32, device=device)  # [R, max_blocks]
+        temps = torch.full((R,), temp_value, dtype=torch.float32, device=device)
+        seeds = torch.tensor([_step_seed(r.seed, len(r.out)) for r in active], dtype=torch.int64, device=device)
+        inputs = (conf, sizes, ctx, bt, anchors, tokens, parents, temps, seeds)
+        if graphs is None:
+            plan, hidden, out_tokens, num_emitted, offsets, num_acc = verify_tree_step(
+                target, verifier, kv, W, padded, budget, *inputs)
+        else:
+            plan, hidden, out_tokens, num_emitted, offsets, num_acc = graphs.run(R, padded, budget, inputs)
+        verifier.observe(plan.verify_lens, num_acc, accepted_offsets=offsets)
+        qsl = plan.query_start_loc.tolist()
+        vl = plan.verify_lens.tolist()
+        emitted = num_emitted.tolist()
+        toks = out_tokens.tolist()
+        offs = offsets.tolist()
+        steps += 1
+        still = []
+        for i, r in enumerate(active):
+            e = emitted[i]
+            a = e - 1  # accepted depth
+            new = toks[i][:e][: r.remaining]
+            r.out.extend(new)
+            req_steps += 1
+            emitted_total += len(new)
+            verified_total += vl[i]
+            accepted_total += a
+            r.ctx += 1 + a  # the anchor and the accepted path (moved by commit_tree_kv) now have valid KV
+            r.anchor = new[-1]
+            r.h = hidden[qsl[i] + offs[i][a]]  # the row of the path's last token: it produced the new anchor
+            if r.remaining == 0:
+                finish(r)
+            else:
+                still.append(r)
+        active = still
+    wall = time.perf_counter() - start
+    tokens_out = [done[i] for i in range(len(encoded))]
+    total = sum(len(t) for t in tokens_out)
+    figures = {
+        "mode": label, "steps": steps, "wall_s": wall, "tokens": total,
+        "tokens_per_s": total / wall if wall else 0.0, "emitted_per_step": emitted_total / max(req_steps, 1),
+        "verified_per_step": verified_total / max(req_steps, 1), "accepted_per_step": accepted_total / max(req_steps, 1),
+        "verifier": verifier.metrics(), "graph_captures": graphs.captures if graphs else 0,
+        "graph_replays": graphs.replays if graphs else 0, "tree_topk": tree_topk, "tree_nodes": W - 1,
+    }
+    texts = [bytes(t).decode("utf-8", errors="replace") for t in tokens_out]
+    return GenerationResult(tokens=tokens_out, texts=texts, figures=figures)
 
 
 @torch.no_grad()
