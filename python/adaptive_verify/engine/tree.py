@@ -136,14 +136,20 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
 
 
 def verify_tree_step(target, verifier, kv, W, padded, budget, conf, sizes, ctx, bt, anchors, tokens, parents, temps,
-                     seeds):
+                     seeds, trim: bool = False):
     """Plan, tree-masked target forward on the padded varlen batch, sample and match, KV commit: the tree step a
-    CUDA graph captures. Returns (plan, hidden, output_tokens, num_emitted, accepted_offsets, num_accepted)."""
+    CUDA graph captures. Returns (plan, hidden, output_tokens, num_emitted, accepted_offsets, num_accepted).
+
+    trim (eager steps): run the forward on the graph size of the plan's real token count, read back with one
+    sync, instead of plan_budget's padded size. The live modes ("greedy", "global") only know B <= B_max on the
+    host, so their padded size is B_max's (a tree's every node); a captured graph must keep it, an eager step need
+    not. In the host-budget modes the two sizes are equal."""
     plan = verifier.plan(conf, sizes, ctx, bt, anchors, tokens, budget, padded_tokens=padded, parents=parents)
-    logits, hidden = target.forward_paged(plan.input_ids, plan.positions, kv, bt, plan.seq_lens, plan.query_start_loc,
-                                          plan.slot_mapping, W, tree_mask=plan.tree_mask)
-    out_tokens, num_emitted, offsets = av.tree_rejection_sample(logits, plan.query_start_loc, plan.token_parent,
-                                                                plan.input_ids, W, temperature=temps, seeds=seeds)
+    n = min(verifier.padded_tokens(int(plan.num_tokens)), padded) if trim else padded
+    logits, hidden = target.forward_paged(plan.input_ids[:n], plan.positions[:n], kv, bt, plan.seq_lens,
+                                          plan.query_start_loc, plan.slot_mapping[:n], W, tree_mask=plan.tree_mask[:n])
+    out_tokens, num_emitted, offsets = av.tree_rejection_sample(logits, plan.query_start_loc, plan.token_parent[:n],
+                                                                plan.input_ids[:n], W, temperature=temps, seeds=seeds)
     num_accepted = (num_emitted - 1).clamp(min=0)
     kv.commit_tree(bt, ctx, offsets, num_accepted)  # the accepted path to context_len + depth
     return plan, hidden, out_tokens, num_emitted, offsets, num_accepted
