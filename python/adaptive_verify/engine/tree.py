@@ -76,48 +76,50 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
     depth_t = torch.tensor(list(max_depth), dtype=torch.int64, device=dev)  # [R]
     conf_hidden, bb_logits = drafter.backbone(h, anchor)  # [R, K, H], [R, K, V]
     H = conf_hidden.shape[-1]
+    w = drafter.conf_weight
+    # The confidence head, split: its hidden part per depth once, its Markov part per frontier node below.
+    head_base = conf_hidden @ w[:H] + drafter.conf_bias  # [R, K]
+    temps = drafter.conf_temperature
     ranks = torch.arange(kmax, device=dev)
+    kk = max(kmax, 2)  # the score features need the top two logits
     fr_tok = anchor.long()[:, None]  # [R, F] the frontier: the nodes expanded at this depth
-    fr_surv = torch.ones(R, 1, device=dev)
+    fr_surv = torch.ones(R, 1, device=dev)  # its survival, -1 for a node outside the request's tree
     fr_id = torch.full((R, 1), -1, dtype=torch.int64, device=dev)
-    fr_ok = torch.ones(R, 1, dtype=torch.bool, device=dev)
-    toks, pars, confs, survs, depths, oks = [], [], [], [], [], []
+    toks, pars, confs, survs = [], [], [], []
     count = 0
     for d in range(1, K + 1):
         F = fr_tok.shape[1]
         m = drafter.markov_embed(fr_tok)  # [R, F, M]
         logits = bb_logits[:, d - 1, None, :] + drafter.markov_out(m)  # [R, F, V]
-        feats = torch.cat([m, drafter.score_features(logits)], dim=-1)  # [R, F, Q]
-        hid = conf_hidden[:, d - 1, None, :].expand(R, F, H).reshape(R * F, 1, H)
-        top1 = av.confidence(hid, drafter.conf_weight, bias=drafter.conf_bias.to(torch.float32),
-                             markov=feats.reshape(R * F, 1, -1).contiguous(),
-                             temperature=drafter.conf_temperature[d - 1:d]).view(R, F)  # [R, F]
-        top = logits.topk(kmax, dim=-1)  # [R, F, kmax]
-        q = torch.softmax(logits, dim=-1).gather(-1, top.indices)  # [R, F, kmax]
+        top_v, top_i = logits.topk(kk, dim=-1)  # [R, F, kk]
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [R, F, 1]
+        # score features of the top child, as DSparkDrafter.score_features: log-prob and top-1 minus top-2 margin
+        feats = torch.cat([m, top_v[..., :1] - lse, top_v[..., :1] - top_v[..., 1:2]], dim=-1)  # [R, F, Q]
+        top1 = torch.sigmoid((head_base[:, d - 1, None] + feats @ w[H:]) / temps[d - 1])  # [R, F]
+        q = torch.exp(top_v[..., :kmax] - lse)  # [R, F, kmax] the drafter's probabilities
         rest = (1.0 - top1)[..., None] * q / (1.0 - q[..., :1]).clamp_min(1e-12)
         cconf = torch.where(ranks == 0, top1[..., None], rest).clamp(0.0, 1.0)  # [R, F, kmax]
-        ok = fr_ok[..., None] & (ranks < k_t[:, None, None]) & (d <= depth_t)[:, None, None]
-        surv = fr_surv[..., None] * cconf
+        ok = (fr_surv >= 0)[..., None] & (ranks < k_t[:, None, None]) & (d <= depth_t)[:, None, None]
         n = F * kmax
-        toks.append(top.indices.reshape(R, n))
+        surv = torch.where(ok, fr_surv[..., None] * cconf, torch.full_like(cconf, -1.0)).reshape(R, n)
+        toks.append(top_i[..., :kmax].reshape(R, n))
         pars.append(fr_id[..., None].expand(R, F, kmax).reshape(R, n))
         confs.append(cconf.reshape(R, n))
-        survs.append(surv.reshape(R, n))
-        depths.append(torch.full((R, n), d, dtype=torch.int64, device=dev))
-        oks.append(ok.reshape(R, n))
-        ids = count + torch.arange(n, device=dev).expand(R, n)
-        count += n
+        survs.append(surv)
         # The next frontier: this depth's kmax best nodes (valid first, then survival, then drafted first); a
         # request expands only its first topk[r] of them.
-        key = torch.where(oks[-1], survs[-1], torch.full_like(survs[-1], -1.0))
-        order = key.sort(dim=1, descending=True, stable=True).indices[:, :kmax]  # [R, kmax]
+        order = surv.sort(dim=1, descending=True, stable=True).indices[:, :kmax]  # [R, kmax]
         fr_tok = toks[-1].gather(1, order)
-        fr_surv = survs[-1].gather(1, order)
-        fr_id = ids.gather(1, order)
-        fr_ok = oks[-1].gather(1, order) & (ranks[None, :order.shape[1]] < k_t[:, None])
-    tok, par, cf, sv, dp, ok = (torch.cat(x, dim=1) for x in (toks, pars, confs, survs, depths, oks))  # [R, M]
+        fr_surv = torch.where(ranks[None, :] < k_t[:, None], surv.gather(1, order), torch.full_like(order, -1.0,
+                                                                                                    dtype=surv.dtype))
+        fr_id = order + count
+        count += n
+    tok, par, cf, key = (torch.cat(x, dim=1) for x in (toks, pars, confs, survs))  # [R, M]; key: -1 if invalid
+    ok = key >= 0
+    per_depth = [kmax] + [kmax * kmax] * (K - 1)
+    dp = torch.repeat_interleave(torch.arange(1, K + 1, device=dev), torch.tensor(per_depth, device=dev))  # [M]
+    dp = dp.expand(R, -1)
     M = tok.shape[1]
-    key = torch.where(ok, sv, torch.full_like(sv, -1.0))
     sel = key.sort(dim=1, descending=True, stable=True).indices[:, :W]  # [R, W] best W, ancestor-closed
     sel_ok, sel_depth = ok.gather(1, sel), dp.gather(1, sel)
     # Breadth first: valid nodes by depth, then rank; the rest last.
