@@ -11,6 +11,12 @@ One decode step of an engine, in order::
     verifier.observe(plan.verify_lens, num_accepted)
     verifier.metrics()                                   # whenever wanted (one small sync)
 
+Draft trees (``max_nodes=N``; verifier_tree.py holds the tree logic and its decisions): pass ``tree=True`` to
+plan_budget (drafts_host are then tree sizes, the budget a node count), ``parents=`` and ``tree_sizes=`` to
+record_confidence (conf [R, N] conditional per node), ``parents=`` to plan (drafts are the tree sizes; it returns
+a TreeVerifyPlan) and ``accepted_offsets=`` to observe (num_accepted is the accepted depth). Every mode serves
+trees, losslessly (they are verified one-hot).
+
 Why the budget comes from an earlier step (mode "lagged", the default): the budget decides the padded
 token count and so which CUDA graph the engine replays; the host must know it before the step's drafts
 exist, and a budget that does not look at the current drafts keeps verification lossless (docs/design.md,
@@ -50,11 +56,11 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from . import planner
+from . import planner, verifier_tree
 from ._checks import check_bool, check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
-from .planner import MAX_DRAFTS, VerifyPlan
+from .planner import MAX_DRAFTS, TreeVerifyPlan, VerifyPlan
 from .planner.args import step_cap_of
 from ._validate import device_arg
 from .stats import AcceptanceStats
@@ -119,13 +125,15 @@ class AdaptiveVerifier:
             :func:`adaptive_verify.plan_verification`); "global" warns unless it is "onehot".
         max_step_ms: a latency target per step (see :func:`adaptive_verify.plan_verification`): budgets, the
             lagged one and the live ones, never make the step's modelled time exceed it (min_verify still wins).
+        max_nodes: N, the most nodes of a request's draft tree (1..63), or 0 (default): chains only. With it the
+            statistics keep max(max_drafts, N) positions (one per depth); see verifier_tree.py.
     """
 
     def __init__(self, cost_table: CostTable, *, max_reqs: int, max_drafts: int, block_size: int,
                  mode: str = "lagged", graph_sizes: Sequence[int] = (), min_verify: int = 0,
                  device: Union[str, torch.device] = "cpu", online_calibration: bool = False,
                  refresh_every: int = 100, prior: float = 1.0, verification: Optional[str] = None,
-                 max_step_ms: Optional[float] = None):
+                 max_step_ms: Optional[float] = None, max_nodes: int = 0):
         if not isinstance(cost_table, CostTable):
             raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
         if not isinstance(mode, str) or mode not in MODES:
@@ -204,6 +212,8 @@ class AdaptiveVerifier:
         self._budget_sum = 0
         self._budget_last = 0
         self._graph_use: Counter = Counter()
+        # Draft trees (verifier_tree.py): their own slot table, plan buffers and per-depth statistics.
+        self._tree = verifier_tree.TreeState(self, max_nodes) if check_int("max_nodes", max_nodes, lo=0) else None
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -267,16 +277,22 @@ class AdaptiveVerifier:
         self._gen[idx] += 1
         self._adds += 1
         self._conf_dev[torch.from_numpy(idx).to(self.device)] = self.prior
+        if self._tree is not None:
+            self._tree.reset_slots(idx)
 
     def plan_budget(self, num_reqs: int, drafts_host, extra_tokens: int = 0, *,
-                    req_indices=None) -> tuple[int, int]:
+                    req_indices=None, tree: bool = False) -> tuple[int, int]:
         """(budget, padded_tokens) of this step, on the host with no device synchronisation.
 
         num_reqs: R. drafts_host: [R] ints (a list, numpy array or CPU tensor), drafts per request this
         step (count only the valid drafts: a draft the engine invalidated, id -1, is not a candidate).
         extra_tokens: prompt tokens sharing the step (chunked prefill). req_indices: [R] host ints, each
         request's persistent slot in [0, max_reqs), distinct (default: the row number).
+        tree: this step drafts trees (needs max_nodes): drafts_host are the tree sizes, in [0, max_nodes], and the
+        budget is a node count (lagged: priced from each slot's last recorded node survivals, verifier_tree.py).
         """
+        if tree:
+            return verifier_tree.plan_budget(self, num_reqs, drafts_host, extra_tokens, req_indices)
         R = check_int("num_reqs", num_reqs, lo=0)
         if R > self.max_reqs:
             raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
@@ -343,11 +359,16 @@ class AdaptiveVerifier:
                               max_step_ms=self.max_step_ms)
         return min(max(int(self._lag_budget), b_min), b_max)
 
-    def record_confidence(self, conf: torch.Tensor, req_indices=None) -> None:
+    def record_confidence(self, conf: torch.Tensor, req_indices=None, *, parents: Optional[torch.Tensor] = None,
+                          tree_sizes: Optional[torch.Tensor] = None) -> None:
         """Starts the copy of this step's conf [R, K'] (float32, K' <= K) to pinned host memory for the
         next steps' budgets (asynchronous on CUDA). req_indices: [R] persistent slots (host ints, or an
         int32/int64 tensor on the verifier's device); default: plan_budget's of this step when it had R
-        requests, else the row numbers. Call after plan_budget, once per step."""
+        requests, else the row numbers. Call after plan_budget, once per step.
+        parents [R, N] int32 and tree_sizes [R] int32 (on the device): a tree step, conf [R, N] each node's
+        conditional acceptance probability (verifier_tree.record_confidence)."""
+        if parents is not None:
+            return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
         if not isinstance(conf, torch.Tensor):
             raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
         if conf.dim() != 2 or conf.dtype != torch.float32:
@@ -423,7 +444,7 @@ class AdaptiveVerifier:
              block_table: Optional[torch.Tensor] = None, anchor_tokens: Optional[torch.Tensor] = None,
              draft_tokens: Optional[torch.Tensor] = None, budget: Optional[int] = None, *,
              extra_tokens: int = 0, padded_tokens: Optional[int] = None, token_offset: int = 0,
-             weights: Optional[torch.Tensor] = None) -> VerifyPlan:
+             weights: Optional[torch.Tensor] = None, parents: Optional[torch.Tensor] = None) -> VerifyPlan:
         """This step's allocation and varlen metadata, in persistent buffers (one per (R, padded size)).
 
         conf [R, K] float32 on the device, drafts [R] int32; metadata inputs as in
@@ -439,7 +460,13 @@ class AdaptiveVerifier:
         the captured tensors and the budget as a 0-d tensor. Host values are frozen at capture: keep
         extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and
         after a replay tell the verifier which plan ran (``verifier.last_plan = plan``) before observe().
+        parents: [R, N] int32, a tree step: conf [R, N] conditional per node, drafts the tree sizes [R], draft_tokens
+        [R, N]; returns the :class:`TreeVerifyPlan` of plan_tree_verification (verifier_tree.plan).
         """
+        if parents is not None:
+            return verifier_tree.plan(self, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget,
+                                      extra_tokens=extra_tokens, padded_tokens=padded_tokens, token_offset=token_offset,
+                                      weights=weights, parents=parents)
         if not isinstance(conf, torch.Tensor):
             raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
         if conf.dim() != 2:
@@ -511,9 +538,14 @@ class AdaptiveVerifier:
             hit = self._views[key] = (plan, plan.first_tokens(padded))
         return hit[1]
 
-    def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor, *,
+                accepted_offsets: Optional[torch.Tensor] = None) -> None:
         """Counts this step's outcomes on the device (no sync): verify_lens [R] and num_accepted [R] int32,
-        in the rows of this step's conf (statistics are per draft position, so rows need no identity)."""
+        in the rows of this step's conf (statistics are per draft position, so rows need no identity).
+        A tree step (the last plan a TreeVerifyPlan): num_accepted is the accepted depth and accepted_offsets
+        [R, W] tree_rejection_sample's; statistics are per depth (verifier_tree.observe)."""
+        if accepted_offsets is not None or type(self._last_plan) is TreeVerifyPlan:
+            return verifier_tree.observe(self, verify_lens, num_accepted, accepted_offsets)
         if self._last_conf is None or self._last_plan is None:
             raise RuntimeError("observe() needs a record_confidence() and a plan() first")
         R = self._last_conf.shape[0]

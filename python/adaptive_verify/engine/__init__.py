@@ -7,6 +7,9 @@ their held-out quality).
     target, drafter = load_pretrained()
     drafts, conf_hidden, markov = drafter.draft(h, anchor)          # h [R, 256], anchor [R]
     survival = drafter.confidence(conf_hidden, markov, survival=True)  # [R, K] -> av.plan_verification
+
+Draft trees (EAGLE-2 style, k alternatives per node, the best N nodes): ``engine.tree.draft_tree`` and
+``generate(..., mode="tree" | "tree-fixed", tree_topk=k, tree_nodes=N)``; see docs/engine.md.
 """
 from __future__ import annotations
 

@@ -108,6 +108,13 @@ class PagedKV:
         pos = positions.to(torch.int64)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
+    def commit_tree(self, block_table: torch.Tensor, context_lens: torch.Tensor, accepted_offsets: torch.Tensor,
+                    num_accepted: torch.Tensor) -> None:
+        """``adaptive_verify.commit_tree_kv`` on every layer: after a draft-tree step, each request's accepted path
+        moves from KV index context_lens + offset to context_lens + depth (a chain's path stays)."""
+        for k, v in zip(self.k, self.v):
+            av.commit_tree_kv(k, v, block_table, context_lens, accepted_offsets, num_accepted)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -195,7 +202,8 @@ class TinyTarget(nn.Module):
 
     def forward_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV,
                       block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                      slot_mapping: torch.Tensor, max_query_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                      slot_mapping: torch.Tensor, max_query_len: int,
+                      tree_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """(logits [T, 256] fp32, hidden [T, d]) for T tokens of R requests over the paged cache ``kv``.
 
         input_ids: [T] int32/int64; positions: [T] int32 (RoPE positions = KV positions);
@@ -204,6 +212,9 @@ class TinyTarget(nn.Module):
         slot_mapping: [T] int64 cache slot of each token (-1: not written); max_query_len: host bound of q_len.
         Each layer writes its K/V first, so a request's tokens attend causally to each other and to its
         earlier KV (verify_attention's contract).
+        tree_mask: [T] int64, a draft-tree step (TreeVerifyPlan.tree_mask): positions are then context_len + depth
+        (RoPE) while slot_mapping writes KV index context_len + offset, and each token attends to its context and
+        its ancestors only (None: causal chains).
         """
         c = self.config
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)  # [T, D/2]
@@ -213,6 +224,6 @@ class TinyTarget(nn.Module):
             dt = kv.k[i].dtype
             av.write_kv(k.to(dt).contiguous(), v.to(dt).contiguous(), kv.k[i], kv.v[i], slot_mapping)
             o = av.verify_attention(q.to(dt).contiguous(), kv.k[i], kv.v[i], block_table, seq_lens,
-                                    query_start_loc, max_query_len)  # [T, Hq, D] in dt
+                                    query_start_loc, max_query_len, tree_mask=tree_mask)  # [T, Hq, D] in dt
             x = layer.mlp(x + layer.wo(o.float().flatten(-2)))
         return self.logits(x), x
