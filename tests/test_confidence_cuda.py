@@ -81,3 +81,24 @@ def test_stats_update_cuda_matches_cpu_and_runs_in_a_graph():
     assert torch.equal(gpu.totals.cpu(), 4 * cpu.totals)
     assert torch.equal(gpu.survivals.cpu(), 4 * cpu.survivals)
     assert torch.equal(gpu._conf_fixed.cpu(), 4 * cpu._conf_fixed)
+
+
+def test_stats_rows_at_positions_cuda_match_cpu_and_count_bad_positions():
+    g = torch.Generator().manual_seed(1)
+    conf = torch.rand(300, 2, generator=g)
+    vl = torch.randint(0, 3, (300,), generator=g, dtype=torch.int32)
+    na = torch.randint(0, 3, (300,), generator=g, dtype=torch.int32)
+    pos = torch.randint(0, 6, (300,), generator=g, dtype=torch.int32)
+    cpu = av.AcceptanceStats(8)
+    cpu.update(conf, vl, na, positions=pos)
+    gpu = av.AcceptanceStats(8, device="cuda")
+    gpu.update(conf.cuda(), vl.cuda(), na.cuda(), positions=pos.cuda())
+    for name in ("trials", "survivals", "_conf_fixed", "totals"):
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+    av.reset_error_counts("cuda")
+    bad = torch.full((300,), 7, dtype=torch.int32)  # a second trial of a row lands at position 8
+    before = gpu.trials.clone()
+    gpu.update(conf.cuda(), vl.cuda(), na.cuda(), positions=bad.cuda())
+    n = int(((torch.minimum(vl, na + 1)) >= 2).sum())
+    assert av.error_counts("cuda")["stats_position_out_of_range"] == n
+    assert int((gpu.trials - before).sum()) == int((torch.minimum(vl, na + 1).clamp(0, 2) >= 1).sum())

@@ -877,8 +877,8 @@ def test_block_table_too_short_reference_agrees():
 
 @pytest.mark.parametrize("field,shape", [
     ("verify_lens", (3,)), ("query_start_loc", (2,)), ("token_req", (5,)), ("budget", (1,)),
-    ("num_tokens", (1,)), ("expected_tokens", (1,)), ("seq_lens", (1,)), ("positions", (9,)),
-    ("slot_mapping", (7,)), ("input_ids", (7,)),
+    ("num_tokens", (1,)), ("expected_tokens", (1,)), ("seq_lens", (1,)), ("positions", (7,)),
+    ("slot_mapping", (7,)), ("input_ids", (7,)), ("token_req", (8, 1)), ("seq_lens", (3,)),
 ])
 def test_bad_out_buffers(field, shape):
     kwargs = dict(META, anchor_tokens=i32([1, 2]), draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))
@@ -891,6 +891,20 @@ def test_bad_out_buffers(field, shape):
         _plan(out=dataclasses.replace(out, **{field: bad.to(torch.float64)}), **kwargs)
     with pytest.raises(dataclasses.FrozenInstanceError):  # a plan's buffers are fixed: the planner relies on it
         setattr(out, field, bad)
+
+
+def test_token_buffers_longer_than_t_pad_hold_the_plan_in_their_first_entries():
+    """Persistent token buffers sized for the largest step (each may differ): the first T_pad entries are written and
+    the plan returned holds views of them; the request buffers keep their exact shapes."""
+    kwargs = dict(META, anchor_tokens=i32([1, 2]), draft_tokens=i32([[1, 2, 3], [4, 5, 6]]))
+    want = _plan(**kwargs)  # T_pad = 8
+    out = VerifyPlan.allocate(2, 8, positions=True, slot_mapping=True, input_ids=True)
+    out = dataclasses.replace(out, token_req=torch.full((11,), 77, dtype=torch.int32),
+                              slot_mapping=torch.full((30,), 77, dtype=torch.int64))
+    got = _plan(out=out, **kwargs)
+    assert_plans_equal(got, want)
+    assert got.token_req.data_ptr() == out.token_req.data_ptr() and got.token_req.shape == (8,)
+    assert out.token_req[8:].tolist() == [77] * 3 and (out.slot_mapping[8:] == 77).all()  # past T_pad: untouched
 
 
 def test_out_missing_buffers_and_wrong_type():

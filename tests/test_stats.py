@@ -164,3 +164,47 @@ def test_out_of_range_confidences_bin_like_the_reference():
     want, _, _ = ref.stats_update(conf, ones, ones, 1, 16)
     assert torch.equal(stats.trials, want)
     assert stats.trials[0, 15] == 3 and stats.trials[0, 0] == 2
+
+
+@pytest.mark.parametrize("R,K,P", [(1, 1, 1), (37, 1, 9), (23, 3, 7), (0, 2, 4), (5, 0, 3)])
+def test_rows_placed_at_positions_equal_the_literal_definition(R, K, P):
+    """positions=: row r's entry j counts at positions[r] + j (a draft tree's nodes at their depths); totals are the
+    caller's, so they stay untouched; remembered calls see new positions."""
+    g = torch.Generator().manual_seed(R * 100 + K)
+    stats = av.AcceptanceStats(P, num_bins=5)
+    conf, vl, na = _step(R, K, g)
+    want = [torch.zeros(P, 5, dtype=torch.int64), torch.zeros(P, 5, dtype=torch.int64),
+            torch.zeros(P, 5, dtype=torch.float64)]
+    pos = torch.zeros(R, dtype=torch.int32)
+    for step in range(3):
+        n = torch.minimum(torch.minimum(vl, na + 1), torch.tensor(K)).clamp(min=0)  # trials per row
+        pos.copy_((torch.rand(R, generator=g) * (P - n + 1).clamp(min=1).float()).floor().to(torch.int32))
+        stats.update(conf, vl, na, positions=pos)
+        for w, x in zip(want, ref.stats_update(conf, vl, na, P, 5, positions=pos)):
+            w += x
+    assert torch.equal(stats.trials, want[0]) and torch.equal(stats.survivals, want[1])
+    torch.testing.assert_close(stats.conf_sum, want[2], rtol=0, atol=1e-9 * max(R, 1))
+    assert stats.totals.tolist() == [0, 0]
+
+
+def test_a_trial_placed_outside_the_positions_raises_naming_positions_and_adds_nothing():
+    stats = av.AcceptanceStats(3)
+    one = torch.ones(2, dtype=torch.int32)
+    for bad in ([0, 3], [-1, 0]):
+        with pytest.raises(ValueError, match="positions"):
+            stats.update(torch.full((2, 1), 0.5), one, one, positions=torch.tensor(bad, dtype=torch.int32))
+        assert stats.trials.sum() == 0
+    # a row without trials may sit anywhere (its position is never read)
+    stats.update(torch.full((2, 1), 0.5), torch.tensor([1, 0], dtype=torch.int32), one,
+                 positions=torch.tensor([2, 99], dtype=torch.int32))
+    assert stats.trials.sum(1).tolist() == [0, 0, 1]
+    with pytest.raises(ValueError, match="positions"):
+        stats.update(torch.full((2, 1), 0.5), one, one, positions=torch.zeros(3, dtype=torch.int32))
+
+
+def test_update_with_positions_passes_opcheck():
+    stats = av.AcceptanceStats(6, num_bins=4)
+    conf, vl, na = _step(6, 2, torch.Generator().manual_seed(6))
+    torch.library.opcheck(torch.ops.adaptive_verify.stats_update_.default,
+                          (conf, vl, na, stats.trials, stats.survivals, stats._conf_fixed,
+                           torch.zeros(16, dtype=torch.int32), None, torch.arange(6, dtype=torch.int32) % 4))

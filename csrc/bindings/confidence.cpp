@@ -32,7 +32,7 @@ void register_confidence(py::module_& m) {
       AV_FIELD(S, conf), AV_FIELD(S, conf_stride), AV_FIELD(S, verify_lens), AV_FIELD(S, num_accepted),
       AV_FIELD(S, num_reqs), AV_FIELD(S, max_drafts), AV_FIELD(S, num_positions), AV_FIELD(S, num_bins),
       AV_FIELD(S, trials), AV_FIELD(S, survivals), AV_FIELD(S, conf_sum), AV_FIELD(S, error_counts),
-      AV_FIELD(S, totals)});
+      AV_FIELD(S, totals), AV_FIELD(S, row_position)});
 }
 
 }  // namespace bindings

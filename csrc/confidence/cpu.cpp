@@ -103,10 +103,20 @@ int draft_margin_cpu(const MarginParams& p) {
 }
 
 int stats_update_cpu(const StatsParams& p) {
+  // Positions first, so a bad one changes nothing (the Python layer raises, naming positions).
+  if (p.row_position != nullptr) {
+    for (int32_t r = 0; r < p.num_reqs; ++r) {
+      const int64_t n = std::min<int64_t>(std::min(p.max_drafts, p.verify_lens[r]),
+                                          int64_t(p.num_accepted[r]) + 1);  // trials in row r
+      const int64_t first = p.row_position[r];
+      if (n > 0 && (first < 0 || first + n > p.num_positions)) return kErrStatsPosition;
+    }
+  }
   int32_t nan_count = 0;
   int64_t verified_sum = 0, accepted_sum = 0;
   for (int32_t r = 0; r < p.num_reqs; ++r) {
     const int32_t verified = p.verify_lens[r], accepted = p.num_accepted[r];
+    const int64_t first = p.row_position != nullptr ? p.row_position[r] : 0;
     verified_sum += verified;
     accepted_sum += accepted < verified ? accepted : verified;
     for (int32_t j = 0; j < p.max_drafts && j < verified && j <= accepted; ++j) {
@@ -115,7 +125,7 @@ int stats_update_cpu(const StatsParams& p) {
         ++nan_count;
         continue;
       }
-      const int64_t cell = int64_t(j) * p.num_bins + bin_of(c, p.num_bins);
+      const int64_t cell = (first + j) * p.num_bins + bin_of(c, p.num_bins);
       p.trials[cell] += 1;
       p.survivals[cell] += j < accepted;
       p.conf_sum[cell] += conf_fixed(c);

@@ -92,16 +92,17 @@ class Launch:
     """A launch-ready call of an extension entry point: its filled parameter struct (kept alive here), the
     device, and the op's name for errors. ``run()`` is the whole hot path of a remembered call."""
 
-    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "keep")
+    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "keep", "messages")
 
-    def __init__(self, fn, params, device, op: str, keep=()):
+    def __init__(self, fn, params, device, op: str, keep=(), messages=None):
         self.fn, self.params, self.device, self.op, self.keep = fn, params, device, op, keep
         self.addr, self.on_cuda = ctypes.addressof(params), device.type == "cuda"
+        self.messages = messages  # the op's own wording of some CPU statuses (check_status)
 
     def run(self) -> None:
         status = self.fn(self.addr, self.on_cuda, stream_of(self.device) if self.on_cuda else 0)
         if status:
-            check_status(status, self.op, self.device)
+            check_status(status, self.op, self.device, self.messages)
 
 
 def scalar_key(value) -> tuple:

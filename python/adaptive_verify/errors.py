@@ -51,6 +51,9 @@ COUNTER_NAMES = (
     # tree_rejection_sample on CUDA: a token at offset i >= 1 whose token_parent lies outside [0, i) (not a parent
     # before it in its request): it is no child of any token, so the walk never enters it (the CPU raises ValueError).
     "token_parent_out_of_range",
+    # AcceptanceStats.update(positions=) on CUDA: a trial whose positions[r] + j lies outside [0, num_positions): it
+    # is not counted (the CPU raises ValueError naming positions).
+    "stats_position_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

@@ -7,6 +7,9 @@ Every step, after rejection sampling, ``AcceptanceStats.update(conf, verify_lens
 - a *survival* iff draft j was accepted: ``j < num_accepted[r]``;
 
 binned by the predicted conditional acceptance ``conf[r, j]`` into ``num_bins`` equal-width bins of [0, 1].
+With ``positions`` ([R]), row r's entries count at positions ``positions[r] + j`` instead of j: rows are then
+samples placed anywhere (a draft tree's nodes at their depths: conf [T, 1], verify_lens 1 for a trial,
+num_accepted 1 for a survival), and ``totals`` are left to the caller.
 The update is one kernel on the tensors' device, with no host sync, so it can run inside a captured CUDA
 graph. Confidence sums are kept in 32.32 fixed point (exact, so the counts do not depend on the order
 the GPU's atomics land in). NaN confidences are skipped and counted in ``error_counts()["nan_confidence"]``.
@@ -15,7 +18,7 @@ the GPU's atomics land in). NaN confidences are skipped and counted in ``error_c
 from __future__ import annotations
 
 import math
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -61,13 +64,19 @@ class AcceptanceStats:
     def conf_sum(self) -> torch.Tensor:
         return self._conf_fixed.double() / _FIXED_ONE
 
-    def update(self, conf: torch.Tensor, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    def update(self, conf: torch.Tensor, verify_lens: torch.Tensor, num_accepted: torch.Tensor, *,
+               positions: Optional[torch.Tensor] = None) -> None:
         """Adds one step's outcomes. conf [R, K'] float32 (K' <= num_positions, last dim contiguous),
-        verify_lens [R] int32 (drafts verified), num_accepted [R] int32 (drafts accepted)."""
+        verify_lens [R] int32 (drafts verified), num_accepted [R] int32 (drafts accepted).
+
+        positions: [R] int32 on the device, or None: row r's entry j counts at position positions[r] + j (see the
+        module docstring); totals are then not added. A trial placed outside [0, num_positions) is a ValueError
+        naming positions on the CPU (nothing is added) and is skipped and counted in
+        ``error_counts()["stats_position_out_of_range"]`` on CUDA."""
         key = None
         if not torch.compiler.is_compiling():  # a decode loop repeats its buffers: the remembered launch
             counts = (self.trials, self.survivals, self._conf_fixed, self._errors, self.totals)
-            key = (id(conf), id(verify_lens), id(num_accepted), *map(id, counts))
+            key = (id(conf), id(verify_lens), id(num_accepted), id(positions), *map(id, counts))
             hit = self._calls.get(key)
             if hit is not None:
                 hit.run()
@@ -80,16 +89,19 @@ class AcceptanceStats:
             raise ValueError(f"conf has {K} positions but the stats track num_positions={self.num_positions}")
         v32 = _int32("verify_lens", verify_lens, self.device, R)
         a32 = _int32("num_accepted", num_accepted, self.device, R)
-        args = (conf, v32, a32, self.trials, self.survivals, self._conf_fixed, self._errors, self.totals)
+        p32 = None if positions is None else _int32("positions", positions, self.device, R)
+        args = (conf, v32, a32, self.trials, self.survivals, self._conf_fixed, self._errors,
+                self.totals if positions is None else None, p32)
         if key is None:
             _stats_update_(*args)
             return
-        launch = Launch(_C.stats_update, _update_params(*args), self.device, "AcceptanceStats.update")
+        launch = Launch(_C.stats_update, _update_params(*args), self.device, "AcceptanceStats.update",
+                        messages=_MESSAGES)
         launch.run()
-        if v32 is verify_lens and a32 is num_accepted:  # int64 inputs are converted per call: not remembered
+        if v32 is verify_lens and a32 is num_accepted and p32 is positions:  # int64 inputs are per-call copies
             # The count tensors are this object's own (held, in the key by id); the caller's are checked.
-            self._calls.put(key, (conf, verify_lens, num_accepted, *args[3:]), (conf, verify_lens, num_accepted),
-                            launch)
+            mine = (conf, verify_lens, num_accepted) + (() if positions is None else (positions,))
+            self._calls.put(key, (conf, verify_lens, num_accepted, positions, *args[3:]), mine, launch)
 
     def reset(self) -> None:
         """Zeroes every count (asynchronously on CUDA)."""
@@ -145,13 +157,16 @@ def _int32(name, t, device, R):
     return check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
 
 
-def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals):
-    p = _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals)
+def _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals, positions):
+    p = _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals, positions)
     check_status(call(_C.stats_update, p, conf.is_cuda, stream_of(conf.device)), "AcceptanceStats.update",
-                 conf.device)
+                 conf.device, _MESSAGES)
 
 
-def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals):
+_MESSAGES = {_C.STATUS_STATS_POSITION: "positions: every trial's positions[r] + j must lie in [0, num_positions)"}
+
+
+def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, err, totals, positions):
     p = StatsParams()
     p.num_reqs, p.max_drafts = conf.shape
     p.num_positions, p.num_bins = trials.shape
@@ -159,15 +174,17 @@ def _update_params(conf, verify_lens, num_accepted, trials, survivals, conf_fixe
     p.verify_lens, p.num_accepted = verify_lens.data_ptr(), num_accepted.data_ptr()
     p.trials, p.survivals, p.conf_sum, p.error_counts = (trials.data_ptr(), survivals.data_ptr(),
                                                           conf_fixed.data_ptr(), err.data_ptr())
-    p.totals = totals.data_ptr()
+    p.totals = 0 if totals is None else totals.data_ptr()
+    p.row_position = 0 if positions is None else positions.data_ptr()
     return p
 
 
 @torch.library.custom_op("adaptive_verify::stats_update_",
                          mutates_args=("trials", "survivals", "conf_fixed", "error_counts", "totals"))
 def _stats_update_(conf: Tensor, verify_lens: Tensor, num_accepted: Tensor, trials: Tensor, survivals: Tensor,
-                   conf_fixed: Tensor, error_counts: Tensor, totals: Tensor) -> None:
-    _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, error_counts, totals)
+                   conf_fixed: Tensor, error_counts: Tensor, totals: Optional[Tensor],
+                   positions: Optional[Tensor] = None) -> None:
+    _launch_update(conf, verify_lens, num_accepted, trials, survivals, conf_fixed, error_counts, totals, positions)
 
 
 @_stats_update_.register_fake

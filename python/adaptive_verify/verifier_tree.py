@@ -27,12 +27,11 @@ Decisions:
   was verified and its parent was accepted (the anchor always is), and a survival iff it was accepted; it is
   binned by its own conditional confidence. Siblings are separate trials (at most one of them survives), which
   is what makes each trial a Bernoulli(conf) event under one-hot verification, so ECE, AUC and OnlineSTS's
-  per-depth temperatures mean what they mean for chains. The stats kernel's update counts chain prefixes only
-  (a row can not hold a failed sibling without counting its earlier positions again), so the counts are added
-  here with graph-safe torch scatter-adds using the kernel's exact binning and 32.32 fixed point (a chain given
-  as a tree gets the kernel's counts bit for bit). The stats then need max depth <= positions:
+  per-depth temperatures mean what they mean for chains. Each token is one row of the stats kernel placed at
+  its depth (``AcceptanceStats.update(positions=)``: the kernel's own binning, 32.32 fixed point and NaN count; a
+  chain given as a tree gets the chain's counts bit for bit). The stats then need max depth <= positions:
   ``positions = max(max_drafts, max_nodes)`` (a depth never exceeds the node count). totals: nodes verified and
-  accepted depth, as for chains. NaN confidences are skipped (not counted as errors).
+  accepted depth, as for chains.
 """
 from __future__ import annotations
 
@@ -50,8 +49,6 @@ from .planner.args import step_cap_of
 from .stats import AcceptanceStats
 
 __all__ = ["TreeState", "observe", "plan", "plan_budget", "record_confidence"]
-
-_FIXED_ONE = 4294967296.0  # 2 ** 32: the stats' 32.32 fixed point
 
 
 class TreeState:
@@ -315,13 +312,6 @@ def plan(v, conf, tree_sizes, context_lens, block_table, anchor_tokens, draft_to
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _bin_of(c: torch.Tensor, num_bins: int) -> torch.Tensor:
-    """The stats kernel's bin_of (confidence/math.h) in torch: float32 product, clamped, truncated."""
-    x = c * float(num_bins)  # float32
-    inside = torch.where(x < float(num_bins), x, torch.full_like(x, num_bins - 1))
-    return torch.where(x > 0, inside, torch.zeros_like(x)).to(torch.int64)
-
-
 def observe(v, verify_lens: torch.Tensor, num_accepted: torch.Tensor, accepted_offsets: Optional[torch.Tensor]) -> None:
     """AdaptiveVerifier.observe for a tree step: per-depth trials (see the module docstring), on the device with
     no sync. verify_lens [R] (the plan's), num_accepted [R] the accepted depth (nodes on the accepted path),
@@ -346,7 +336,7 @@ def observe(v, verify_lens: torch.Tensor, num_accepted: torch.Tensor, accepted_o
         if x.dim() != want or x.shape[0] < R or (want == 2 and x.shape[1] < 1):
             raise ValueError(f"{name} must have {want} dims and R >= {R} rows, got {tuple(x.shape)}")
     stats = v.stats
-    P, B = stats.num_positions, stats.num_bins
+    P = stats.num_positions
     vl = verify_lens[:R].long()
     acc = num_accepted[:R].long().clamp(min=0)  # [R] accepted depth
     offs = accepted_offsets[:R].long()  # [R, W]
@@ -365,15 +355,13 @@ def observe(v, verify_lens: torch.Tensor, num_accepted: torch.Tensor, accepted_o
         dpar, dself = (depth - 1).clamp(0, W - 1), depth.clamp(0, W - 1)
         parent_ok = (depth - 1 <= a) & (offs[rq, dpar] == p.token_parent.long())
         survived = (depth <= a) & (offs[rq, dself] == offset)
-        c = conf[rq, nd]  # [T] float32
-        valid = valid & parent_ok & ~torch.isnan(c)
-        c = torch.where(valid, c, torch.zeros_like(c))
-        cell = (depth - 1).clamp(0, P - 1) * B + _bin_of(c, B)
-        one = valid.to(torch.int64)
-        stats.trials.view(-1).index_add_(0, cell, one)
-        stats.survivals.view(-1).index_add_(0, cell, one * survived.to(torch.int64))
-        fixed = (c.clamp(0.0, 1.0) * _FIXED_ONE).to(torch.int64)  # float32 product, truncated: conf_fixed
-        stats._conf_fixed.view(-1).index_add_(0, cell, fixed * one)
+        valid = valid & parent_ok
+        # One stats row per token, a single trial at position depth - 1 (the kernel's binning, fixed point and NaN
+        # count): verify_lens 1 for a trial, num_accepted 1 for a survival.
+        c = conf[rq, nd].unsqueeze(1)  # [T, 1] float32
+        trial = valid.to(torch.int32)  # [T]
+        stats.update(c, trial, (valid & survived).to(torch.int32),
+                     positions=(depth - 1).clamp(0, P - 1).to(torch.int32))
     if n:  # as the kernel: a conf without columns adds nothing to the totals
         stats.totals += torch.stack([vl.sum(), torch.minimum(acc, vl).sum()])
     if v.sts is not None:

@@ -40,6 +40,7 @@ enum Status : int {
   kErrAcceptedPath = 15,        // commit_tree_kv: an accepted path that is not a valid move (offsets, lengths)
   kErrContextLen = 16,          // planner: context_lens[r] outside [0, kMaxContextLen]
   kErrTokenParent = 17,         // tree_rejection_sample: token_parent of offset i >= 1 outside [0, i)
+  kErrStatsPosition = 18,       // AcceptanceStats.update: a trial's row_position + j outside [0, num_positions)
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -60,6 +61,7 @@ enum ErrorCounter : int {
   kCountAcceptedPath = 11,      // commit_tree_kv: a request whose accepted path is invalid: nothing of it is moved
   kCountContextLenOutOfRange = 12,  // planner: context_lens[r] outside [0, kMaxContextLen] (its metadata padding)
   kCountTokenParent = 13,       // tree_rejection_sample: a token whose parent offset is outside [0, i): never entered
+  kCountStatsPosition = 14,     // AcceptanceStats.update: a trial at a position outside [0, num_positions): not counted
   kNumErrorCounters = 16,
 };
 

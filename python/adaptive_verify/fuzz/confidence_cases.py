@@ -153,6 +153,28 @@ def stats_case(rng) -> Case:
     a = ints(rng, -2, K + 2, (R,), pick(rng, [torch.int32, torch.int64]))
     vg, ag = g.tensor("verify_lens", v), g.tensor("num_accepted", a)
     r = rng.random()
+    if r < 0.15:  # rows placed at positions (draft trees' nodes at their depths)
+        stats = AcceptanceStats(P, B)
+        pos = ints(rng, -1, P + 1, (R,), torch.int32)
+        pg = g.tensor("positions", pos)
+        n = torch.minimum(torch.minimum(v.long(), a.long() + 1), torch.tensor(K)).clamp(min=0)  # [R] trials per row
+        bad = bool(((n > 0) & ((pos.long() < 0) | (pos.long() + n > P))).any())
+
+        def call():
+            stats.update(c, vg, ag, positions=pg)
+            return stats
+
+        if bad:
+            return Case("invalid", call, guards=g, names=("positions",), what=f"positions P={P} R={R} K={K}")
+
+        def check(st):
+            t, s, cs = ref.stats_update(conf, v, a, P, B, positions=pos)
+            same("trials", st.trials, t)
+            same("survivals", st.survivals, s)
+            close("conf_sum", st.conf_sum, cs, 1e-6)
+            same("totals", st.totals, torch.zeros(2, dtype=torch.int64))
+
+        return Case("safe" if nan else "valid", call, check, guards=g, what=f"positions P={P} B={B} R={R} K={K}")
     if r < 0.6:
         stats = AcceptanceStats(P, B)
 

@@ -299,7 +299,7 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
 def check_out(out, a: PlanArgs) -> VerifyPlan:
     """out= must hold every buffer this call writes, with the right dtype and device, contiguous. Request buffers have
     exactly R_pad (+ 1) entries; token buffers at least T_pad (a persistent buffer sized for the largest step, as
-    engines keep theirs: the plan then returns views of its first T_pad entries, see :func:`token_buffer_len`)."""
+    engines keep theirs: the plan then returns views of their first T_pad entries, see :func:`token_room`)."""
     kind = TreeVerifyPlan if a.parents is not None else VerifyPlan
     if not isinstance(out, kind):
         raise TypeError(f"out must be a {kind.__name__} (see {kind.__name__}.allocate), got {type(out).__name__}")
@@ -320,7 +320,6 @@ def check_out(out, a: PlanArgs) -> VerifyPlan:
     if a.parents is not None:
         wanted.update(tree_mask=(True, torch.int64, False), token_parent=(True, i32, False),
                       token_node=(True, i32, False), token_depth=(True, i32, False))
-    length = None
     for name, (needed, dtype, per_request) in wanted.items():
         t = getattr(out, name)
         if t is not None and not isinstance(t, torch.Tensor):  # unused here, but remembered calls look at it
@@ -336,12 +335,19 @@ def check_out(out, a: PlanArgs) -> VerifyPlan:
         if t.shape[0] < a.num_tokens_padded:
             raise ValueError(f"out.{name} must have at least T_pad = {a.num_tokens_padded} entries, got "
                              f"{tuple(t.shape)}")
-        if length is not None and t.shape[0] != length:
-            raise ValueError(f"out.{name} must have as many entries as out.token_req ({length}), got {tuple(t.shape)}")
-        length = t.shape[0]
     return out
 
 
-def token_buffer_len(out: VerifyPlan) -> int:
-    """Entries of out's token buffers (>= the T_pad of every call it served)."""
-    return out.token_req.shape[0]
+def token_room(out: VerifyPlan, a: PlanArgs) -> int:
+    """The largest T_pad out's token buffers can take for calls like ``a`` (the shortest buffer such a call
+    writes)."""
+    writes = [out.token_req]
+    if a.context_lens is not None:
+        writes.append(out.positions)
+    if a.block_table is not None:
+        writes.append(out.slot_mapping)
+    if a.anchor_tokens is not None:
+        writes.append(out.input_ids)
+    if a.parents is not None:
+        writes += [out.tree_mask, out.token_parent, out.token_node, out.token_depth]
+    return min(t.shape[0] for t in writes)

@@ -19,7 +19,7 @@ from .. import errors
 from .._callcache import CallCache
 from .._validate import check_tensor
 from ..cost import CostTable
-from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_buffer_len
+from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_room
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
 from .survival import prefix_survival
 from .verify_plan import VerifyPlan
@@ -69,7 +69,7 @@ class _Call:
         self.workspace, self.expected, self.op = workspace, expected, op  # workspace/expected: kept alive
         # out's token buffers may be longer than T_pad (persistent, sized for the largest step): the result is then
         # views of their first T_pad entries, one set per T_pad seen (an eager step's T_pad follows its budget).
-        self.out, self.room = out, token_buffer_len(out) if out is not None else 0
+        self.out, self.room = out, token_room(out, a) if out is not None else 0
         self.views = {a.num_tokens_padded: result} if out is not None else None
 
     def restep(self, step, cost_table) -> bool:

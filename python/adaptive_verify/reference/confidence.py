@@ -40,8 +40,9 @@ def draft_margin(draft_logits):
     return top[..., 0] - top[..., 1]
 
 
-def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins):
-    """(trials, survivals, conf_sum) [num_positions, num_bins] of one step, by the literal definition."""
+def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins, positions=None):
+    """(trials, survivals, conf_sum) [num_positions, num_bins] of one step, by the literal definition. positions:
+    [R] or None, row r's entry j at position positions[r] + j (every trial's must lie in [0, num_positions))."""
     trials = torch.zeros(num_positions, num_bins, dtype=torch.int64)
     survivals = torch.zeros_like(trials)
     conf_sum = torch.zeros(num_positions, num_bins, dtype=torch.float64)
@@ -49,11 +50,13 @@ def stats_update(conf, verify_lens, num_accepted, num_positions, num_bins):
         for j in range(conf.shape[1]):
             c = float(conf[r, j])
             if j < int(verify_lens[r]) and j <= int(num_accepted[r]) and c == c:
+                at = j if positions is None else int(positions[r]) + j
+                assert 0 <= at < num_positions, "a trial outside the positions"
                 t = c * num_bins  # clamp as a float first: c may be +-inf or huge
                 b = num_bins - 1 if t >= num_bins else (int(t) if t > 0 else 0)
-                trials[j, b] += 1
-                survivals[j, b] += int(j < int(num_accepted[r]))
-                conf_sum[j, b] += min(max(c, 0.0), 1.0)
+                trials[at, b] += 1
+                survivals[at, b] += int(j < int(num_accepted[r]))
+                conf_sum[at, b] += min(max(c, 0.0), 1.0)
     return trials, survivals, conf_sum
 
 

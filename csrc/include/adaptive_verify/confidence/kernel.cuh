@@ -180,12 +180,17 @@ __global__ void stats_kernel(const StatsParams p) {
     atomicAdd(reinterpret_cast<unsigned long long*>(p.totals + 1), static_cast<unsigned long long>(a));
   }
   if (j >= p.verify_lens[r] || j > accepted) return;
+  const int64_t position = (p.row_position != nullptr ? int64_t(p.row_position[r]) : 0) + j;
+  if (position < 0 || position >= p.num_positions) {  // only row_position can put it there
+    atomicAdd(p.error_counts + kCountStatsPosition, 1);
+    return;
+  }
   const float c = p.conf[r * p.conf_stride + j];
   if (c != c) {
     atomicAdd(p.error_counts + kCountNanConfidence, 1);
     return;
   }
-  const int64_t cell = int64_t(j) * p.num_bins + bin_of(c, p.num_bins);
+  const int64_t cell = position * p.num_bins + bin_of(c, p.num_bins);
   // int64 counters through unsigned 64-bit atomics (two's complement: the same bits).
   atomicAdd(reinterpret_cast<unsigned long long*>(p.trials + cell), 1ull);
   if (j < accepted) atomicAdd(reinterpret_cast<unsigned long long*>(p.survivals + cell), 1ull);

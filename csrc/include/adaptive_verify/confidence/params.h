@@ -48,7 +48,9 @@ struct MarginParams {
 };
 
 // Binned acceptance statistics (see stats.py): trial at (r, j) iff j < verify_lens[r] and
-// j <= num_accepted[r]; survival iff j < num_accepted[r]; bin of conf[r, j] among num_bins.
+// j <= num_accepted[r]; survival iff j < num_accepted[r]; bin of conf[r, j] among num_bins; counted at position j,
+// or at row_position[r] + j when row_position is given (rows that are single trials somewhere else, e.g. the nodes
+// of a draft tree at their depths: conf [T, 1], verify_lens 1 for a trial, num_accepted 1 for a survival).
 struct StatsParams {
   const float* conf = nullptr;  // [R, K] float32, row stride conf_stride
   int64_t conf_stride = 0;
@@ -63,6 +65,9 @@ struct StatsParams {
   // [2] nullable: += sum_r verify_lens[r] and sum_r min(num_accepted[r], verify_lens[r]) (every row, as given), so a
   // caller's running totals cost no extra op per step.
   int64_t* totals = nullptr;
+  // [R] nullable: row r's entry j counts at position row_position[r] + j. A trial whose position falls outside
+  // [0, num_positions) is not counted: the CPU returns kErrStatsPosition, CUDA counts kCountStatsPosition.
+  const int32_t* row_position = nullptr;
 };
 
 }  // namespace confidence
