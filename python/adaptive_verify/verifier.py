@@ -414,8 +414,48 @@ class AdaptiveVerifier:
         self._recorded = True
         self._last_conf = conf
 
+    def _step_buffers(self, R: int, budget, extra_tokens, padded_tokens, wants: tuple, per_request: int, kind: type):
+        """plan()'s shared part, for chains and trees: checks budget, extra_tokens and padded_tokens, and returns
+        (out buffers, the budget to pass, padded_tokens, extra_tokens). ``per_request``: tokens a request may verify
+        besides its anchor (K, or a tree's N); ``kind``: VerifyPlan or TreeVerifyPlan.
+
+        Graph-sized steps get buffers per (R, padded size). An eager step's size follows its budget, so one buffer
+        set per R serves them all (sized for the largest eager step; the plan is views of its first padded_tokens
+        entries, see _first_tokens) and the planner runs on the whole buffer (padding lanes past the step). A host
+        budget goes in through a persistent 0-d tensor, as a CUDA-graph replay's does. Both keep the planner on one
+        remembered call while the budget changes every step."""
+        if budget is None:
+            raise ValueError("budget is required: pass the budget plan_budget returned")
+        host_budget = not isinstance(budget, torch.Tensor)
+        if not host_budget:  # a 0-d device tensor: CUDA-graph replays read it afresh
+            if budget.dim() != 0 or budget.dtype not in (torch.int32, torch.int64):
+                raise ValueError("budget must be an int or a 0-d int32/int64 tensor")
+            if padded_tokens is None:
+                raise ValueError("padded_tokens is required with a tensor budget")
+        else:
+            budget = check_int("budget", budget, lo=0, hi=planner.INT32_MAX)
+        extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
+        if padded_tokens is None:
+            padded_tokens = self.padded_tokens(R + extra_tokens + budget) - extra_tokens
+        # Every step's tokens fit the capacity; a graph size may round up past it (the largest bounds that).
+        padded_tokens = check_int("padded_tokens", padded_tokens, lo=R,
+                                  hi=max(self.capacity, self.graph_sizes[-1] if self.graph_sizes else 0))
+        if self.graph_sizes and padded_tokens + extra_tokens <= self.graph_sizes[-1]:
+            key, tokens = (kind, R, padded_tokens) + wants, padded_tokens
+        else:
+            key = (kind, R, EAGER) + wants
+            tokens = max(padded_tokens, min(R * (1 + per_request), self.capacity))
+        out = self._plan_buffers(key, wants, tokens)
+        if host_budget and self.mode not in ("greedy", "global"):
+            if self._budget_np is not None:
+                self._budget_np[()] = budget
+            else:
+                self._budget_in.fill_(budget)
+            budget = self._budget_in
+        return out, budget, padded_tokens, extra_tokens
+
     def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
-        """Buffers for key = (R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""
+        """Buffers for key = (plan kind, R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""
         out = self._plans_pinned.get(key)
         if out is None:
             out = self._plans.get(key)
@@ -424,8 +464,8 @@ class AdaptiveVerifier:
         if out is not None and out.token_req.shape[0] < tokens:
             out = None  # an eager step larger than every earlier one (a caller's own padded_tokens): grow
         if out is None:
-            out = VerifyPlan.allocate(key[0], tokens, self.device, positions=wants[0], slot_mapping=wants[1],
-                                      input_ids=wants[2])
+            out = key[0].allocate(key[1], tokens, self.device, positions=wants[0], slot_mapping=wants[1],
+                                  input_ids=wants[2])
             if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 self._plans_pinned[key] = out  # a captured graph writes these addresses at every replay
             else:
@@ -475,40 +515,9 @@ class AdaptiveVerifier:
         if R > self.max_reqs or conf.shape[1] > self.max_drafts:
             raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
                              f"[{self.max_reqs}, {self.max_drafts}]")
-        if budget is None:
-            raise ValueError("budget is required: pass the budget plan_budget returned")
-        host_budget = not isinstance(budget, torch.Tensor)
-        if not host_budget:  # a 0-d device tensor: CUDA-graph replays read it afresh
-            if budget.dim() != 0 or budget.dtype not in (torch.int32, torch.int64):
-                raise ValueError("budget must be an int or a 0-d int32/int64 tensor")
-            if padded_tokens is None:
-                raise ValueError("padded_tokens is required with a tensor budget")
-        else:
-            budget = check_int("budget", budget, lo=0, hi=planner.INT32_MAX)
-        extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
-        if padded_tokens is None:
-            padded_tokens = self.padded_tokens(R + extra_tokens + budget) - extra_tokens
-        # Every step's tokens fit the capacity; a graph size may round up past it (the largest bounds that).
-        padded_tokens = check_int("padded_tokens", padded_tokens, lo=R,
-                                  hi=max(self.capacity, self.graph_sizes[-1] if self.graph_sizes else 0))
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
-        if self.graph_sizes and padded_tokens + extra_tokens <= self.graph_sizes[-1]:
-            key, tokens = (R, padded_tokens) + wants, padded_tokens
-        else:
-            # An eager step: its size follows the budget, so one buffer set per R serves them all (sized for the
-            # largest eager step; the plan is views of its first padded_tokens entries), and the planner runs on
-            # the whole buffer (padding lanes past the step), so its remembered call never sees a new size.
-            key = (R, EAGER) + wants
-            tokens = max(padded_tokens, min(R * (1 + self.max_drafts), self.capacity))
-        out = self._plan_buffers(key, wants, tokens)
-        if host_budget and self.mode not in ("greedy", "global"):
-            # The host budget goes in through a persistent 0-d tensor, as a CUDA-graph replay's does: a new value
-            # is then not a new call for the planner (no re-derivation of its per-step fields).
-            if self._budget_np is not None:
-                self._budget_np[()] = budget
-            else:
-                self._budget_in.fill_(budget)
-            budget = self._budget_in
+        out, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
+                                                                      self.max_drafts, VerifyPlan)
         # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
         # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
         # (A step of prompt tokens only, R = 0, may fill the capacity: no view is left to price, and none is needed.)

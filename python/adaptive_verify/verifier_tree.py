@@ -35,7 +35,6 @@ Decisions:
 """
 from __future__ import annotations
 
-import collections
 from typing import Optional
 
 import numpy as np
@@ -53,7 +52,7 @@ __all__ = ["TreeState", "observe", "plan", "plan_budget", "record_confidence"]
 
 class TreeState:
     """The tree side of one AdaptiveVerifier: the slot table of sorted node survivals (device, two pinned host
-    snapshots), the lagged budget's host inputs, the TreeVerifyPlan buffers and the last recorded tree."""
+    snapshots), the lagged budget's host inputs and the last recorded tree (plan buffers are the verifier's)."""
 
     def __init__(self, v, max_nodes: int):
         self.N = N = check_int("max_nodes", max_nodes, lo=1, hi=MAX_TREE_NODES)
@@ -82,8 +81,6 @@ class TreeState:
         self.lag_parents = (torch.arange(N, dtype=torch.int32) - 1).repeat(v.max_reqs, 1)  # [max_reqs, N]
         self.lag_budget = torch.empty((), dtype=torch.int32)
         self.lag_views: dict = {}
-        self.plans: collections.OrderedDict = collections.OrderedDict()
-        self.plans_pinned: dict = {}
         self.surv_flat = torch.empty(v.max_reqs * N, dtype=torch.float32, device=v.device)  # record's survival
         self.plan_surv_flat = torch.empty(v.max_reqs * N, dtype=torch.float32, device=v.device)  # plan's
         self.views: dict = {}
@@ -252,57 +249,25 @@ def record_confidence(v, conf: torch.Tensor, req_indices, parents: torch.Tensor,
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _plan_buffers(v, t: TreeState, key: tuple, wants: tuple) -> TreeVerifyPlan:
-    from .verifier import PLAN_CACHE_SIZE
-
-    out = t.plans_pinned.get(key)
-    if out is None:
-        out = t.plans.get(key)
-        if out is not None:
-            t.plans.move_to_end(key)
-    if out is None:
-        out = TreeVerifyPlan.allocate(key[0], key[1], v.device, positions=wants[0], slot_mapping=wants[1],
-                                      input_ids=wants[2])
-        if v.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            t.plans_pinned[key] = out  # a captured graph writes these addresses at every replay
-        else:
-            t.plans[key] = out
-            while len(t.plans) > PLAN_CACHE_SIZE:
-                t.plans.popitem(last=False)
-    return out
-
-
 def plan(v, conf, tree_sizes, context_lens, block_table, anchor_tokens, draft_tokens, budget, *, extra_tokens,
          padded_tokens, token_offset, weights, parents) -> TreeVerifyPlan:
     """AdaptiveVerifier.plan(..., parents=): plan_tree_verification in the verifier's mode and persistent buffers."""
     t = _state(v)
     R, n = _check_tree(v, t, conf, parents, tree_sizes)
-    if budget is None:
-        raise ValueError("budget is required: pass the budget plan_budget returned")
-    if isinstance(budget, torch.Tensor):
-        if budget.dim() != 0 or budget.dtype not in (torch.int32, torch.int64):
-            raise ValueError("budget must be an int or a 0-d int32/int64 tensor")
-        if padded_tokens is None:
-            raise ValueError("padded_tokens is required with a tensor budget")
-    else:
-        budget = check_int("budget", budget, lo=0, hi=planner.INT32_MAX)
-    extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
-    if padded_tokens is None:
-        padded_tokens = v.padded_tokens(R + extra_tokens + budget) - extra_tokens
-    padded_tokens = check_int("padded_tokens", padded_tokens, lo=R,
-                              hi=max(v.capacity, v.graph_sizes[-1] if v.graph_sizes else 0))
     wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
-    out = _plan_buffers(v, t, (R, padded_tokens) + wants, wants)
+    out, budget, padded_tokens, extra_tokens = v._step_buffers(R, budget, extra_tokens, padded_tokens, wants, t.N,
+                                                               TreeVerifyPlan)
     table = v.cost_table.shifted(extra_tokens) if extra_tokens and R else v.cost_table
     kw = dict(min_verify=v.min_verify, context_lens=context_lens, block_table=block_table,
               block_size=v.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
-              draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
+              draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=out.token_req.shape[0], out=out,
               capacity=v.capacity - extra_tokens, conf=conf, survival_out=t.view("plan", R, n),
               max_step_ms=v.max_step_ms, weights=weights)
     if v.mode in ("greedy", "global"):
         result = planner.plan_tree_verification(None, parents, tree_sizes, table, mode=v.mode, **kw)
     else:
         result = planner.plan_tree_verification(None, parents, tree_sizes, table, mode="fixed", budget=budget, **kw)
+    result = v._first_tokens(result, padded_tokens)
     v._last_plan = result
     return result
 
