@@ -98,7 +98,8 @@ def test_parse_bad_tree_policies_name_the_policy(name, message):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(top_k=0), "tree.top_k"), (dict(top_k=17), "tree.top_k"), (dict(top_k=True), "tree.top_k"),
-    (dict(max_depth=0), "tree.max_depth"), (dict(max_nodes=64), "tree.max_nodes"), (dict(max_nodes=0), "tree.max_nodes"),
+    (dict(max_depth=0), "tree.max_depth"), (dict(max_nodes=64), "tree.max_nodes"),
+    (dict(max_nodes=0), "tree.max_nodes"),
     (dict(sibling_share=0.0), "tree.sibling_share"), (dict(sibling_share=1.0), "tree.sibling_share"),
     (dict(draft_cost="free"), "tree.draft_cost"),
 ])
@@ -323,3 +324,21 @@ def test_sweep_and_cli_run_tree_policies(tmp_path, capsys):
 def test_cli_tree_errors_name_the_flag(argv, message, capsys, tmp_path):
     assert cli.main(["sweep", "--quiet", "--out", str(tmp_path / "o")] + argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_tree_report_tables(tmp_path):
+    from adaptive_verify.sim import tree_report
+
+    cmp = tree_report.compare_trees("llama3-70b-8xh200", concurrency=[2, 16], steps=8, eagle=(2, 8))
+    md = cmp.markdown()
+    rows = [line for line in md if line.startswith("| 2 |") or line.startswith("| 16 |")]
+    assert len(rows) == 4 and all(line.count("%") >= 7 for line in rows[:2])
+    # the gains are the sweeps' own numbers
+    best = max(cmp.main.get(f"k{k}", 2)["tokens_per_s"] for k in range(1, 5))
+    tree = cmp.main.get("tree", 2)["tokens_per_s"]
+    assert f"{100 * (tree / best - 1):+.1f}%" in rows[0].split(" | ")[5]
+    assert cmp.bound.settings["tree"]["draft_cost"] == "chain"
+    out = tmp_path / "t.md"
+    assert tree_report.main(["--profiles", "llama3-70b-8xh200", "--concurrency", "4", "--steps", "4", "--eagle", "4",
+                             "--no-bound", "--quiet", "--out", str(out)]) == 0
+    assert "### llama3-70b-8xh200" in out.read_text() and "eagle2-4" in out.read_text()

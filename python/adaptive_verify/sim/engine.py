@@ -12,7 +12,14 @@ system, each either prefilling or decoding):
    lagged with a latency target: both planner calls get ``max_step_ms``, the target less the adaptive
    overhead (which the cost table does not hold), so no step is charged more than <ms> unless its
    decodes and prompt chunks alone, verifying nothing, already cost more. With priority classes
-   (``workload.priority``) every adaptive call passes each request's weight (``weights=``).
+   (``workload.priority``) every adaptive call passes each request's weight (``weights=``). Draft-tree
+   policies (:mod:`adaptive_verify.sim.tree`: each request drafts an EAGLE-2-shaped tree whose top-1 path is
+   the chain above): ``eagle2-<N>`` verifies each request's N best nodes by path confidence, ``tree`` the
+   tree planner's global budget (:func:`adaptive_verify.plan_tree_verification`) on this step's node
+   survivals, ``tree-lagged`` the global budget (``choose_budget(parents=...)``) on each request's previous
+   tree, priced at this step, then ``mode="fixed"``. A verified node costs a token; drafting a tree costs
+   :func:`~adaptive_verify.sim.tree.tree_draft_ms`; acceptance is the sample-and-match walk down the verified
+   nodes.
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
    scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
    longer fits waits this step), then prompt chunks of prefilling requests with what is left, first

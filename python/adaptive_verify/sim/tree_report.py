@@ -6,7 +6,9 @@ Per profile and concurrency: the best fixed k (chains), the adaptive chains (lag
 tree (eagle2-N over N in --eagle), the adaptive trees (tree, tree-lagged), each as tokens/s and its gain over
 the best fixed k, plus ``tree`` with --bound (the same trees drafted at a chain's cost: what trees would gain if
 drafting them were free). Every run is :func:`adaptive_verify.sim.sweep` with the given settings, so each number
-is also what ``adaptive-verify sweep --profile P --policies ... --steps S --seed 0`` prints.
+is also what ``adaptive-verify sweep --profile P --policies ... --steps S --seeds N`` prints. With several seeds
+each gain is of the means over the seeds, and ``±x`` the standard deviation of that policy's tokens/s over the
+seeds in % of the best fixed k's mean.
 """
 from __future__ import annotations
 
@@ -52,14 +54,18 @@ class TreeComparison:
         for c in self.main.concurrencies():
             kname, kbest = self.best(c, "k", pols)
             ename, ebest = self.best(c, "eagle2-", pols)
-            g = {p: self.main.get(p, c)["tokens_per_s"] for p in ("lagged", "global", "tree", "tree-lagged")}
+            rows = {p: self.main.get(p, c) for p in ("lagged", "global", "tree", "tree-lagged")}
+            if self.bound:
+                rows["bound"] = self.bound.get("tree", c)
+            g = {p: r["tokens_per_s"] for p, r in rows.items()}
+            sd = {p: _spread(r, kbest) for p, r in rows.items()}  # "" for one seed
             cells = [str(c), f"{kname} ({kbest:.0f})"]
-            cells += [_gain(g[p], kbest) for p in ("lagged", "global")]
+            cells += [_gain(g[p], kbest) + sd[p] for p in ("lagged", "global")]
             cells.append(f"{ename}: {_gain(ebest, kbest)}")
-            cells += [_gain(g[p], kbest) for p in ("tree", "tree-lagged")]
+            cells += [_gain(g[p], kbest) + sd[p] for p in ("tree", "tree-lagged")]
             cells.append(_gain(g["tree"], g["lagged"]))
             if self.bound:
-                cells.append(_gain(self.bound.get("tree", c)["tokens_per_s"], kbest))
+                cells.append(_gain(g["bound"], kbest) + sd["bound"])
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Tokens emitted / nodes (drafts) verified per request-step, and mean step ms:", "",
                   "| c | best k | lagged | tree | tree-lagged | best eagle2-N |", "|---:|---|---|---|---|---|"]
@@ -67,13 +73,21 @@ class TreeComparison:
             cells = [str(c)]
             for p in (self.best(c, "k", pols)[0], "lagged", "tree", "tree-lagged", self.best(c, "eagle2-", pols)[0]):
                 r = self.main.get(p, c)
-                cells.append(f"{p}: {r['emitted_per_step']:.2f} / {r['verified_per_step']:.1f}, {r['mean_step_ms']:.1f} ms")
+                cells.append(f"{p}: {r['emitted_per_step']:.2f} / {r['verified_per_step']:.1f}, "
+                             f"{r['mean_step_ms']:.1f} ms")
             lines.append("| " + " | ".join(cells) + " |")
         return lines
 
 
 def _gain(x: float, base: float) -> str:
     return f"{100.0 * (x / base - 1.0):+.1f}%"
+
+
+def _spread(row: dict, base: float) -> str:
+    """With several seeds: the standard deviation of the row's tokens/s over the seeds, in % of ``base``."""
+    if row.get("seeds", 1) < 2:
+        return ""
+    return f" ±{100.0 * row['tokens_per_s_sd'] / base:.1f}"
 
 
 def compare_trees(profile: str, *, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, steps: int = 200, seed: int = 0,
