@@ -5,10 +5,10 @@
 Per profile and concurrency: the best fixed k (chains), the adaptive chains (lagged, global), the best fixed
 tree (eagle2-N over N in --eagle), the adaptive trees (tree, tree-lagged), each as tokens/s and its gain over
 the best fixed k, plus ``tree`` with --bound (the same trees drafted at a chain's cost: what trees would gain if
-drafting them were free). Every run is :func:`adaptive_verify.sim.sweep` with the given settings, so each number
-is also what ``adaptive-verify sweep --profile P --policies ... --steps S --seeds N`` prints. With several seeds
-each gain is of the means over the seeds, and ``±x`` the standard deviation of that policy's tokens/s over the
-seeds in % of the best fixed k's mean.
+drafting them were free). Every run is :func:`adaptive_verify.sim.sweep` with the given settings and one seed, so each
+number is also what ``adaptive-verify sweep --profile P --policies ... --steps S --seed S`` prints. The best
+fixed k (or N) is the one with the highest mean tokens/s over the seeds; each gain is the mean over the seeds
+of policy / best - 1 on the same seed's draws, with its range over the seeds in brackets.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import sys
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 from .profiles import get_profile
 from .sweep import DEFAULT_CONCURRENCY, SweepResult, sweep
@@ -30,81 +30,82 @@ DEFAULT_PROFILES = ("dsv4-pro-8xb300", "llama3-70b-8xh200")
 
 @dataclasses.dataclass
 class TreeComparison:
-    """The sweeps of one profile: ``main`` (chains, fixed and adaptive trees under ``tree``) and ``bound`` (tree
-    policies with drafting at a chain's cost; None without --bound)."""
+    """The sweeps of one profile, one per seed: ``main`` (chains, fixed and adaptive trees under ``tree``) and
+    ``bound`` (``tree`` with drafting at a chain's cost; empty without --bound)."""
 
     profile: str
     tree: TreeModel
-    main: SweepResult
-    bound: Optional[SweepResult]
+    main: list[SweepResult]
+    bound: list[SweepResult]
     eagle: tuple[int, ...]
     seconds: float
 
-    def best(self, c: int, prefix: str, names: Iterable[str]) -> tuple[str, float]:
-        rows = [self.main.get(p, c) for p in names if p.startswith(prefix)]
-        top = max(rows, key=lambda r: r["tokens_per_s"])
-        return top["policy"], top["tokens_per_s"]
+    def tps(self, policy: str, c: int, bound: bool = False) -> list[float]:
+        """tokens/s of ``policy`` at ``c``, one per seed."""
+        return [r.get(policy, c)["tokens_per_s"] for r in (self.bound if bound else self.main)]
+
+    def best(self, c: int, prefix: str) -> str:
+        """The policy named ``prefix``... with the highest mean tokens/s over the seeds at ``c``."""
+        names = [p for p in self.main[0].policies() if p.startswith(prefix)]
+        return max(names, key=lambda p: _mean(self.tps(p, c)))
+
+    def gain(self, policy: str, c: int, base: str, bound: bool = False) -> str:
+        """Mean over the seeds of policy / base - 1 on the same seed's draws, and with several seeds the range."""
+        ratios = [100.0 * (x / b - 1.0) for x, b in zip(self.tps(policy, c, bound), self.tps(base, c))]
+        text = f"{_mean(ratios):+.1f}%"
+        if len(ratios) > 1:
+            text += f" ({min(ratios):+.1f}..{max(ratios):+.1f})"
+        return text
 
     def markdown(self) -> list[str]:
-        pols = self.main.policies()
         lines = [f"### {self.profile}", "",
                  "| c | best fixed k (tok/s) | lagged | global | best eagle2-N | tree | tree-lagged | tree vs lagged |"
                  + (" tree, chain-cost drafting |" if self.bound else ""),
                  "|---:|---|---:|---:|---|---:|---:|---:|" + ("---:|" if self.bound else "")]
-        for c in self.main.concurrencies():
-            kname, kbest = self.best(c, "k", pols)
-            ename, ebest = self.best(c, "eagle2-", pols)
-            rows = {p: self.main.get(p, c) for p in ("lagged", "global", "tree", "tree-lagged")}
+        for c in self.main[0].concurrencies():
+            k, e = self.best(c, "k"), self.best(c, "eagle2-")
+            cells = [str(c), f"{k} ({_mean(self.tps(k, c)):.0f})"]
+            cells += [self.gain(p, c, k) for p in ("lagged", "global")]
+            cells.append(f"{e}: {self.gain(e, c, k)}")
+            cells += [self.gain(p, c, k) for p in ("tree", "tree-lagged")]
+            cells.append(self.gain("tree", c, "lagged"))
             if self.bound:
-                rows["bound"] = self.bound.get("tree", c)
-            g = {p: r["tokens_per_s"] for p, r in rows.items()}
-            sd = {p: _spread(r, kbest) for p, r in rows.items()}  # "" for one seed
-            cells = [str(c), f"{kname} ({kbest:.0f})"]
-            cells += [_gain(g[p], kbest) + sd[p] for p in ("lagged", "global")]
-            cells.append(f"{ename}: {_gain(ebest, kbest)}")
-            cells += [_gain(g[p], kbest) + sd[p] for p in ("tree", "tree-lagged")]
-            cells.append(_gain(g["tree"], g["lagged"]))
-            if self.bound:
-                cells.append(_gain(g["bound"], kbest) + sd["bound"])
+                cells.append(self.gain("tree", c, k, bound=True))
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "Tokens emitted / nodes (drafts) verified per request-step, and mean step ms:", "",
+        lines += ["", "Tokens emitted / nodes (drafts) verified per request-step, and mean step ms (seed "
+                  f"{self.main[0].settings['seed']}):", "",
                   "| c | best k | lagged | tree | tree-lagged | best eagle2-N |", "|---:|---|---|---|---|---|"]
-        for c in self.main.concurrencies():
+        for c in self.main[0].concurrencies():
             cells = [str(c)]
-            for p in (self.best(c, "k", pols)[0], "lagged", "tree", "tree-lagged", self.best(c, "eagle2-", pols)[0]):
-                r = self.main.get(p, c)
+            for p in (self.best(c, "k"), "lagged", "tree", "tree-lagged", self.best(c, "eagle2-")):
+                r = self.main[0].get(p, c)
                 cells.append(f"{p}: {r['emitted_per_step']:.2f} / {r['verified_per_step']:.1f}, "
                              f"{r['mean_step_ms']:.1f} ms")
             lines.append("| " + " | ".join(cells) + " |")
         return lines
 
 
-def _gain(x: float, base: float) -> str:
-    return f"{100.0 * (x / base - 1.0):+.1f}%"
-
-
-def _spread(row: dict, base: float) -> str:
-    """With several seeds: the standard deviation of the row's tokens/s over the seeds, in % of ``base``."""
-    if row.get("seeds", 1) < 2:
-        return ""
-    return f" ±{100.0 * row['tokens_per_s_sd'] / base:.1f}"
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 def compare_trees(profile: str, *, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, steps: int = 200, seed: int = 0,
                   seeds: int = 1, tree: Optional[TreeModel] = None, eagle: Sequence[int] = DEFAULT_EAGLE,
                   bound: bool = True, progress: bool = False) -> TreeComparison:
-    """The sweeps behind one profile's tables (module docstring)."""
+    """The sweeps behind one profile's tables (module docstring), one per seed seed..seed+seeds-1."""
     tree = TreeModel() if tree is None else tree
     K = get_profile(profile).drafter.num_drafts
     policies = [f"k{k}" for k in range(1, K + 1)] + ["lagged", "global", "tree", "tree-lagged"]
     policies += [f"eagle2-{n}" for n in eagle]
     start = time.perf_counter()
-    kw = dict(concurrency=list(concurrency), steps=steps, seed=seed, seeds=seeds, progress=progress)
-    main_sweep = sweep(profile, policies=policies, tree=tree, **kw)
-    bound_sweep = None
-    if bound:
-        bound_sweep = sweep(profile, policies=["tree"], tree=dataclasses.replace(tree, draft_cost="chain"), **kw)
-    return TreeComparison(profile, tree, main_sweep, bound_sweep, tuple(eagle), time.perf_counter() - start)
+    main_runs, bound_runs = [], []
+    for s in range(seed, seed + seeds):
+        kw = dict(concurrency=list(concurrency), steps=steps, seed=s, progress=progress)
+        main_runs.append(sweep(profile, policies=policies, tree=tree, **kw))
+        if bound:
+            bound_runs.append(sweep(profile, policies=["tree"], tree=dataclasses.replace(tree, draft_cost="chain"),
+                                    **kw))
+    return TreeComparison(profile, tree, main_runs, bound_runs, tuple(eagle), time.perf_counter() - start)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
