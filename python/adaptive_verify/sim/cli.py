@@ -34,6 +34,15 @@ Latency targets and priorities (the planner's max_step_ms and weights):
                JSON then add TPOT and tokens/s per class (tpot_ms_high, tpot_ms_low, tokens_per_s_high,
                tokens_per_s_low). Fixed k and none verify regardless of weight: their classes differ by chance
 
+Draft trees (EAGLE-2-shaped: top-k per node, a beam of k per depth; see adaptive_verify/sim/tree.py):
+  tree         the planner's global budget over every request's tree nodes on this step's confidences
+               (trees are verified one-hot, so this is lossless live)
+  tree-lagged  the budget from each request's previous tree, priced at this step
+  eagle2-<N>   each request's N best nodes by path confidence (N in [1, 63], e.g. eagle2-16, eagle2-60)
+  --tree-topk K, --tree-depth D, --tree-share S (the share of the remaining probability each next-ranked
+  sibling takes), --tree-draft-cost levels|chain (one drafter forward per level, or a tree costs a chain's)
+  e.g. --policies k3,lagged,tree,tree-lagged,eagle2-16,eagle2-60
+
 Writes OUT/sweep.csv, OUT/sweep.json and OUT/sweep.png (Pareto frontier and throughput vs concurrency).
 Exit status: 0 on success; 1 when an input cannot be used (the message says why); 2 on a bad command line.
 """
@@ -90,8 +99,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--acceptance", metavar="FILE", help="acceptance/drafter/workload JSON (with --cost-table)")
     s.add_argument("--concurrency", default=None, metavar="LIST", help="e.g. 1,2,4,...,256 (the default)")
     s.add_argument("--policies", default=None, metavar="LIST",
-                   help="e.g. none,k1,k7,greedy,lagged,global,slo40 (default: none, every k, greedy, lagged, "
-                        "global; slo<ms>: lagged with a step-time target)")
+                   help="e.g. none,k1,k7,greedy,lagged,global,slo40,tree,tree-lagged,eagle2-16 (default: none, every "
+                        "k, greedy, lagged, global; slo<ms>: lagged with a step-time target; tree policies below)")
     s.add_argument("--steps", type=int, default=400, help="measured steps per point (default %(default)s; "
                    "concurrency c < 16 runs steps * (16 // c))")
     s.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
@@ -103,6 +112,16 @@ def add_parsers(sub) -> None:
     s.add_argument("--priority", default=None, metavar="FRACTION:WEIGHT",
                    help="priority classes: FRACTION of the requests weigh WEIGHT in the planner, the rest 1 "
                         "(default: the profile's, one class unless it says otherwise)")
+    s.add_argument("--tree-topk", type=int, default=4, metavar="K",
+                   help="tree policies: alternatives per node and beam width (default %(default)s)")
+    s.add_argument("--tree-depth", type=int, default=None, metavar="D",
+                   help="tree policies: deepest level (default: the profile's drafts per step)")
+    s.add_argument("--tree-share", type=float, default=0.5, metavar="S",
+                   help="tree policies: each next-ranked alternative's share of the probability the higher-ranked "
+                        "ones leave, in (0, 1) (default %(default)s)")
+    s.add_argument("--tree-draft-cost", default="levels", choices=("levels", "chain"),
+                   help="tree policies: levels = one drafter forward per level over the beam; chain = a tree costs "
+                        "what the chain costs (an upper bound) (default %(default)s)")
     s.add_argument("--out", default=None, metavar="DIR", help="output folder (default sweep-<profile name>)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -185,6 +204,7 @@ def run_sweep(args) -> int:
     from .model import Priority
     from .overhead import OVERHEAD_PRESETS
     from .sweep import DEFAULT_CONCURRENCY, sweep
+    from .tree import TreeModel
 
     prog = "adaptive-verify sweep"
     try:
@@ -200,9 +220,17 @@ def run_sweep(args) -> int:
         if args.overhead is not None and args.overhead not in OVERHEAD_PRESETS:
             raise _InputError(f"--overhead must be one of {', '.join(OVERHEAD_PRESETS)}, got {args.overhead!r}")
         priority = Priority.parse(args.priority, "--priority") if args.priority is not None else None
+        try:
+            tree = TreeModel(top_k=args.tree_topk, max_depth=args.tree_depth, sibling_share=args.tree_share,
+                             draft_cost=args.tree_draft_cost)
+            tree.depth(profile.drafter.num_drafts)
+        except ValueError as e:  # "tree.top_k must ..." -> the flag's name
+            flag = {"top_k": "--tree-topk", "max_depth": "--tree-depth", "sibling_share": "--tree-share"}
+            field = str(e).split(" ")[0].removeprefix("tree.")
+            raise _InputError(f"{flag.get(field, '--tree')}: {e}") from None
         start = time.perf_counter()
         result = sweep(profile, concurrency=cs, policies=pols, steps=args.steps, seed=args.seed, seeds=args.seeds,
-                       overhead=args.overhead, priority=priority, progress=not args.quiet)
+                       overhead=args.overhead, priority=priority, tree=tree, progress=not args.quiet)
         elapsed = time.perf_counter() - start
         out = args.out or f"sweep-{profile.name}"
         paths = result.write(out, plot=not args.no_plot)

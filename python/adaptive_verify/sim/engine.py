@@ -12,7 +12,14 @@ system, each either prefilling or decoding):
    lagged with a latency target: both planner calls get ``max_step_ms``, the target less the adaptive
    overhead (which the cost table does not hold), so no step is charged more than <ms> unless its
    decodes and prompt chunks alone, verifying nothing, already cost more. With priority classes
-   (``workload.priority``) every adaptive call passes each request's weight (``weights=``).
+   (``workload.priority``) every adaptive call passes each request's weight (``weights=``). Draft-tree
+   policies (:mod:`adaptive_verify.sim.tree`: each request drafts an EAGLE-2-shaped tree whose top-1 path is
+   the chain above): ``eagle2-<N>`` verifies each request's N best nodes by path confidence, ``tree`` the
+   tree planner's global budget (:func:`adaptive_verify.plan_tree_verification`) on this step's node
+   survivals, ``tree-lagged`` the global budget (``choose_budget(parents=...)``) on each request's previous
+   tree, priced at this step, then ``mode="fixed"``. A verified node costs a token; drafting a tree costs
+   :func:`~adaptive_verify.sim.tree.tree_draft_ms`; acceptance is the sample-and-match walk down the verified
+   nodes.
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
    scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
    longer fits waits this step), then prompt chunks of prefilling requests with what is left, first
@@ -57,12 +64,17 @@ import numpy as np
 import torch
 
 from .. import planner
+from ..planner import MAX_TREE_NODES
 from ..stats import AcceptanceStats
 from .model import Profile
+from .tree import TreeModel, accepted_depths, draft_trees, tree_draft_ms
 
 __all__ = ["Policy", "parse_policy", "simulate"]
 
 ADAPTIVE = ("greedy", "lagged", "global")
+# Draft-tree policies (sim/tree.py): the planner over tree nodes, live ("tree", mode "global": trees are verified
+# one-hot, so it is lossless) or lagged ("tree-lagged"); eagle2-N verifies each request's N best nodes.
+TREE_ADAPTIVE = {"tree": "global", "tree-lagged": "lagged"}
 # How adaptive policies tell the planner about the step's prompt chunks (X tokens):
 # - "shifted" (default): the planner gets the cost curve seen from the step's operating point,
 #   CostTable.shifted(X): cost(n + X) - cost(X) + cost(0), within the capacity X leaves. A draft is then
@@ -83,10 +95,11 @@ _SMALLEST_TARGET_MS = 1e-9
 
 @dataclass(frozen=True)
 class Policy:
-    name: str  # "none", "k<j>", "greedy", "lagged", "global", "slo<ms>"
+    name: str  # "none", "k<j>", "greedy", "lagged", "global", "slo<ms>", "tree", "tree-lagged", "eagle2-<N>"
     kind: str  # "none", "fixed", "adaptive"
-    k: int = 0  # fixed: drafts verified; adaptive: unused
+    k: int = 0  # fixed: drafts (eagle2-<N>: tree nodes) verified; adaptive: unused
     max_step_ms: Optional[float] = None  # slo<ms>: the step-time target
+    tree: bool = False  # drafts a tree (sim/tree.py) instead of a chain
 
     @property
     def speculates(self) -> bool:
@@ -94,19 +107,33 @@ class Policy:
 
     @property
     def mode(self) -> str:
-        """The adaptive planning mode: slo<ms> is lagged with a cap."""
+        """The adaptive planning mode: slo<ms> is lagged with a cap; tree is global, tree-lagged lagged."""
+        if self.tree:
+            return TREE_ADAPTIVE[self.name]
         return "lagged" if self.max_step_ms is not None else self.name
 
 
 def parse_policy(name: str, num_drafts: int) -> Policy:
-    """"none", "k1".."kK", "greedy", "lagged", "global" or "slo<ms>" (lagged with a step-time target of <ms>
-    milliseconds, e.g. "slo40" or "slo37.5"); ValueError naming the policy otherwise."""
+    """"none", "k1".."kK", "greedy", "lagged", "global", "slo<ms>" (lagged with a step-time target of <ms>
+    milliseconds, e.g. "slo40" or "slo37.5"), or a draft-tree policy: "tree" (the planner's global budget over
+    tree nodes on the live step), "tree-lagged" (the budget from each request's previous tree) or "eagle2-<N>"
+    (each request's N best nodes by path confidence, 1 <= N <= 63, e.g. "eagle2-16"); ValueError naming the
+    policy otherwise."""
     if not isinstance(name, str):
         raise TypeError(f"policy must be a str, got {type(name).__name__}")
     if name == "none":
         return Policy(name, "none")
     if name in ADAPTIVE:
         return Policy(name, "adaptive")
+    if name in TREE_ADAPTIVE:
+        return Policy(name, "adaptive", tree=True)
+    m = re.fullmatch(r"eagle2-([0-9]+)", name)
+    if m:
+        n = int(m.group(1))
+        if not 1 <= n <= MAX_TREE_NODES:
+            raise ValueError(f"policy {name!r}: eagle2-<N> needs N in [1, {MAX_TREE_NODES}] (nodes verified per "
+                             f"request, the tree planner's limit), got {m.group(1)}")
+        return Policy(name, "fixed", n, tree=True)
     m = re.fullmatch(r"k([0-9]+)", name)
     if m and 1 <= int(m.group(1)) <= num_drafts:
         return Policy(name, "fixed", int(m.group(1)))
@@ -116,8 +143,9 @@ def parse_policy(name: str, num_drafts: int) -> Policy:
         if not target > 0:
             raise ValueError(f"policy {name!r}: the step-time target (ms) must be > 0, got {m.group(1)}")
         return Policy(name, "adaptive", max_step_ms=target)
-    raise ValueError(f"unknown policy {name!r}: expected none, k1..k{num_drafts}, greedy, lagged, global or "
-                     "slo<ms> (e.g. slo40)")
+    raise ValueError(f"unknown policy {name!r}: expected none, k1..k{num_drafts}, greedy, lagged, global, "
+                     f"slo<ms> (e.g. slo40), tree, tree-lagged or eagle2-<N> (N in [1, {MAX_TREE_NODES}], e.g. "
+                     "eagle2-16)")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -131,9 +159,16 @@ def _logit(p: np.ndarray) -> np.ndarray:
 class _Requests:
     """The requests in the system, one per slot; new ones drawn from their own per-request stream."""
 
-    def __init__(self, profile: Profile, concurrency: int, seed: int):
+    def __init__(self, profile: Profile, concurrency: int, seed: int, tree_pool: tuple[int, int] = (0, 0)):
         self.profile, self.seed = profile, seed
         c = concurrency
+        # tree-lagged: each slot's tree of its last decode step, pool of M nodes (its survivals, parents and size);
+        # a new request's prior is a chain of D nodes surviving 1.0, the chain policies' prior (M, D = tree_pool)
+        M, D = tree_pool
+        self.tree_prior = min(M, D)
+        self.stale_tree_surv = np.zeros((c, M), dtype=np.float32)
+        self.stale_tree_parents = np.full((c, M), -1, dtype=np.int32)
+        self.stale_tree_size = np.zeros(c, dtype=np.int32)
         self.prefill_left = np.zeros(c, dtype=np.int64)
         self.generated = np.zeros(c, dtype=np.int64)
         self.target = np.zeros(c, dtype=np.int64)
@@ -163,6 +198,13 @@ class _Requests:
             cls = np.random.default_rng([self.seed, 2, self.next_id])
             self.high[slot] = int(cls.random() < w.priority.fraction)
         self.stale_conf[slot] = 1.0
+        if self.tree_prior:
+            n = self.tree_prior
+            self.stale_tree_surv[slot] = 0.0
+            self.stale_tree_surv[slot, :n] = 1.0
+            self.stale_tree_parents[slot] = -1
+            self.stale_tree_parents[slot, :n] = np.arange(-1, n - 1)
+            self.stale_tree_size[slot] = n
         self.next_id += 1
 
     def replace_finished(self) -> None:
@@ -231,8 +273,13 @@ class _Metrics:
 
 
 def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int = 400, warmup: int = 100,
-             seed: int = 0, trace: list | None = None) -> dict:
+             seed: int = 0, trace: list | None = None, tree: Optional[TreeModel] = None) -> dict:
     """Runs ``warmup + steps`` steps of ``policy`` at ``concurrency`` and returns the metrics dict.
+
+    tree: the draft-tree model of the tree policies (tree, tree-lagged, eagle2-<N>; default ``TreeModel()``:
+    top-4, the profile's depth, a pool of 63 nodes; see :mod:`adaptive_verify.sim.tree`); other policies ignore
+    it. Tree policies verify nodes: ``verified_per_step`` counts them, and ``head_auc`` / ``head_ece`` are NaN
+    (AcceptanceStats counts chain positions).
 
     trace: if a list, each measured step appends ``(requests, tokens, draft_factor, output_tokens,
     decode_tokens, prefill_tokens)``: its decoding requests R, its forward's token count n, the multiple of
@@ -252,8 +299,18 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     overhead = profile.overhead
     chain = profile.drafter.kind == "chain"
     mu = _logit(np.asarray(acc.conditional[:K], dtype=np.float64))  # [K] median conditional logits
-    reqs = _Requests(profile, concurrency, seed)
+    if tree is None:
+        tree = TreeModel()
+    if not isinstance(tree, TreeModel):
+        raise TypeError(f"tree must be a TreeModel or None, got {type(tree).__name__}")
+    D = tree.depth(K) if policy.tree else 0  # the trees' deepest level
+    M = tree.pool_size(D) if policy.tree else 0  # nodes per request the planner sees
+    reqs = _Requests(profile, concurrency, seed, (M, D) if policy.tree and policy.kind == "adaptive" else (0, 0))
     noise = np.random.default_rng([seed, 0, concurrency])
+    # Tree policies' draws off the main path: their own stream, so the chain's draws (which the main path uses)
+    # come in the same order whatever the policy.
+    tree_noise = np.random.default_rng([seed, 3, concurrency])
+    kt = tree.top_k
     classes = profile.workload.priority is not None
     metrics, measured = _Metrics(classes), None
     plan_table = ct
@@ -266,6 +323,10 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         head = noise.normal(0.0, 1.0, (concurrency, K)) * acc.head_noise
         uni = noise.random((concurrency, K))
         rot = int(noise.integers(0, concurrency))
+        if policy.tree:  # fixed shapes: every tree policy sees the same trees
+            eps_t = tree_noise.normal(0.0, 1.0, (concurrency, D, kt)) * acc.token_sigma
+            head_t = tree_noise.normal(0.0, 1.0, (concurrency, D, kt, kt)) * acc.head_noise
+            uni_t = tree_noise.random((concurrency, D, kt))
 
         dec = np.flatnonzero(reqs.prefill_left == 0)
         R = dec.size
@@ -274,9 +335,15 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         drafts = np.minimum(cap_drafts, remaining - 1).astype(np.int32)  # never draft past the output
         z = mu[None, :] + reqs.difficulty[dec, None] + eps[dec]  # [R, K] true conditional logits
         draft_factor = 0.0
-        if policy.speculates and R:
-            draft_factor = float(drafts.max() / K) if chain else 1.0
-        draft_ms = ct.draft_cost(R) * draft_factor if draft_factor else 0.0
+        if policy.tree:
+            depth_lim = np.minimum(D, remaining - 1)  # [R] never draft past the output
+            draft_ms = tree_draft_ms(tree, ct, R, int(depth_lim.max()) if R else 0, chain, K)
+            if draft_ms:
+                draft_factor = draft_ms / ct.draft_cost(R)
+        else:
+            if policy.speculates and R:
+                draft_factor = float(drafts.max() / K) if chain else 1.0
+            draft_ms = ct.draft_cost(R) * draft_factor if draft_factor else 0.0
 
         verify = np.zeros(R, dtype=np.int64)
         high = reqs.high[dec]  # [R] priority class of each decode (read before finished requests are replaced)
@@ -301,7 +368,12 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 # subtract. A target the overhead alone exceeds leaves no room for any draft: the smallest
                 # positive target then gives B_min, as an unreachable target does.
                 plan_kw["max_step_ms"] = max(policy.max_step_ms - overhead.cost(R), _SMALLEST_TARGET_MS)
-        if policy.kind == "fixed":
+        if policy.tree and R:
+            trees = draft_trees(tree, D, mu, reqs.difficulty[dec], z, head[dec], uni[dec], eps_t[dec], head_t[dec],
+                                uni_t[dec], depth_lim, acc.head_temperature, acc.head_bias)
+            verify, verified_nodes = _verify_tree(policy, trees, reqs, dec, plan_table, plan_kw if
+                                                  policy.kind == "adaptive" else None)
+        elif policy.kind == "fixed":
             verify[:] = drafts
         elif policy.kind == "adaptive" and R:
             conf = _sigmoid(z + head[dec]) if acc.head_temperature == 1.0 and acc.head_bias == 0.0 else \
@@ -346,10 +418,13 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         if scheduled.size:
             v = verify[scheduled]
             rows = dec[scheduled]
-            p = _sigmoid(z[scheduled])
-            ok = (uni[rows] < p) & (np.arange(K)[None, :] < v[:, None])
-            accepted = np.where(ok.all(axis=1), K, np.argmin(ok, axis=1))  # first failure
-            accepted = np.minimum(accepted, v)
+            if policy.tree:  # sample and match down the verified nodes
+                accepted = accepted_depths(trees, verified_nodes)[scheduled]
+            else:
+                p = _sigmoid(z[scheduled])
+                ok = (uni[rows] < p) & (np.arange(K)[None, :] < v[:, None])
+                accepted = np.where(ok.all(axis=1), K, np.argmin(ok, axis=1))  # first failure
+                accepted = np.minimum(accepted, v)
             emitted = np.minimum(accepted + 1, remaining[scheduled])
             reqs.generated[rows] += emitted
             emitted_total = int(emitted.sum())
@@ -357,7 +432,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 np.add.at(metrics.class_decode_tokens, reqs.high[rows], emitted)
                 np.add.at(metrics.class_tokens, reqs.high[rows], emitted)
             metrics.verified += int(v.sum())
-            if policy.kind == "adaptive" and measured is not None:  # the head's quality, as served
+            if policy.kind == "adaptive" and not policy.tree and measured is not None:  # the head's quality, as served
                 head_stats.update(conf_t[torch.from_numpy(scheduled)], torch.from_numpy(v.astype(np.int32)),
                                   torch.from_numpy(accepted.astype(np.int32)))
         for slot in finished_prefill:  # the prefill's last chunk samples the first token
@@ -379,8 +454,41 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         metrics.step_tokens += decode_tokens + prefill_tokens
         reqs.replace_finished()
     out = (measured or metrics).result()
-    report = head_stats.report() if policy.kind == "adaptive" else None
+    report = head_stats.report() if policy.kind == "adaptive" and not policy.tree else None
     out["head_auc"] = float(report["auc_overall"]) if report else float("nan")
     out["head_ece"] = float(report["ece_overall"]) if report else float("nan")
     out.update(policy=policy.name, concurrency=concurrency)
     return out
+
+
+def _verify_tree(policy: Policy, trees, reqs: "_Requests", dec: np.ndarray, plan_table, plan_kw: Optional[dict]):
+    """(nodes verified per request [R] int64, which [R, M] bool) for a tree policy: eagle2-<N> the N best nodes
+    (pool ranks 0..N-1), tree the planner's global budget on this step's survivals, tree-lagged the global budget
+    on each request's previous tree (truncated to this step's tree size; the prior for a new request), priced at
+    this step, then ``mode="fixed"`` on this step's survivals (the plan_verification chain policies' rules)."""
+    R, M = trees.survival.shape
+    if policy.kind == "fixed":
+        verify = np.minimum(policy.k, trees.sizes).astype(np.int64)
+        return verify, np.arange(M)[None, :] < verify[:, None]
+    survival = torch.from_numpy(trees.survival)
+    parents = torch.from_numpy(trees.parents)
+    sizes = torch.from_numpy(trees.sizes)
+    if policy.mode == "lagged":
+        stale_sizes = torch.from_numpy(np.minimum(reqs.stale_tree_size[dec], trees.sizes))
+        budget = planner.choose_budget(torch.from_numpy(reqs.stale_tree_surv[dec]), stale_sizes, plan_table,
+                                       parents=torch.from_numpy(reqs.stale_tree_parents[dec]), mode="global",
+                                       **plan_kw)
+        plan = planner.plan_tree_verification(survival, parents, sizes, plan_table, mode="fixed", budget=int(budget),
+                                              **plan_kw)
+        reqs.stale_tree_surv[dec] = trees.survival
+        reqs.stale_tree_parents[dec] = trees.parents
+        reqs.stale_tree_size[dec] = trees.sizes
+    else:
+        plan = planner.plan_tree_verification(survival, parents, sizes, plan_table, mode=policy.mode, **plan_kw)
+    verify = plan.verify_lens.numpy()[:R].astype(np.int64)
+    node = plan.token_node.numpy()
+    req = plan.token_req.numpy()
+    real = node >= 0  # anchors and padding carry -1
+    verified = np.zeros((R, M), dtype=bool)
+    verified[req[real], node[real]] = True
+    return verify, verified

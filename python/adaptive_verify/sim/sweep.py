@@ -15,6 +15,7 @@ from .engine import parse_policy, simulate
 from .model import Priority, Profile
 from .overhead import Overhead, overhead_preset
 from .profiles import get_profile
+from .tree import TreeModel
 
 __all__ = ["SweepResult", "sweep", "default_policies", "DEFAULT_CONCURRENCY", "pareto_frontier"]
 
@@ -77,7 +78,8 @@ class SweepResult:
         cs = self.concurrencies()
         spread = any(r.get("seeds", 1) > 1 for r in self.rows)
         width = 21 if spread else 15
-        head = f"{'policy':>8} | " + " | ".join(f"c={c:<4}".rjust(width) for c in cs)
+        pw = max([8] + [len(p) for p in self.policies()])
+        head = f"{'policy':>{pw}} | " + " | ".join(f"c={c:<4}".rjust(width) for c in cs)
         title = "output tokens/s (TPOT ms); * = on the Pareto frontier"
         if spread:
             title = (f"output tokens/s, mean +- sd over {self.rows[0]['seeds']} seeds (mean TPOT ms); "
@@ -91,7 +93,7 @@ class SweepResult:
                 if spread:
                     tput += f"+-{r['tokens_per_s_sd']:<4.0f}"
                 cells.append(f"{tput} ({r['tpot_ms']:5.1f}){'*' if r['on_frontier'] else ' '}")
-            lines.append(f"{p:>8} | " + " | ".join(x.rjust(width) for x in cells))
+            lines.append(f"{p:>{pw}} | " + " | ".join(x.rjust(width) for x in cells))
         if self.classes:
             lines += ["", *self._class_table()]
         return "\n".join(lines)
@@ -100,13 +102,14 @@ class SweepResult:
         """TPOT per priority class: high / low, one cell per (policy, concurrency)."""
         prio = self.settings["priority"]
         cs, width = self.concurrencies(), 15
-        head = f"{'policy':>8} | " + " | ".join(f"c={c:<4}".rjust(width) for c in cs)
+        pw = max([8] + [len(p) for p in self.policies()])
+        head = f"{'policy':>{pw}} | " + " | ".join(f"c={c:<4}".rjust(width) for c in cs)
         title = (f"TPOT ms per priority class: high (fraction {prio['fraction']:g}, weight {prio['weight']:g}) "
                  "/ low (weight 1)")
         lines = [title, head, "-" * len(head)]
         for p in self.policies():
             cells = [f"{r['tpot_ms_high']:5.1f} / {r['tpot_ms_low']:5.1f}" for r in (self.get(p, c) for c in cs)]
-            lines.append(f"{p:>8} | " + " | ".join(x.rjust(width) for x in cells))
+            lines.append(f"{p:>{pw}} | " + " | ".join(x.rjust(width) for x in cells))
         return lines
 
     def to_json(self, path: str | os.PathLike) -> None:
@@ -131,15 +134,19 @@ class SweepResult:
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
         fixed = [p for p in self.policies() if p.startswith("k")]
         slos = [p for p in self.policies() if p.startswith("slo")]
-        shades, slo_shades = plt.get_cmap("Blues"), plt.get_cmap("Greens")
+        eagles = [p for p in self.policies() if p.startswith("eagle2-")]
+        shades, slo_shades, eagle_shades = plt.get_cmap("Blues"), plt.get_cmap("Greens"), plt.get_cmap("Greys")
         named = {"none": dict(color="black", ls="-", lw=1.4), "greedy": dict(color="tab:red", ls="-", lw=2.4),
-                 "lagged": dict(color="tab:orange", ls="-", lw=2.0), "global": dict(color="tab:purple", ls="--", lw=1.4)}
+                 "lagged": dict(color="tab:orange", ls="-", lw=2.0), "global": dict(color="tab:purple", ls="--", lw=1.4),
+                 "tree": dict(color="tab:brown", ls="-", lw=2.4), "tree-lagged": dict(color="tab:pink", ls="-", lw=2.0)}
         for p in self.policies():
             rs = sorted((r for r in self.rows if r["policy"] == p), key=lambda r: r["concurrency"])
             if p in named:
                 style = named[p]
             elif p in slos:  # lagged with a step-time target: lagged's solid line, in greens
                 style = dict(color=slo_shades(0.45 + 0.5 * slos.index(p) / max(len(slos) - 1, 1)), ls="-", lw=1.6)
+            elif p in eagles:  # fixed trees: dash-dotted, in greys
+                style = dict(color=eagle_shades(0.4 + 0.5 * eagles.index(p) / max(len(eagles) - 1, 1)), ls="-.", lw=1.2)
             else:
                 style = dict(color=shades(0.35 + 0.6 * fixed.index(p) / max(len(fixed) - 1, 1)), ls=":", lw=1.2)
             ax0.plot([r["user_tokens_per_s"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", ms=3,
@@ -218,7 +225,8 @@ def _mean_over_seeds(runs: list[dict]) -> dict:
 def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[int] = DEFAULT_CONCURRENCY,
           policies: Optional[Iterable[str]] = None, steps: int = 400, warmup: Optional[int] = None, seed: int = 0,
           seeds: int = 1, overhead: Union[str, Overhead, None] = None,
-          priority: Union[str, Priority, None] = None, progress: bool = False) -> SweepResult:
+          priority: Union[str, Priority, None] = None, tree: Optional[TreeModel] = None,
+          progress: bool = False) -> SweepResult:
     """Simulates every policy at every concurrency and marks the Pareto frontier.
 
     profile: a :class:`Profile` or a bundled profile's name (``adaptive-verify profiles`` lists them).
@@ -234,6 +242,8 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
     priority: two request classes, ``"FRACTION:WEIGHT"`` or a :class:`~adaptive_verify.sim.model.Priority`
     (a fraction of the requests weighs WEIGHT in the planner, the rest 1), replacing the workload's; None
     keeps the profile's. With classes every row also has CLASS_COLUMNS (TPOT and tokens/s per class).
+    tree: the draft-tree model of the tree policies (``tree``, ``tree-lagged``, ``eagle2-<N>``), a
+    :class:`~adaptive_verify.sim.tree.TreeModel` (default ``TreeModel()``: top-4, the profile's depth, 63 nodes).
     Same arguments and seed, same numbers.
     """
     if isinstance(profile, str):
@@ -267,6 +277,12 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
         if not isinstance(overhead, Overhead):
             raise TypeError(f"overhead must be a preset name, an Overhead or None, got {type(overhead).__name__}")
         profile = dataclasses.replace(profile, overhead=overhead)
+    if tree is None:
+        tree = TreeModel()
+    if not isinstance(tree, TreeModel):
+        raise TypeError(f"tree must be a TreeModel or None, got {type(tree).__name__}")
+    if any(p.tree for p in pols):
+        tree.depth(profile.drafter.num_drafts)  # a depth past the profile's drafts names itself before any run
     if priority is not None:
         if isinstance(priority, str):
             priority = Priority.parse(priority)
@@ -283,7 +299,7 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
             n = steps * max(1, 16 // c)
             runs = []
             for s in range(seed, seed + seeds):
-                runs.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=s))
+                runs.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=s, tree=tree))
                 done += 1
                 if bar:
                     bar(done, f"{pol.name} c={c}")
@@ -294,4 +310,6 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
     settings = {"concurrency": cs, "policies": names, "steps": steps, "warmup": warmup, "seed": seed,
                 "seeds": seeds, "adaptive_overhead": profile.overhead.to_dict(),
                 "priority": None if profile.workload.priority is None else profile.workload.priority.to_dict()}
+    if any(p.tree for p in pols):  # absent otherwise: chain-only sweeps write what they wrote before
+        settings["tree"] = tree.to_dict()
     return SweepResult(profile=profile.to_dict(), rows=rows, settings=settings)
