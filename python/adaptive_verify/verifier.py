@@ -369,34 +369,9 @@ class AdaptiveVerifier:
         conditional acceptance probability (verifier_tree.record_confidence)."""
         if parents is not None:
             return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
-        if not isinstance(conf, torch.Tensor):
-            raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
-        if conf.dim() != 2 or conf.dtype != torch.float32:
-            raise ValueError(f"conf must be a float32 tensor [R, K], got {conf.dtype} {tuple(conf.shape)}")
-        if conf.device != self.device:
-            raise ValueError(f"conf must be on the verifier's device {self.device}, got {conf.device}")
-        R, Kc = conf.shape
-        if R > self.max_reqs or Kc > self.max_drafts:
-            raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
-                             f"[{self.max_reqs}, {self.max_drafts}]")
+        R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
         slot = self._slot
-        if isinstance(req_indices, torch.Tensor) and req_indices.device == self.device and req_indices.dim() == 1 \
-                and self.device.type == "cuda":
-            if req_indices.shape[0] != R or req_indices.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"req_indices must be an int32/int64 tensor of shape [{R}]")
-            idx_dev = req_indices.long()
-            host_idx = None  # on the device only: generations are the engine's business via add_request
-        else:
-            if req_indices is None:
-                host_idx = self._pending_idx if self._pending_idx is not None and \
-                    len(self._pending_idx) == R else self._arange[:R]
-            else:
-                host_idx = self._indices(req_indices, R)
-            if self._snap_events[slot] is not None:
-                self._snap_events[slot].synchronize()  # this staging slot's copy of two steps ago is done
-            staged = self._idx_pinned[slot, :R]
-            staged.numpy()[:] = host_idx
-            idx_dev = staged.to(self.device, non_blocking=True) if self.device.type == "cuda" else staged
+        idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
         if R:
             self._conf_dev[idx_dev, :Kc] = conf
             if Kc < self.max_drafts:
@@ -453,6 +428,41 @@ class AdaptiveVerifier:
                 self._budget_in.fill_(budget)
             budget = self._budget_in
         return out, budget, padded_tokens, extra_tokens
+
+    def _check_conf(self, conf, columns: str, limit_name: str, limit: int) -> tuple[int, int]:
+        """(R, columns) of record_confidence's conf: float32 [R, <= limit] on the verifier's device."""
+        if not isinstance(conf, torch.Tensor):
+            raise TypeError(f"conf must be a float32 tensor [R, {columns}], got {type(conf).__name__}")
+        if conf.dim() != 2 or conf.dtype != torch.float32:
+            raise ValueError(f"conf must be a float32 tensor [R, {columns}], got {conf.dtype} {tuple(conf.shape)}")
+        if conf.device != self.device:
+            raise ValueError(f"conf must be on the verifier's device {self.device}, got {conf.device}")
+        R, n = conf.shape
+        if R > self.max_reqs or n > limit:
+            raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, {limit_name}] = "
+                             f"[{self.max_reqs}, {limit}]")
+        return R, n
+
+    def _slot_indices(self, req_indices, R: int, staging: torch.Tensor, event) -> torch.Tensor:
+        """[R] int64 on the device: the persistent slots of record_confidence's rows. req_indices: host ints (checked,
+        staged through ``staging``, a pinned [max_reqs] buffer whose previous copy ``event`` marks), an int32/int64
+        CUDA tensor (used as it is: generations are then the engine's business, through add_request), or None
+        (plan_budget's of this step when it had R requests, else the row numbers)."""
+        if isinstance(req_indices, torch.Tensor) and req_indices.device == self.device and req_indices.dim() == 1 \
+                and self.device.type == "cuda":
+            if req_indices.shape[0] != R or req_indices.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"req_indices must be an int32/int64 tensor of shape [{R}]")
+            return req_indices.long()
+        if req_indices is None:
+            host_idx = self._pending_idx if self._pending_idx is not None and len(self._pending_idx) == R else \
+                self._arange[:R]
+        else:
+            host_idx = self._indices(req_indices, R)
+        if event is not None:
+            event.synchronize()  # this staging slot's copy of two steps ago is done
+        staged = staging[:R]
+        staged.numpy()[:] = host_idx
+        return staged.to(self.device, non_blocking=True) if self.device.type == "cuda" else staged
 
     def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
         """Buffers for key = (plan kind, R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""

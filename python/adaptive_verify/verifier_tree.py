@@ -189,15 +189,7 @@ def _lagged_budget(v, t: TreeState, idx, sizes, extra_tokens, b_min, b_max) -> i
 
 
 def _check_tree(v, t: TreeState, conf, parents, tree_sizes) -> tuple[int, int]:
-    if not isinstance(conf, torch.Tensor):
-        raise TypeError(f"conf must be a float32 tensor [R, N], got {type(conf).__name__}")
-    if conf.dim() != 2 or conf.dtype != torch.float32:
-        raise ValueError(f"conf must be a float32 tensor [R, N], got {conf.dtype} {tuple(conf.shape)}")
-    if conf.device != v.device:
-        raise ValueError(f"conf must be on the verifier's device {v.device}, got {conf.device}")
-    R, n = conf.shape
-    if R > v.max_reqs or n > t.N:
-        raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_nodes] = [{v.max_reqs}, {t.N}]")
+    R, n = v._check_conf(conf, "N", "max_nodes", t.N)
     if not isinstance(parents, torch.Tensor) or parents.shape != conf.shape:
         raise ValueError(f"parents must be an int32 tensor of conf's shape {tuple(conf.shape)}, got "
                          f"{tuple(parents.shape) if isinstance(parents, torch.Tensor) else type(parents).__name__}")
@@ -212,21 +204,7 @@ def record_confidence(v, conf: torch.Tensor, req_indices, parents: torch.Tensor,
     t = _state(v)
     R, n = _check_tree(v, t, conf, parents, tree_sizes)
     slot = t.slot
-    if isinstance(req_indices, torch.Tensor) and req_indices.device == v.device and req_indices.dim() == 1 \
-            and v.device.type == "cuda":
-        if req_indices.shape[0] != R or req_indices.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"req_indices must be an int32/int64 tensor of shape [{R}]")
-        idx_dev = req_indices.long()
-    else:
-        if req_indices is None:
-            host_idx = v._pending_idx if v._pending_idx is not None and len(v._pending_idx) == R else v._arange[:R]
-        else:
-            host_idx = v._indices(req_indices, R)
-        if t.events[slot] is not None:
-            t.events[slot].synchronize()
-        staged = t.idx_pinned[slot, :R]
-        staged.numpy()[:] = host_idx
-        idx_dev = staged.to(v.device, non_blocking=True) if v.device.type == "cuda" else staged
+    idx_dev = v._slot_indices(req_indices, R, t.idx_pinned[slot], t.events[slot])
     if R and n:
         surv = planner.tree_survival(conf, parents, tree_sizes, out=t.view("record", R, n))  # [R, n], 0 past sizes
         t.surv_dev[idx_dev, :n] = surv.sort(dim=1, descending=True).values
