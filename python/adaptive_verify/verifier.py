@@ -234,8 +234,8 @@ class AdaptiveVerifier:
         return self.sts.temperatures if self.sts is not None else None
 
     def _bounds(self, d: np.ndarray, extra_tokens: int) -> tuple[int, int]:
-        """(B_min, B_max) of a step with these drafts (values in [0, max_drafts]; capacity and max_step_ms
-        respected)."""
+        """(B_min, B_max) of a step with these drafts (values in [0, max_drafts], or a tree step's sizes in
+        [0, max_nodes]: forced nodes are then those of index < min_verify); capacity and max_step_ms respected."""
         R = len(d)
         room = max(self.capacity - R - extra_tokens, 0)
         b_room = min(int(d.sum()), room)

@@ -44,7 +44,6 @@ from . import planner
 from ._checks import check_int
 from .calibration import OnlineSTS
 from .planner import MAX_TREE_NODES, TreeVerifyPlan
-from .planner.args import step_cap_of
 from .stats import AcceptanceStats
 
 __all__ = ["TreeState", "observe", "plan", "plan_budget", "record_confidence"]
@@ -106,19 +105,6 @@ class TreeState:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _bounds(v, sizes: np.ndarray, extra_tokens: int) -> tuple[int, int]:
-    """(B_min, B_max) in nodes: the chain's rule with tree sizes (forced nodes: index < min_verify)."""
-    R = len(sizes)
-    room = max(v.capacity - R - extra_tokens, 0)
-    b_room = min(int(sizes.sum()), room)
-    b_min = min(int(np.minimum(sizes, v.min_verify).sum()), b_room) if v.min_verify else 0
-    b_max = b_room
-    if v.max_step_ms is not None and R:
-        cap = step_cap_of(v.cost_table, R, R + extra_tokens, b_room, float(v.cost_table.fixed_cost(R)), v.max_step_ms)
-        b_max = max(b_min, min(b_room, cap))
-    return b_min, b_max
-
-
 def plan_budget(v, num_reqs: int, sizes_host, extra_tokens: int, req_indices) -> tuple[int, int]:
     """AdaptiveVerifier.plan_budget(..., tree=True): the budget counts nodes; sizes_host [R] host ints in [0, N]."""
     from .verifier import _host_ints
@@ -135,7 +121,7 @@ def plan_budget(v, num_reqs: int, sizes_host, extra_tokens: int, req_indices) ->
         raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {v.capacity}")
     idx = v._indices(req_indices, R)
     v._pending_idx = idx
-    b_min, b_max = _bounds(v, sizes, extra_tokens)
+    b_min, b_max = v._bounds(sizes, extra_tokens)  # the chain rule, over nodes
     if v.mode == "off":
         budget = b_min
     elif v.mode != "lagged" or R == 0:

@@ -247,6 +247,12 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     if mode in TREE_MODES and tree_topk is None:
         tree_topk = DEFAULT_TREE_TOPK
     if tree_topk is not None:
@@ -258,12 +264,6 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
         raise ValueError(f"mode {mode!r} needs draft trees (tree_topk); chains take off, all, lagged or greedy")
     if mode != "off" and drafter is None:
         raise ValueError("a drafter is required unless mode='off'")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     encoded = [_encode(p) for p in prompts]
     device = next(target.parameters()).device
     K = drafter.config.num_drafts if drafter is not None else 1
@@ -344,12 +344,6 @@ def _generate_trees(target, drafter, prompts, *, mode, label, max_new_tokens, co
         raise ValueError(f"draft trees take modes all, lagged, greedy, global, tree or tree-fixed, got {label!r}")
     if drafter is None:
         raise ValueError("a drafter is required unless mode='off'")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     if isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int) or not 1 <= tree_nodes <= 63:
         raise ValueError(f"tree_nodes must be an int in [1, 63], got {tree_nodes!r}")
     encoded = [_encode(p) for p in prompts]
