@@ -3,11 +3,12 @@ mode, continuous batching, determinism."""
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import adaptive_verify as av
 from adaptive_verify.engine import load_pretrained
 from adaptive_verify.engine.generate import generate
+import token_stats
+from token_stats import NEW, chi2_same, second_token_pvalue, token_counts
 
 MODES = ("all", "lagged", "greedy")
 PROMPTS = ["def __init__(self, ", "import os\n", "    return sorted(", "class Error(Exception):\n    \"\"\"",
@@ -48,25 +49,11 @@ def test_plain_decoding_matches_the_dense_model(models):
     assert out[:8] == dense[:8] and agree >= 0.9
 
 
-def _token_counts(tokens, index):
-    return np.bincount([t[index] for t in tokens], minlength=256)
-
-
-def _chi2_same(a, b):
-    """Two-sample chi-square on categorical counts (bins with enough mass; the rest pooled)."""
-    keep = (a + b) >= 10
-    table = np.array([np.append(a[keep], a[~keep].sum()), np.append(b[keep], b[~keep].sum())])
-    table = table[:, table.sum(0) > 0]
-    return stats.chi2_contingency(table)[1]
-
-
-NEW = 8  # the first decode step drafts min(K, 8 - 2) = 6: every draft position is verified and judged
 
 
 @pytest.fixture(scope="module")
 def plain_samples(models):
-    return generate(models[0], None, ["def "] * 1200, mode="off", max_new_tokens=NEW, concurrency=64,
-                    temperature=1.0, seed=10_000).tokens
+    return token_stats.plain_samples(models[0])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -75,28 +62,15 @@ def test_sampling_is_lossless(models, plain_samples, mode):
     first decode step) have the distribution of plain sampling from the target (two-sample chi-square over
     1200 seeds), and the second token's distribution matches the target's exact one."""
     target, drafter = models
-    n = 1200
-    prompt = ["def "] * n
+    n = token_stats.SAMPLES
+    prompt = [token_stats.PROMPT] * n
     plain = plain_samples
     spec = generate(target, drafter, prompt, mode=mode, max_new_tokens=NEW, concurrency=64, temperature=1.0,
                     seed=20_000).tokens
     for index in range(1, NEW):
-        p = _chi2_same(_token_counts(spec, index), _token_counts(plain, index))
+        p = chi2_same(token_counts(spec, index), token_counts(plain, index))
         assert p > 1e-3, (mode, index, p)
-    # exact law of the second token: sum over first tokens of p(t1) p(t2 | t1)
-    with torch.no_grad():
-        ids = torch.tensor([list(b"def ")])
-        p1 = torch.softmax(target.forward_dense(ids, attn_dtype=torch.float16)[0][0, -1], -1)
-        both = torch.cat([ids.repeat(256, 1), torch.arange(256)[:, None]], 1)
-        p2 = torch.softmax(target.forward_dense(both, attn_dtype=torch.float16)[0][:, -1], -1)
-        exact = (p1[:, None] * p2).sum(0).double().numpy()
-    counts = _token_counts(spec, 1)
-    expected = exact * n
-    keep = expected >= 5
-    obs = np.append(counts[keep], counts[~keep].sum())
-    exp = np.append(expected[keep], expected[~keep].sum())
-    exp = exp * obs.sum() / exp.sum()
-    assert stats.chisquare(obs, exp).pvalue > 1e-3, mode
+    assert second_token_pvalue(target, spec) > 1e-3, mode
 
 
 def test_same_seed_same_tokens_and_batch_invariance(models):

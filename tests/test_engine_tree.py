@@ -3,11 +3,11 @@ mode and of mixed chain + tree batches, sampling losslessness at temperature 1, 
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import adaptive_verify as av
 from adaptive_verify.engine import load_pretrained
 from adaptive_verify.engine.generate import generate
+from token_stats import NEW, PROMPT, SAMPLES, chi2_same, plain_samples, second_token_pvalue, token_counts
 from adaptive_verify.engine.tree import draft_tree, tree_size
 
 PROMPTS = ["def __init__(self, ", "import os\n", "    return sorted(", "class Error(Exception):\n    \"\"\"",
@@ -113,18 +113,6 @@ def test_greedy_is_lossless_in_every_tree_mode(models, plain_greedy, kw):
     assert m["steps"] == f["steps"] and 0.0 < m["acceptance_rate"] <= 1.0 and np.isfinite(m["ece"])
 
 
-def _token_counts(tokens, index):
-    return np.bincount([t[index] for t in tokens], minlength=256)
-
-
-def _chi2_same(a, b):
-    keep = (a + b) >= 10
-    table = np.array([np.append(a[keep], a[~keep].sum()), np.append(b[keep], b[~keep].sum())])
-    table = table[:, table.sum(0) > 0]
-    return stats.chi2_contingency(table)[1]
-
-
-NEW = 8  # the first decode step drafts depth min(K, 8 - 2) = 6: every depth is verified and judged
 
 
 def test_sampling_is_lossless_for_mixed_chain_and_tree_batches(models):
@@ -133,30 +121,17 @@ def test_sampling_is_lossless_for_mixed_chain_and_tree_batches(models):
     the second token the target's exact law. The cost table makes verification nearly free, so the global budget
     verifies siblings and many accepted paths leave the first branch."""
     target, drafter = models
-    n = 1200
-    prompt = ["def "] * n
-    plain = generate(target, None, prompt, mode="off", max_new_tokens=NEW, concurrency=64, temperature=1.0,
-                     seed=10_000).tokens
+    n = SAMPLES
+    prompt = [PROMPT] * n
+    plain = plain_samples(target)
     cheap = av.CostTable.from_points({1: 5.0, 1024: 6.0}, max_tokens=1024, graph_sizes=[64, 128, 256, 384, 512, 768])
     spec = generate(target, drafter, prompt, mode="tree", max_new_tokens=NEW, concurrency=64, temperature=1.0,
                     seed=20_000, tree_topk=[1 + 2 * (i % 2) for i in range(n)], tree_nodes=12, cost_table=cheap)
     assert spec.figures["moved_paths"] > 100
     for index in range(1, NEW):
-        p = _chi2_same(_token_counts(spec.tokens, index), _token_counts(plain, index))
+        p = chi2_same(token_counts(spec.tokens, index), token_counts(plain, index))
         assert p > 1e-3, (index, p)
-    with torch.no_grad():
-        ids = torch.tensor([list(b"def ")])
-        p1 = torch.softmax(target.forward_dense(ids, attn_dtype=torch.float16)[0][0, -1], -1)
-        both = torch.cat([ids.repeat(256, 1), torch.arange(256)[:, None]], 1)
-        p2 = torch.softmax(target.forward_dense(both, attn_dtype=torch.float16)[0][:, -1], -1)
-        exact = (p1[:, None] * p2).sum(0).double().numpy()
-    counts = _token_counts(spec.tokens, 1)
-    expected = exact * n
-    keep = expected >= 5
-    obs = np.append(counts[keep], counts[~keep].sum())
-    exp = np.append(expected[keep], expected[~keep].sum())
-    exp = exp * obs.sum() / exp.sum()
-    assert stats.chisquare(obs, exp).pvalue > 1e-3
+    assert second_token_pvalue(target, spec.tokens) > 1e-3
 
 
 def test_same_seed_same_tokens(models):
