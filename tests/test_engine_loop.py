@@ -8,17 +8,14 @@ import adaptive_verify as av
 from adaptive_verify.engine import load_pretrained
 from adaptive_verify.engine.generate import generate
 import token_stats
-from token_stats import NEW, chi2_same, second_token_pvalue, token_counts
+from token_stats import NEW, PROMPTS, chi2_same, second_token_pvalue, token_counts
 
 MODES = ("all", "lagged", "greedy")
-PROMPTS = ["def __init__(self, ", "import os\n", "    return sorted(", "class Error(Exception):\n    \"\"\"",
-           "for i in range(len(", "x"]
 
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(1)
-    return load_pretrained()
+    return token_stats.pretrained()
 
 
 def test_greedy_is_lossless_in_every_mode(models):

@@ -7,17 +7,15 @@ import torch
 import adaptive_verify as av
 from adaptive_verify.engine import load_pretrained
 from adaptive_verify.engine.generate import generate
-from token_stats import NEW, PROMPT, SAMPLES, chi2_same, plain_samples, second_token_pvalue, token_counts
+import token_stats
+from token_stats import NEW, PROMPT, PROMPTS, SAMPLES, chi2_same, plain_samples, second_token_pvalue, token_counts
 from adaptive_verify.engine.tree import draft_tree, tree_size
 
-PROMPTS = ["def __init__(self, ", "import os\n", "    return sorted(", "class Error(Exception):\n    \"\"\"",
-           "for i in range(len(", "x"]
 
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(1)
-    return load_pretrained()
+    return token_stats.pretrained()
 
 
 @pytest.fixture(scope="module")

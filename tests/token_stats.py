@@ -1,5 +1,5 @@
-"""Statistics of generated tokens shared by the engine tests (chains and trees): per-position counts and a
-two-sample chi-square."""
+"""What the engine tests share (chains and trees): the pretrained models, the prompts, per-position token counts and
+the chi-square tests of sampled tokens."""
 import numpy as np
 from scipy import stats
 
@@ -16,6 +16,24 @@ def chi2_same(a, b):
     table = np.array([np.append(a[keep], a[~keep].sum()), np.append(b[keep], b[~keep].sum())])
     table = table[:, table.sum(0) > 0]
     return stats.chi2_contingency(table)[1]
+
+
+#: Prompts of different lengths joining and leaving the batch (the greedy identity tests).
+PROMPTS = ["def __init__(self, ", "import os\n", "    return sorted(", "class Error(Exception):\n    \"\"\"",
+           "for i in range(len(", "x"]
+_models: list = []
+
+
+def pretrained():
+    """(target, drafter): the shipped weights, loaded once per process, on one torch thread."""
+    if not _models:
+        import torch
+
+        from adaptive_verify.engine import load_pretrained
+
+        torch.set_num_threads(1)
+        _models.append(load_pretrained())
+    return _models[0]
 
 
 #: The sampling tests' prompt, its count and the tokens judged (the first decode step drafts min(K, NEW - 2) = 6:
