@@ -291,15 +291,16 @@ class AdaptiveVerifier:
         tree: this step drafts trees (needs max_nodes): drafts_host are the tree sizes, in [0, max_nodes], and the
         budget is a node count (lagged: priced from each slot's last recorded node survivals, verifier_tree.py).
         """
-        if tree:
-            return verifier_tree.plan_budget(self, num_reqs, drafts_host, extra_tokens, req_indices)
+        tree_state = verifier_tree.state(self) if tree else None
         R = check_int("num_reqs", num_reqs, lo=0)
         if R > self.max_reqs:
             raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
         extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
         drafts = _host_ints("drafts_host", drafts_host, R)
-        if R and int(drafts.view(np.uint64).max()) > self.max_drafts:  # one pass: a negative value is huge as uint64
-            raise ValueError(f"drafts_host values must be in [0, max_drafts = {self.max_drafts}]")
+        limit, name, what = (self.max_drafts, "max_drafts", "") if tree_state is None else \
+            (tree_state.N, "max_nodes", " (tree sizes)")
+        if R and int(drafts.view(np.uint64).max()) > limit:  # one pass: a negative value is huge as uint64
+            raise ValueError(f"drafts_host{what} values must be in [0, {name} = {limit}]")
         if R + extra_tokens > self.capacity:
             raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {self.capacity}")
         idx = self._indices(req_indices, R)
@@ -309,8 +310,10 @@ class AdaptiveVerifier:
             budget = b_min
         elif self.mode != "lagged" or R == 0:
             budget = b_max
-        else:
+        elif tree_state is None:
             budget = self._lagged_budget(idx, drafts, extra_tokens, b_min, b_max)
+        else:  # a node count, from each slot's last recorded node survivals
+            budget = verifier_tree.lagged_budget(self, tree_state, idx, drafts, extra_tokens, b_min, b_max)
         padded = self.padded_tokens(R + extra_tokens + budget)
         self._budget_count += 1
         self._budget_sum += budget

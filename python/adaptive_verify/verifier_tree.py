@@ -46,7 +46,7 @@ from .calibration import OnlineSTS
 from .planner import MAX_TREE_NODES, TreeVerifyPlan
 from .stats import AcceptanceStats
 
-__all__ = ["TreeState", "observe", "plan", "plan_budget", "record_confidence"]
+__all__ = ["TreeState", "lagged_budget", "observe", "plan", "record_confidence", "state"]
 
 
 class TreeState:
@@ -101,44 +101,13 @@ class TreeState:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# plan_budget
+# the lagged budget (AdaptiveVerifier.plan_budget(..., tree=True))
 # ------------------------------------------------------------------------------------------------------------
-
-
-def plan_budget(v, num_reqs: int, sizes_host, extra_tokens: int, req_indices) -> tuple[int, int]:
-    """AdaptiveVerifier.plan_budget(..., tree=True): the budget counts nodes; sizes_host [R] host ints in [0, N]."""
-    from .verifier import _host_ints
-
-    t = _state(v)
-    R = check_int("num_reqs", num_reqs, lo=0)
-    if R > v.max_reqs:
-        raise ValueError(f"num_reqs {R} exceeds max_reqs {v.max_reqs}")
-    extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
-    sizes = _host_ints("drafts_host", sizes_host, R)
-    if R and (sizes.min() < 0 or sizes.max() > t.N):
-        raise ValueError(f"drafts_host (tree sizes) values must be in [0, max_nodes = {t.N}]")
-    if R + extra_tokens > v.capacity:
-        raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {v.capacity}")
-    idx = v._indices(req_indices, R)
-    v._pending_idx = idx
-    b_min, b_max = v._bounds(sizes, extra_tokens)  # the chain rule, over nodes
-    if v.mode == "off":
-        budget = b_min
-    elif v.mode != "lagged" or R == 0:
-        budget = b_max
-    else:
-        budget = _lagged_budget(v, t, idx, sizes, extra_tokens, b_min, b_max)
-    padded = v.padded_tokens(R + extra_tokens + budget)
-    v._budget_count += 1
-    v._budget_sum += budget
-    v._budget_last = budget
-    v._graph_use[padded] += 1
-    return budget, padded
 
 
 def stale_survival(v, idx: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """[R, N] float32: each slot's last recorded sorted node survivals, the prior row for a slot with none."""
-    t = _state(v)
+    t = state(v)
     if out is None:
         out = np.empty((idx.shape[0], t.N), dtype=np.float32)
     if not t.recorded:
@@ -154,7 +123,8 @@ def stale_survival(v, idx: np.ndarray, out: Optional[np.ndarray] = None) -> np.n
     return out
 
 
-def _lagged_budget(v, t: TreeState, idx, sizes, extra_tokens, b_min, b_max) -> int:
+def lagged_budget(v, t: TreeState, idx, sizes, extra_tokens, b_min, b_max) -> int:
+    """AdaptiveVerifier.plan_budget(..., tree=True)'s lagged budget: a node count (module docstring)."""
     R = idx.shape[0]
     views = t.lag_views.get(R)
     if views is None:
@@ -187,7 +157,7 @@ def _check_tree(v, t: TreeState, conf, parents, tree_sizes) -> tuple[int, int]:
 def record_confidence(v, conf: torch.Tensor, req_indices, parents: torch.Tensor, tree_sizes: torch.Tensor) -> None:
     """AdaptiveVerifier.record_confidence(conf, parents=, tree_sizes=): keeps each request's sorted node survivals
     (tree_survival of conf) for the next steps' lagged budgets, and conf for observe()."""
-    t = _state(v)
+    t = state(v)
     R, n = _check_tree(v, t, conf, parents, tree_sizes)
     slot = t.slot
     idx_dev = v._slot_indices(req_indices, R, t.idx_pinned[slot], t.events[slot])
@@ -216,7 +186,7 @@ def record_confidence(v, conf: torch.Tensor, req_indices, parents: torch.Tensor,
 def plan(v, conf, tree_sizes, context_lens, block_table, anchor_tokens, draft_tokens, budget, *, extra_tokens,
          padded_tokens, token_offset, weights, parents) -> TreeVerifyPlan:
     """AdaptiveVerifier.plan(..., parents=): plan_tree_verification in the verifier's mode and persistent buffers."""
-    t = _state(v)
+    t = state(v)
     R, n = _check_tree(v, t, conf, parents, tree_sizes)
     wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
     out, budget, padded_tokens, extra_tokens = v._step_buffers(R, budget, extra_tokens, padded_tokens, wants, t.N,
@@ -245,7 +215,7 @@ def observe(v, verify_lens: torch.Tensor, num_accepted: torch.Tensor, accepted_o
     """AdaptiveVerifier.observe for a tree step: per-depth trials (see the module docstring), on the device with
     no sync. verify_lens [R] (the plan's), num_accepted [R] the accepted depth (nodes on the accepted path),
     accepted_offsets [R, W] tree_rejection_sample's."""
-    t = _state(v)
+    t = state(v)
     p = v._last_plan
     if t.last_conf is None or not isinstance(p, TreeVerifyPlan):
         raise RuntimeError("observe() of a tree step needs a record_confidence(parents=) and a plan(parents=) first")
@@ -300,7 +270,7 @@ def observe(v, verify_lens: torch.Tensor, num_accepted: torch.Tensor, accepted_o
     v._steps += 1
 
 
-def _state(v) -> TreeState:
+def state(v) -> TreeState:
     t = v._tree
     if t is None:
         raise ValueError("this AdaptiveVerifier serves chains only: construct it with max_nodes=N to pass trees")
