@@ -21,10 +21,10 @@ from typing import Optional
 
 import torch
 
-from . import _check_int, _check_tensor, _num_reqs, _plan_field, _relative_starts
+from . import _check_int, _check_tensor, _num_reqs, _relative_starts
 from .sglang_tree import (SGLangTree, mask_bits_from_sglang, tree_from_eagle_draft, tree_from_sglang,
                           tree_from_sglang_mask, tree_mask_to_sglang, tree_to_sglang, tree_verify_input,
-                          tree_verify_output)
+                          tree_verify_output, varlen_verify_fields)
 
 __all__ = ["verify_input", "verify_output", "chain_from_sglang", "ragged_layout_fields", "TESTED_SGLANG_VERSION",
            "SGLangTree", "tree_from_sglang", "tree_from_eagle_draft", "tree_from_sglang_mask", "mask_bits_from_sglang",
@@ -85,33 +85,18 @@ def verify_input(plan, max_drafts: int, num_reqs: Optional[int] = None, *, num_t
     """
     K = _check_int("max_drafts", max_drafts, lo=1, hi=MAX_DRAFTS)
     R = _num_reqs(plan, num_reqs)
-    seq_lens = _plan_field(plan, "seq_lens", needs="context_lens")
-    positions = _plan_field(plan, "positions", needs="context_lens")
-    input_ids = _plan_field(plan, "input_ids", needs="anchor_tokens and draft_tokens")
-    T = input_ids.shape[0]
-    n = T if num_tokens is None else _check_int("num_tokens", num_tokens, lo=0, hi=T)
-    starts = _relative_starts(plan, R)  # [R + 1] int64
-    q_len = starts[1:] - starts[:-1]
+    fields, starts, q_len = varlen_verify_fields(plan, R, num_tokens)
     device = starts.device
     j = torch.arange(K + 1, dtype=torch.int64, device=device)
     inside = j[None, :] < q_len[:, None]
     retrieve_index = torch.where(inside, starts[:-1, None] + j[None, :], torch.full_like(inside, -1, dtype=torch.int64))
     has_next = j[None, :] + 1 < q_len[:, None]
-    retrive_next = torch.where(has_next, (j + 1)[None, :].expand(R, K + 1), torch.full_like(has_next, -1,
-                                                                                       dtype=torch.int64))
-    end = seq_lens[:R].to(torch.int64)
-    kv_indptr = torch.zeros(R + 1, dtype=torch.int64, device=device)
-    kv_indptr[1:] = torch.cumsum(end, 0)
+    retrieve_next = torch.where(has_next, (j + 1)[None, :].expand(R, K + 1), torch.full_like(has_next, -1,
+                                                                                         dtype=torch.int64))
     return {
-        "draft_token": input_ids[:n].to(torch.int64),
-        "positions": positions[:n].to(torch.int64),
-        "seq_lens": (end - q_len).to(torch.int32),
-        "end_offset": end.to(torch.int32),
-        "qo_indptr": starts.to(torch.int32),
-        "kv_indptr": kv_indptr.to(torch.int32),
-        "verify_lens": plan.verify_lens[:R].to(torch.int32),
+        **fields,
         "retrieve_index": retrieve_index,
-        "retrieve_next_token": retrive_next,
+        "retrieve_next_token": retrieve_next,
         "retrieve_next_sibling": torch.full((R, K + 1), -1, dtype=torch.int64, device=device),
         "topk": 1,
     }

@@ -380,16 +380,39 @@ def tree_to_sglang(anchor_tokens: torch.Tensor, parents: torch.Tensor, tree_size
     return out
 
 
-def _plan_blocks(plan, R: int, W: int, validate: bool):
-    """The plan's tokens as [R, W] blocks: (token index [R, W] clamped, valid [R, W], starts [R + 1], q_len [R])."""
-    starts = _relative_starts(plan, R)
+def varlen_verify_fields(plan, R: int, num_tokens: Optional[int]) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The verify fields chains (sglang.verify_input) and trees (tree_verify_input) share: draft_token, positions
+    [num_tokens] int64, seq_lens (before the step), end_offset (after), qo_indptr, kv_indptr, verify_lens (int32);
+    with the plan's 0-based request starts [R + 1] and q_len [R] (int64)."""
+    end = _plan_field(plan, "seq_lens", needs="context_lens")[:R].to(torch.int64)
+    positions = _plan_field(plan, "positions", needs="context_lens")
+    input_ids = _plan_field(plan, "input_ids", needs="anchor_tokens and draft_tokens")
+    T = input_ids.shape[0]
+    n = T if num_tokens is None else _check_int("num_tokens", num_tokens, lo=0, hi=T)
+    starts = _relative_starts(plan, R)  # [R + 1] int64
     q_len = starts[1:] - starts[:-1]
-    if validate and R and int(q_len.max()) > W:  # one sync: a q_len above W would drop tokens from the [R, W] fields
+    kv_indptr = torch.zeros(R + 1, dtype=torch.int64, device=starts.device)
+    kv_indptr[1:] = torch.cumsum(end, 0)
+    fields = {
+        "draft_token": input_ids[:n].to(torch.int64),
+        "positions": positions[:n].to(torch.int64),
+        "seq_lens": (end - q_len).to(torch.int32),
+        "end_offset": end.to(torch.int32),
+        "qo_indptr": starts.to(torch.int32),
+        "kv_indptr": kv_indptr.to(torch.int32),
+        "verify_lens": plan.verify_lens[:R].to(torch.int32),
+    }
+    return fields, starts, q_len
+
+
+def _plan_blocks(plan, starts: torch.Tensor, q_len: torch.Tensor, W: int, validate: bool):
+    """The plan's tokens as [R, W] blocks: (token index [R, W] clamped, valid [R, W])."""
+    if validate and q_len.numel() and int(q_len.max()) > W:  # one sync: a q_len above W would drop tokens from the [R, W] fields
         raise ValueError(f"max_query_len must be >= every request's q_len (largest {int(q_len.max())}), got {W}")
     ar = torch.arange(W, dtype=torch.int64, device=starts.device)
     valid = ar[None, :] < q_len[:, None]
     tok = (starts[:-1, None] + ar).clamp(max=max(plan.token_req.shape[0] - 1, 0))  # the buffers are 0-based
-    return tok, valid, starts, q_len
+    return tok, valid
 
 
 def tree_verify_input(plan, max_query_len: int, num_reqs: Optional[int] = None, *, mask_mode="full",
@@ -411,30 +434,18 @@ def tree_verify_input(plan, max_query_len: int, num_reqs: Optional[int] = None, 
     R = _num_reqs(plan, num_reqs)
     for f in ("tree_mask", "token_parent"):
         _plan_field(plan, f, needs="parents (a TreeVerifyPlan from plan_tree_verification)")
-    end = _plan_field(plan, "seq_lens", needs="context_lens")[:R].to(torch.int64)
-    positions = _plan_field(plan, "positions", needs="context_lens")
-    input_ids = _plan_field(plan, "input_ids", needs="anchor_tokens and draft_tokens")
-    T = input_ids.shape[0]
-    n_tok = T if num_tokens is None else _check_int("num_tokens", num_tokens, lo=0, hi=T)
-    tok, valid, starts, q_len = _plan_blocks(plan, R, W, validate)
+    fields, starts, q_len = varlen_verify_fields(plan, R, num_tokens)
+    tok, valid = _plan_blocks(plan, starts, q_len, W, validate)
     par = torch.where(valid, plan.token_parent.to(torch.int64)[tok], -1)
     bits = torch.where(valid, plan.tree_mask[tok], 0)
     nxt, sib = _pointers(par, valid)
-    kv_indptr = torch.zeros(R + 1, dtype=torch.int64, device=starts.device)
-    kv_indptr[1:] = torch.cumsum(end, 0)
     ar = torch.arange(W, dtype=torch.int64, device=starts.device)
     return {
-        "draft_token": input_ids[:n_tok].to(torch.int64),
-        "positions": positions[:n_tok].to(torch.int64),
-        "seq_lens": (end - q_len).to(torch.int32),
-        "end_offset": end.to(torch.int32),
-        "qo_indptr": starts.to(torch.int32),
-        "kv_indptr": kv_indptr.to(torch.int32),
-        "verify_lens": plan.verify_lens[:R].to(torch.int32),
+        **fields,
         "retrieve_index": torch.where(valid, starts[:-1, None] + ar, -1),
         "retrieve_next_token": nxt,
         "retrieve_next_sibling": sib,
-        "custom_mask": _custom_mask(bits, q_len, end - q_len, mode),
+        "custom_mask": _custom_mask(bits, q_len, fields["seq_lens"].to(torch.int64), mode),
         "tree_topk": -1,
     }
 
