@@ -379,12 +379,7 @@ class AdaptiveVerifier:
             self._conf_dev[idx_dev, :Kc] = conf
             if Kc < self.max_drafts:
                 self._conf_dev[idx_dev, Kc:] = 0.0
-        if self._snap_events[slot] is not None:
-            # The pinned slot may still be read by nobody: its previous copy was waited for by plan_budget.
-            self._snap[slot].copy_(self._conf_dev, non_blocking=True)
-            self._snap_events[slot].record(torch.cuda.current_stream(self.device))
-        else:
-            self._snap[slot].copy_(self._conf_dev)
+        self._snapshot(self._conf_dev, self._snap[slot], self._snap_events[slot])
         if self._snap_adds[slot] != self._adds:
             self._snap_gen[slot] = self._gen.copy()
             self._snap_adds[slot] = self._adds
@@ -431,6 +426,15 @@ class AdaptiveVerifier:
                 self._budget_in.fill_(budget)
             budget = self._budget_in
         return out, budget, padded_tokens, extra_tokens
+
+    def _snapshot(self, table: torch.Tensor, snap: torch.Tensor, event) -> None:
+        """Copies the device slot table into its pinned host snapshot: asynchronously on CUDA, ``event`` marking the
+        copy (the snapshot is read by nobody now: its previous copy was waited for by plan_budget)."""
+        if event is not None:
+            snap.copy_(table, non_blocking=True)
+            event.record(torch.cuda.current_stream(self.device))
+        else:
+            snap.copy_(table)
 
     def _check_conf(self, conf, columns: str, limit_name: str, limit: int) -> tuple[int, int]:
         """(R, columns) of record_confidence's conf: float32 [R, <= limit] on the verifier's device."""

@@ -166,11 +166,7 @@ def record_confidence(v, conf: torch.Tensor, req_indices, parents: torch.Tensor,
         t.surv_dev[idx_dev, :n] = surv.sort(dim=1, descending=True).values
     if R and n < t.N:
         t.surv_dev[idx_dev, n:] = 0.0
-    if t.events[slot] is not None:
-        t.snap[slot].copy_(t.surv_dev, non_blocking=True)
-        t.events[slot].record(torch.cuda.current_stream(v.device))
-    else:
-        t.snap[slot].copy_(t.surv_dev)
+    v._snapshot(t.surv_dev, t.snap[slot], t.events[slot])
     t.snap_gen[slot] = v._gen.copy()
     t.slot = 1 - slot
     t.recorded = True
