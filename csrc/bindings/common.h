@@ -66,6 +66,7 @@ void register_planner(py::module_& m);
 void register_confidence(py::module_& m);
 void register_sampling(py::module_& m);
 void register_attention(py::module_& m);
+void register_verifier(py::module_& m);
 
 }  // namespace bindings
 }  // namespace adaptive_verify

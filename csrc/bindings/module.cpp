@@ -91,4 +91,5 @@ PYBIND11_MODULE(_C, m) {
   bindings::register_confidence(m);
   bindings::register_sampling(m);
   bindings::register_attention(m);
+  bindings::register_verifier(m);
 }

@@ -56,6 +56,7 @@ TreeSampleParams = struct_type("TREE_SAMPLE_PARAMS", _C.TREE_SAMPLE_PARAMS)
 AttentionParams = struct_type("ATTENTION_PARAMS", _C.ATTENTION_PARAMS)
 WriteKvParams = struct_type("WRITE_KV_PARAMS", _C.WRITE_KV_PARAMS)
 CommitTreeKvParams = struct_type("COMMIT_TREE_KV_PARAMS", _C.COMMIT_TREE_KV_PARAMS)
+SlotParams = struct_type("SLOT_PARAMS", _C.SLOT_PARAMS)
 
 
 def call(op, params, on_cuda: bool, stream: int) -> int:

@@ -41,13 +41,14 @@ Decisions (docs/design.md, "What engines rely on every step"):
   (an eager step). Graph sizes default to the cost table's.
 - Bounded host state: persistent plan buffers are kept per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE``
   entries (entries created during CUDA-graph capture are never evicted); every eager step of R requests (above
-  the largest graph size) shares one entry sized for the largest eager step, and its plan is views of the first
-  padded tokens; metrics keep running sums.
+  the largest graph size), and every step with prompt tokens that is not being captured, shares one entry sized
+  for the largest eager step, and its plan is views of the first padded tokens; metrics keep running sums.
 """
 from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import itertools
 from collections import Counter
 from collections.abc import Iterable
@@ -57,11 +58,15 @@ import numpy as np
 import torch
 
 from . import planner, verifier_tree
+from ._binding import SlotParams
+from ._callcache import layout_kind, tensor_signature
+from ._ext import _C
 from ._checks import check_bool, check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
 from .planner import MAX_DRAFTS, TreeVerifyPlan, VerifyPlan
 from .planner.args import step_cap_of
+from .planner.ops import _choose_budget as choose_budget_call, plan_call, step_key
 from ._validate import device_arg
 from .stats import AcceptanceStats
 
@@ -74,14 +79,15 @@ PLAN_CACHE_SIZE = 64
 MAX_REQ_SLOTS = 1 << 20
 #: The plan-buffer key of eager steps (above the largest graph size): one buffer set per R, views per size.
 EAGER = -1
+SLOT_DRAFTS_OUT_OF_RANGE, SLOT_INDEX_OUT_OF_RANGE, SLOT_INDEX_REPEATED = _C.SLOT_STATUS
 #: Most CUDA-graph sizes (engines capture tens; the bound keeps a mistyped range from being walked per step).
 MAX_GRAPH_SIZES = 1 << 16
 
 
 def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
     """[n] int64 numpy array from a list, numpy array or CPU tensor (a CUDA tensor would need a sync)."""
-    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:  # the per-step case: no copy
-        if n is not None and values.shape[0] != n:
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1 and values.flags.c_contiguous:
+        if n is not None and values.shape[0] != n:  # the per-step case: no copy
             raise ValueError(f"{name} must have num_reqs = {n} entries, got {values.shape[0]}")
         return values
     if isinstance(values, torch.Tensor):
@@ -96,10 +102,50 @@ def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from e
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False).reshape(-1)
+    arr = np.ascontiguousarray(arr.astype(np.int64, copy=False).reshape(-1))  # _C.slot_inputs reads it raw
     if n is not None and arr.shape[0] != n:
         raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
     return arr
+
+
+class _Driven:
+    """Planner calls the verifier launches itself, step after step: the op's remembered call (planner/ops.py _Call)
+    for the verifier's own persistent buffers and the caller's tensors. The op's own remembered path checks the
+    signature of every tensor, the verifier's buffers included (about twenty); here only the caller's are checked
+    (data pointer, shape, layout, as _callcache does), since the verifier's buffers never change layout. Keys hold
+    the ids of the caller's objects and entries hold the objects, so an id stays theirs while remembered. Entries
+    are few (one per plan-buffer set and R): an LRU of PLAN_CACHE_SIZE."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self):
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    def run(self, key: tuple, caller: tuple, table, step: tuple):
+        """The call's result after launching it, or None when nothing is remembered for key or the caller's tensors
+        changed layout (the caller then takes the op's own path). ``step``: ops.step_key of this step's per-step
+        arguments (re-derived when they differ from the remembered call's)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        _, tensors, layout, sig, call = entry
+        if tensors and sig != tensor_signature(tensors, layout):
+            return None
+        if call.step != step and not call.restep(step, table):
+            return None
+        call.run()
+        return call.result
+
+    def remember(self, key: tuple, caller: tuple, call) -> None:
+        if call is None:  # the op did not remember it (e.g. an argument was converted): nothing to drive
+            self._entries.pop(key, None)
+            return
+        tensors = [t for t in caller if isinstance(t, torch.Tensor)]
+        layout = [layout_kind(t) for t in tensors]
+        self._entries[key] = (caller, tensors, layout, tensor_signature(tensors, layout), call)
+        self._entries.move_to_end(key)
+        while len(self._entries) > PLAN_CACHE_SIZE:
+            self._entries.popitem(last=False)
 
 
 class AdaptiveVerifier:
@@ -173,8 +219,11 @@ class AdaptiveVerifier:
         # copy was enqueued reads as new (prior) rather than as its previous request's confidences.
         pin = self.device.type == "cuda"
         self._conf_dev = torch.full((self.max_reqs, K), self.prior, dtype=torch.float32, device=self.device)
+        self._conf_np = self._conf_dev.numpy() if self.device.type == "cpu" else None
         self._snap = torch.full((2, self.max_reqs, K), self.prior, dtype=torch.float32, pin_memory=pin)
         self._snap_np = self._snap.numpy()
+        self._snap_ptrs = [self._snap[0].data_ptr(), self._snap[1].data_ptr()]
+        self._stamp = 0  # _C.slot_inputs' last stamp
         self._gen = np.zeros(self.max_reqs, dtype=np.int64)
         self._snap_gen = [self._gen.copy(), self._gen.copy()]
         self._adds = 0  # add_request calls so far: a snapshot taken at the same count has no new slot
@@ -187,10 +236,10 @@ class AdaptiveVerifier:
         self._arange = np.arange(self.max_reqs, dtype=np.int64)
         self._plans: collections.OrderedDict[tuple, VerifyPlan] = collections.OrderedDict()
         self._plans_pinned: dict[tuple, VerifyPlan] = {}
-        self._views: dict[tuple, tuple] = {}  # (id(plan), padded) -> (plan, its first padded tokens): eager steps
         # The host budget of plan() as a persistent 0-d tensor on the plan's device (written in place each step).
         self._budget_in = torch.zeros((), dtype=torch.int32, device=self.device)
         self._budget_np = self._budget_in.numpy() if self.device.type == "cpu" else None
+        self._views: dict[tuple, tuple] = {}  # (id(plan), padded) -> (plan, its first padded tokens): eager steps
         self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
         self._survival_views: dict[tuple, torch.Tensor] = {}
         # The lagged budget's host inputs, persistent so that choose_budget sees the same tensors each step
@@ -199,6 +248,16 @@ class AdaptiveVerifier:
         self._lag_drafts = torch.empty(self.max_reqs, dtype=torch.int32)
         self._lag_budget = torch.empty((), dtype=torch.int32)
         self._lag_views: dict[int, tuple] = {}
+        self._driven = _Driven()
+        # plan_budget's checks, draft sums and stale-confidence gather: one extension call (_C.slot_inputs; numpy would
+        # take a call per check). Its persistent fields are set once; marks is its scratch for distinct slots.
+        self._marks = np.zeros(self.max_reqs, dtype=np.uint32)
+        self._sums = np.zeros(2, dtype=np.int64)
+        self._zeros = np.zeros(self.max_reqs, dtype=np.int64)  # drafts of a check of req_indices alone
+        sp = self._slot_params = SlotParams()
+        sp.max_reqs, sp.max_drafts, sp.min_verify, sp.prior = self.max_reqs, K, self.min_verify, self.prior
+        sp.gen, sp.marks, sp.sums = self._gen.ctypes.data, self._marks.ctypes.data, self._sums.ctypes.data
+        self._slot_addr = ctypes.addressof(sp)
         self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
         self.stats = AcceptanceStats(K, device=self.device)
@@ -206,6 +265,7 @@ class AdaptiveVerifier:
         # Verified and accepted drafts are the stats kernel's own running totals (stats.totals); the planner's
         # expected tokens add up on the device (one graph-safe in-place add per step), the rows on the host.
         self._expected = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._expected_host = 0.0  # CPU plans: the same float64 sum on the host (a torch add costs microseconds)
         self._rows = 0
         self._steps = 0
         self._budget_count = 0
@@ -233,15 +293,15 @@ class AdaptiveVerifier:
         """[K] float32 temperatures of the online calibration (None without it)."""
         return self.sts.temperatures if self.sts is not None else None
 
-    def _bounds(self, d: np.ndarray, extra_tokens: int) -> tuple[int, int]:
-        """(B_min, B_max) of a step with these drafts (values in [0, max_drafts], or a tree step's sizes in
-        [0, max_nodes]: forced nodes are then those of index < min_verify); capacity and max_step_ms respected."""
-        R = len(d)
+    def _bounds(self, R: int, drafts_sum: int, forced_sum: int, extra_tokens: int) -> tuple[int, int]:
+        """(B_min, B_max) of a step of R requests drafting drafts_sum drafts (values in [0, max_drafts], or a tree
+        step's sizes in [0, max_nodes]), forced_sum of them forced (min(d, min_verify) summed: a tree's forced nodes
+        are those of index < min_verify); capacity and max_step_ms respected."""
         room = max(self.capacity - R - extra_tokens, 0)
-        b_room = min(int(d.sum()), room)
+        b_room = min(drafts_sum, room)
         # As the planner: forced drafts (min_verify) never push the step past its capacity; they win over the
         # latency target.
-        b_min = min(int(np.minimum(d, self.min_verify).sum()), b_room) if self.min_verify else 0
+        b_min = min(forced_sum, b_room)
         b_max = b_room
         if self.max_step_ms is not None and R:
             cap = step_cap_of(self.cost_table, R, R + extra_tokens, b_room, float(self.cost_table.fixed_cost(R)),
@@ -256,15 +316,50 @@ class AdaptiveVerifier:
         i = bisect.bisect_left(self.graph_sizes, n)
         return self.graph_sizes[i] if i < len(self.graph_sizes) else n
 
+    def _slot_inputs(self, drafts: np.ndarray, idx: Optional[np.ndarray], R: int, limit: int, what: str,
+                     gather: bool) -> tuple[int, int]:
+        """_C.slot_inputs on this step's host arrays: checks drafts (values in [0, limit]) and idx (slots in
+        [0, max_reqs), distinct; None: the row numbers), and with ``gather`` writes the lagged budget's inputs (each
+        slot's last recorded confidences, the prior for a slot with no history, and the drafts as int32) into
+        _lag_conf / _lag_drafts. Returns (sum of drafts, sum of min(drafts, min_verify))."""
+        sp = self._slot_params
+        sp.num_reqs, sp.draft_limit = R, limit
+        self._stamp = stamp = self._stamp + 1 if self._stamp < 0xFFFFFFFF else 1
+        if stamp == 1:
+            self._marks.fill(0)  # a fresh stamp cycle: no slot looks seen
+        sp.stamp = stamp
+        if gather:
+            sp.conf_out, sp.drafts_out = self._lag_conf.data_ptr(), self._lag_drafts.data_ptr()
+            if self._recorded:
+                prev = 1 - self._slot  # the snapshot the last record_confidence wrote
+                if self._snap_events[prev] is not None:
+                    self._snap_events[prev].synchronize()  # long done in a running engine
+                sp.snapshot = self._snap_ptrs[prev]
+                # A slot took a new request since that snapshot: compare generations (else no slot can differ).
+                sp.snapshot_gen = self._snap_gen[prev].ctypes.data if self._snap_adds[prev] != self._adds else None
+            else:
+                sp.snapshot = sp.snapshot_gen = None
+        else:
+            sp.conf_out = sp.drafts_out = None
+        status = _C.slot_inputs(self._slot_addr, drafts, idx)
+        if status:
+            if status == SLOT_DRAFTS_OUT_OF_RANGE:
+                raise ValueError(f"drafts_host{what} values must be in [0, {'max_drafts' if not what else 'max_nodes'}"
+                                 f" = {limit}]")
+            if status == SLOT_INDEX_OUT_OF_RANGE:
+                raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got "
+                                 f"{idx.min()}..{idx.max()}")
+            if status == SLOT_INDEX_REPEATED:
+                raise ValueError("req_indices must be distinct (one persistent slot per request)")
+            raise RuntimeError(f"adaptive_verify._C.slot_inputs returned status {status}")
+        return int(self._sums[0]), int(self._sums[1])
+
     def _indices(self, req_indices, R: int) -> np.ndarray:
+        """[R] int64 slots from the caller's req_indices (None: the row numbers), checked in range and distinct."""
         if req_indices is None:
             return self._arange[:R]
         idx = _host_ints("req_indices", req_indices, R)
-        if R:
-            if int(idx.view(np.uint64).max()) >= self.max_reqs:  # one pass: a negative index is huge as uint64
-                raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.min()}..{idx.max()}")
-            if R > 1 and np.bincount(idx).max() > 1:  # O(R + max_reqs): no sort per step
-                raise ValueError("req_indices must be distinct (one persistent slot per request)")
+        self._slot_inputs(self._zeros[:R], idx, R, 0, "", False)
         return idx
 
     def add_request(self, req_indices) -> None:
@@ -297,21 +392,23 @@ class AdaptiveVerifier:
             raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
         extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
         drafts = _host_ints("drafts_host", drafts_host, R)
-        limit, name, what = (self.max_drafts, "max_drafts", "") if tree_state is None else \
-            (tree_state.N, "max_nodes", " (tree sizes)")
-        if R and int(drafts.view(np.uint64).max()) > limit:  # one pass: a negative value is huge as uint64
-            raise ValueError(f"drafts_host{what} values must be in [0, {name} = {limit}]")
         if R + extra_tokens > self.capacity:
             raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {self.capacity}")
-        idx = self._indices(req_indices, R)
+        idx = None if req_indices is None else _host_ints("req_indices", req_indices, R)
+        # One pass: drafts and req_indices checked, their sums, and for the lagged chain budget its inputs gathered.
+        lag = self.mode == "lagged" and R > 0 and tree_state is None
+        limit, what = (self.max_drafts, "") if tree_state is None else (tree_state.N, " (tree sizes)")
+        drafts_sum, forced_sum = self._slot_inputs(drafts, idx, R, limit, what, lag)
+        if idx is None:
+            idx = self._arange[:R]
         self._pending_idx = idx
-        b_min, b_max = self._bounds(drafts, extra_tokens)
+        b_min, b_max = self._bounds(R, drafts_sum, forced_sum if self.min_verify else 0, extra_tokens)
         if self.mode == "off":
             budget = b_min
         elif self.mode != "lagged" or R == 0:
             budget = b_max
         elif tree_state is None:
-            budget = self._lagged_budget(idx, drafts, extra_tokens, b_min, b_max)
+            budget = self._lagged_budget(R, extra_tokens, b_min, b_max)
         else:  # a node count, from each slot's last recorded node survivals
             budget = verifier_tree.lagged_budget(self, tree_state, idx, drafts, extra_tokens, b_min, b_max)
         padded = self.padded_tokens(R + extra_tokens + budget)
@@ -326,25 +423,14 @@ class AdaptiveVerifier:
         ``req_indices`` (host ints): each one's last recorded confidences, or the prior for a slot with no
         history. Waits for the last snapshot's copy (long done in a running engine)."""
         idx = _host_ints("req_indices", req_indices, None)
-        return self._stale(self._indices(idx, idx.shape[0]))
-
-    def _stale(self, idx: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-        if out is None:
-            out = np.empty((idx.shape[0], self.max_drafts), dtype=np.float32)
-        if not self._recorded:
-            out.fill(self.prior)
-            return out
-        prev = 1 - self._slot  # the slot the last record_confidence wrote
-        if self._snap_events[prev] is not None:
-            self._snap_events[prev].synchronize()
-        np.take(self._snap_np[prev], idx, axis=0, out=out)  # [R, K]
-        if self._snap_adds[prev] != self._adds:  # a slot took a new request since that snapshot
-            new = self._snap_gen[prev][idx] != self._gen[idx]
-            if new.any():
-                out[new] = self.prior
-        return out
+        R = idx.shape[0]
+        if R > self.max_reqs:
+            raise ValueError(f"req_indices has {R} entries, more than max_reqs = {self.max_reqs}")
+        self._slot_inputs(self._zeros[:R], idx, R, 0, "", True)  # the lagged budget's own gather
+        return self._lag_inputs(R)[2].copy()
 
     def _lag_inputs(self, R: int) -> tuple:
+        """([R, K] stale confidences, [R] drafts): views of the lagged budget's persistent inputs, with numpy twins."""
         views = self._lag_views.get(R)
         if views is None:
             K = self.max_drafts
@@ -352,14 +438,20 @@ class AdaptiveVerifier:
             views = self._lag_views[R] = (conf, drafts, conf.numpy(), drafts.numpy())
         return views
 
-    def _lagged_budget(self, idx: np.ndarray, drafts: np.ndarray, extra_tokens: int, b_min: int, b_max: int) -> int:
-        conf, d, conf_np, d_np = self._lag_inputs(idx.shape[0])
-        self._stale(idx, out=conf_np)
-        d_np[:] = drafts  # in [0, max_drafts] (plan_budget checked)
+    def _lagged_budget(self, R: int, extra_tokens: int, b_min: int, b_max: int) -> int:
+        """argmax Theta ("global") over the inputs _slot_inputs gathered, priced at this step, clamped."""
         table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
-        planner.choose_budget(None, d, table, conf=conf, mode="global", min_verify=self.min_verify,
-                              capacity=self.capacity - extra_tokens, out=self._lag_budget,
-                              max_step_ms=self.max_step_ms)
+        capacity = self.capacity - extra_tokens
+        # Every tensor of this call is the verifier's own (views of _lag_conf, _lag_drafts, _lag_budget), so its
+        # remembered call needs no signature check: only the step (table, capacity) is re-derived.
+        key = ("lag", R)
+        if self._driven.run(key, (), table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
+            conf, d = self._lag_inputs(R)[:2]
+            _, call = choose_budget_call(None, d, table, mode="global", min_verify=self.min_verify, max_verify=None,
+                                         extra_tokens=0, extra_emitting=0, capacity=capacity, draft_tokens=None,
+                                         conf=conf, out=self._lag_budget, weights=None, max_step_ms=self.max_step_ms,
+                                         parents=None)
+            self._driven.remember(key, (), call)
         return min(max(int(self._lag_budget), b_min), b_max)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None, *, parents: Optional[torch.Tensor] = None,
@@ -374,11 +466,20 @@ class AdaptiveVerifier:
             return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
         R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
         slot = self._slot
-        idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
-        if R:
-            self._conf_dev[idx_dev, :Kc] = conf
-            if Kc < self.max_drafts:
-                self._conf_dev[idx_dev, Kc:] = 0.0
+        if self.device.type == "cpu" and not isinstance(req_indices, torch.Tensor):
+            # CPU tables: a numpy scatter (torch's index_put costs several times as much host time per step).
+            if R:
+                idx = self._host_slots(req_indices, R)
+                table = self._conf_np
+                table[idx, :Kc] = conf.detach().numpy()
+                if Kc < self.max_drafts:
+                    table[idx, Kc:] = 0.0
+        else:
+            idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
+            if R:
+                self._conf_dev[idx_dev, :Kc] = conf
+                if Kc < self.max_drafts:
+                    self._conf_dev[idx_dev, Kc:] = 0.0
         self._snapshot(self._conf_dev, self._snap[slot], self._snap_events[slot])
         if self._snap_adds[slot] != self._adds:
             self._snap_gen[slot] = self._gen.copy()
@@ -393,10 +494,10 @@ class AdaptiveVerifier:
         besides its anchor (K, or a tree's N); ``kind``: VerifyPlan or TreeVerifyPlan.
 
         Graph-sized steps get buffers per (R, padded size). An eager step's size follows its budget, so one buffer
-        set per R serves them all (sized for the largest eager step; the plan is views of its first padded_tokens
-        entries, see _first_tokens) and the planner runs on the whole buffer (padding lanes past the step). A host
-        budget goes in through a persistent 0-d tensor, as a CUDA-graph replay's does. Both keep the planner on one
-        remembered call while the budget changes every step."""
+        set per R serves them all (sized for the largest eager step): the planner writes the step's padded_tokens
+        entries and returns views of them (its out= buffers may be longer than T_pad). A host budget goes in through
+        a persistent 0-d tensor, as a CUDA-graph replay's does. Both keep the planner on one remembered call while
+        the budget changes every step."""
         if budget is None:
             raise ValueError("budget is required: pass the budget plan_budget returned")
         host_budget = not isinstance(budget, torch.Tensor)
@@ -413,13 +514,19 @@ class AdaptiveVerifier:
         # Every step's tokens fit the capacity; a graph size may round up past it (the largest bounds that).
         padded_tokens = check_int("padded_tokens", padded_tokens, lo=R,
                                   hi=max(self.capacity, self.graph_sizes[-1] if self.graph_sizes else 0))
-        if self.graph_sizes and padded_tokens + extra_tokens <= self.graph_sizes[-1]:
+        # A step with a prompt chunk shares the eager buffers unless a graph is being captured: its padded decode
+        # size is a graph size less the chunk, so chunked prefill would otherwise make a buffer set per chunk size.
+        if self.graph_sizes and padded_tokens + extra_tokens <= self.graph_sizes[-1] and (
+                not extra_tokens or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
             key, tokens = (kind, R, padded_tokens) + wants, padded_tokens
         else:
             key = (kind, R, EAGER) + wants
             tokens = max(padded_tokens, min(R * (1 + per_request), self.capacity))
         out = self._plan_buffers(key, wants, tokens)
         if host_budget and self.mode not in ("greedy", "global"):
+            # The planner's own cap, applied here (it clamps to it anyway, forced drafts included: B_max <= the cap),
+            # so that a shared eager buffer can be planned without passing the step's size (see plan()).
+            budget = min(budget, padded_tokens - R, max(self.capacity - extra_tokens - R, 0))
             if self._budget_np is not None:
                 self._budget_np[()] = budget
             else:
@@ -460,16 +567,20 @@ class AdaptiveVerifier:
             if req_indices.shape[0] != R or req_indices.dtype not in (torch.int32, torch.int64):
                 raise ValueError(f"req_indices must be an int32/int64 tensor of shape [{R}]")
             return req_indices.long()
-        if req_indices is None:
-            host_idx = self._pending_idx if self._pending_idx is not None and len(self._pending_idx) == R else \
-                self._arange[:R]
-        else:
-            host_idx = self._indices(req_indices, R)
+        host_idx = self._host_slots(req_indices, R)
         if event is not None:
             event.synchronize()  # this staging slot's copy of two steps ago is done
         staged = staging[:R]
         staged.numpy()[:] = host_idx
         return staged.to(self.device, non_blocking=True) if self.device.type == "cuda" else staged
+
+    def _host_slots(self, req_indices, R: int) -> np.ndarray:
+        """[R] int64 host slots of record_confidence's rows: req_indices (host ints, checked), or with None
+        plan_budget's of this step when it had R requests, else the row numbers."""
+        if req_indices is None:
+            return self._pending_idx if self._pending_idx is not None and len(self._pending_idx) == R else \
+                self._arange[:R]
+        return self._indices(req_indices, R)
 
     def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
         """Buffers for key = (plan kind, R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""
@@ -533,29 +644,50 @@ class AdaptiveVerifier:
             raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, max_drafts] = "
                              f"[{self.max_reqs}, {self.max_drafts}]")
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
+        tensor_budget = isinstance(budget, torch.Tensor)
         out, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
                                                                       self.max_drafts, VerifyPlan)
         # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
         # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
         # (A step of prompt tokens only, R = 0, may fill the capacity: no view is left to price, and none is needed.)
-        table = self.cost_table.shifted(extra_tokens) if extra_tokens and R else self.cost_table
-        kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
-                  block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
-                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=out.token_req.shape[0], out=out,
-                  capacity=self.capacity - extra_tokens, conf=conf, survival_out=self._survival_buffer(R, conf.shape[1]),
-                  max_step_ms=self.max_step_ms, weights=weights)
-        if self.mode in ("greedy", "global"):
-            plan = planner.plan_verification(None, drafts, table, mode=self.mode, verification=self.verification, **kw)
-        else:
-            plan = planner.plan_verification(None, drafts, table, mode="fixed", budget=budget, **kw)
-        plan = self._first_tokens(plan, padded_tokens)
+        live = self.mode in ("greedy", "global")
+        # A fixed budget never reads the verify curve (only the drafter's cost, the same for a shifted view), so
+        # without a latency target the base table gives the kernel the same fields and no new view is priced.
+        priced = live or self.max_step_ms is not None
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens and R and priced else self.cost_table
+        capacity, T = self.capacity - extra_tokens, padded_tokens
+        if not (live or priced or self.min_verify or tensor_budget) \
+                and out.token_req.shape[0] > padded_tokens:
+            # A shared eager buffer and a host budget (already capped to this step's room by _step_buffers): the
+            # kernel's budget is then min(budget, the drafts there are) whatever capacity and T_pad it is told, so it
+            # is told the constant ones and its remembered call needs no re-derivation when the prompt chunk or the
+            # budget changes; the step's first padded_tokens entries come back as views (_first_tokens). Forced
+            # drafts (min_verify) could exceed a budget and need the step's real cap, so they keep the exact call.
+            capacity, T = self.capacity, out.token_req.shape[0]
+        # The step's planner call, launched here when this step repeats an earlier one's objects (see _Driven).
+        caller = (conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
+                  None if live else budget)
+        key = (id(out), *map(id, caller))
+        plan = self._driven.run(key, caller, table, step_key(table, capacity, None, 0, 0, token_offset,
+                                                              self.max_step_ms, T))
+        if plan is None:
+            kw = dict(mode=self.mode if live else "fixed", budget=None if live else budget, min_verify=self.min_verify,
+                      max_verify=None, extra_tokens=0, extra_emitting=0, capacity=capacity, context_lens=context_lens,
+                      block_table=block_table, block_size=self.block_size if block_table is not None else None,
+                      anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
+                      num_reqs_padded=None, num_tokens_padded=T, conf=conf,
+                      survival_out=self._survival_buffer(R, conf.shape[1]), weights=weights,
+                      max_step_ms=self.max_step_ms)
+            plan, call = plan_call(None, drafts, table, self.verification if live else None, kw, out)
+            self._driven.remember(key, caller, call)
+        if T != padded_tokens:
+            plan = self._first_tokens(plan, padded_tokens)
         self._last_plan = plan
         return plan
 
     def _first_tokens(self, plan: VerifyPlan, padded: int) -> VerifyPlan:
-        """plan.first_tokens(padded), remembered per (plan object, padded): an eager step's views are made once."""
-        if plan.token_req.shape[0] == padded:
-            return plan
+        """plan.first_tokens(padded), remembered per (plan object, padded) in an LRU of PLAN_CACHE_SIZE: a step size
+        seen before gets its views back without slicing."""
         key = (id(plan), padded)
         hit = self._views.get(key)
         if hit is None or hit[0] is not plan:
@@ -596,9 +728,17 @@ class AdaptiveVerifier:
         self.stats.update(self._last_conf, v, a)  # also adds the step's verified and accepted drafts to stats.totals
         if self.sts is not None:
             self.sts.step(self.stats)
-        self._expected += self._last_plan.expected_tokens
+        self._add_expected(self._last_plan.expected_tokens)
         self._rows += R
         self._steps += 1
+
+    def _add_expected(self, expected_tokens: torch.Tensor) -> None:
+        """Adds a plan's expected tokens (0-d float32) to the running float64 sum: on the device for CUDA plans (one
+        graph-safe in-place add, no sync), on the host for CPU ones."""
+        if expected_tokens.is_cuda:
+            self._expected += expected_tokens
+        else:
+            self._expected_host += expected_tokens.item()
 
     def metrics(self) -> dict:
         """Figures since construction (one small device-to-host copy plus the stats' report):
@@ -608,7 +748,7 @@ class AdaptiveVerifier:
         modes the budget figures are plan_budget's upper bound B_max (the device chooses the budget);
         verified_per_step is what it chose. The verified and accepted counts are ``stats.totals`` (so a
         ``verifier.stats.reset()`` restarts them too)."""
-        acc = [*self.stats.totals.cpu().tolist(), float(self._expected) - self._rows]
+        acc = [*self.stats.totals.cpu().tolist(), float(self._expected) + self._expected_host - self._rows]
         steps = max(self._steps, 1)
         rep = self.stats.report()
         return {

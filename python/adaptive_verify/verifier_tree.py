@@ -190,14 +190,13 @@ def plan(v, conf, tree_sizes, context_lens, block_table, anchor_tokens, draft_to
     table = v.cost_table.shifted(extra_tokens) if extra_tokens and R else v.cost_table
     kw = dict(min_verify=v.min_verify, context_lens=context_lens, block_table=block_table,
               block_size=v.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
-              draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=out.token_req.shape[0], out=out,
+              draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
               capacity=v.capacity - extra_tokens, conf=conf, survival_out=t.view("plan", R, n),
               max_step_ms=v.max_step_ms, weights=weights)
     if v.mode in ("greedy", "global"):
         result = planner.plan_tree_verification(None, parents, tree_sizes, table, mode=v.mode, **kw)
     else:
         result = planner.plan_tree_verification(None, parents, tree_sizes, table, mode="fixed", budget=budget, **kw)
-    result = v._first_tokens(result, padded_tokens)
     v._last_plan = result
     return result
 
@@ -261,7 +260,7 @@ def observe(v, verify_lens: torch.Tensor, num_accepted: torch.Tensor, accepted_o
         stats.totals += torch.stack([vl.sum(), torch.minimum(acc, vl).sum()])
     if v.sts is not None:
         v.sts.step(stats)
-    v._expected += p.expected_tokens
+    v._add_expected(p.expected_tokens)
     v._rows += R
     v._steps += 1
 

@@ -1,9 +1,10 @@
 """Curve maths of the step cost table: measured points -> a monotone cost at every count.
 
-Everything here is float64 and torch-free. :class:`VerifyCurve` is the target's verification forward
-over token counts (with the CUDA-graph staircase), :class:`DraftCurve` the drafter over request counts,
-:class:`ShiftedCurve` a verify curve seen from some prompt tokens already in the step. The rules they
-implement are written out in :mod:`adaptive_verify.cost` (the package docstring).
+Everything here is float64 and torch-free (ShiftedCurve's float32 array is one pass of the extension).
+:class:`VerifyCurve` is the target's verification forward over token counts (with the CUDA-graph staircase),
+:class:`DraftCurve` the drafter over request counts, :class:`ShiftedCurve` a verify curve seen from some
+prompt tokens already in the step. The rules they implement are written out in :mod:`adaptive_verify.cost`
+(the package docstring).
 
 Every curve evaluates one count with ``cost(n)`` and many with ``dense(length)`` (float64 values for
 counts 0..length-1, cached and grown geometrically). The dense values come from ``cost_many``, which runs
@@ -19,6 +20,8 @@ import itertools
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from .._ext import _C
 
 # Smallest dense array built, so a decode loop that grows its largest count by one token a step rebuilds rarely.
 MIN_DENSE_LEN = 256
@@ -208,13 +211,29 @@ class ShiftedCurve:
 
     def __init__(self, base: VerifyCurve, shift: int):
         self.base, self.shift = base, shift
-        self.at_shift, self.at_zero = base.cost(shift), base.cost(0)
+        dense = base._dense.values  # cost_many equals cost bit for bit: read it where it is already built
+        if shift < dense.shape[0]:
+            self.at_shift, self.at_zero = float(dense[shift]), float(dense[0])
+        else:
+            self.at_shift, self.at_zero = base.cost(shift), base.cost(0)
 
     def cost(self, n: int) -> float:
         return self.base.cost(n + self.shift) - self.at_shift + self.at_zero
 
     def dense(self, length: int) -> np.ndarray:
         return self.base.dense(self.shift + length)[self.shift:] - self.at_shift + self.at_zero
+
+    def dense32(self, length: int) -> np.ndarray:
+        """float32 of dense(length), computed in float64 as there and rounded once (chunked prefill asks for a new
+        shift almost every step)."""
+        return self.dense32_into(np.empty(length, dtype=np.float32))
+
+    def dense32_into(self, out: np.ndarray) -> np.ndarray:
+        """dense32(len(out)) written into ``out`` (contiguous float32): one pass of the extension's shifted_costs (the
+        same double operations in the same order as dense, so the same bits; numpy would take a pass per operation,
+        microseconds each, every step of chunked prefill)."""
+        _C.shifted_costs(self.base.dense(self.shift + out.shape[0]), self.shift, self.at_shift, self.at_zero, out)
+        return out
 
 
 class DraftCurve:

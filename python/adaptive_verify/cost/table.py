@@ -316,11 +316,12 @@ class CostTable:
         top = None if self._max_tokens is None else self._max_tokens - tokens
         # A view shares the base's curves and builds its metadata only when asked (_meta): chunked prefill makes a
         # new view almost every step, so its construction is a few attribute writes.
-        view = CostTable(_verify=self._verify_points, _draft=self._draft, _draft_mode=self._draft_mode,
-                         _graph_sizes=tuple(g - tokens for g in self._graph_sizes if g > tokens),
-                         _max_tokens=top, _metadata=None, _curve=ShiftedCurve(self._curve, tokens),
-                         _request_ms=self._request_ms, _draft_curve=self._draft_curve)
-        view._base, view._shift = self, tokens
+        # (__init__'s fields, set directly: the base's, with these replaced)
+        view = object.__new__(CostTable)
+        view.__dict__.update(self.__dict__)
+        view.__dict__.update(_graph_sizes=tuple(g - tokens for g in self._graph_sizes if g > tokens), _max_tokens=top,
+                             _metadata=None, _curve=ShiftedCurve(self._curve, tokens), _dense={},
+                             _shifted=collections.OrderedDict(), _shifted_pinned={}, _base=self, _shift=tokens)
         self._shifted[tokens] = view
         while len(self._shifted) > SHIFTED_CACHE_SIZE:
             self._shifted.popitem(last=False)
@@ -376,11 +377,14 @@ class CostTable:
         if entry is None or entry.tensor.shape[0] < length:
             cap = self.token_limit + 1 if kind == "verify" else None
             old = 0 if entry is None else entry.tensor.shape[0]
-            grown = max(length, 2 * old, 256)
+            shifted_verify = kind == "verify" and self._base is not None
+            # A shifted view is typically asked once per step of its prompt chunk: its exact length, no growth.
+            grown = length if shifted_verify else max(length, 2 * old, 256)
             if cap is not None:
                 grown = min(grown, cap)
             curve = self._curve if kind == "verify" else self._draft_curve
-            values = curve.dense(grown).astype(np.float32)  # float64 -> float32 once, as verify_cost rounds
+            # float64 -> float32 once, as verify_cost rounds
+            values = curve.dense32(grown) if shifted_verify else curve.dense(grown).astype(np.float32)
             # [grown]; astype made a new array, so a CPU tensor may share it
             tensor = torch.from_numpy(values) if dev.type == "cpu" else torch.from_numpy(values).to(dev)
             if entry is None:
@@ -390,7 +394,7 @@ class CostTable:
                 entry.tensor, entry.last_view = tensor, None
         view = entry.last_view
         if view is None or view.shape[0] != length:
-            view = entry.last_view = entry.tensor[:length]
+            view = entry.last_view = entry.tensor if entry.tensor.shape[0] == length else entry.tensor[:length]
         return view
 
     # ----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import dataclasses
 import warnings
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from .. import errors
@@ -41,7 +42,7 @@ def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need
     """(fixed_cost(R), verify_array(max_n)) with the table's own caching; remembered per (table, R, max_n)."""
     if torch.compiler.is_compiling():  # traced once: nothing to remember (and no id() in a graph)
         return _table_costs(cost_table, R, max_n, device, need_verify)
-    key = (id(cost_table), R, max_n, device, need_verify)
+    key = (id(cost_table), R, max_n if need_verify else -1, device, need_verify)  # max_n sizes the verify array only
     hit = _COST_MEMO.get(key)
     if hit is not None and hit[0] is cost_table:
         return hit[1], hit[2]
@@ -57,11 +58,44 @@ def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need
 # ----------------------------------------------------------------------------------------------------
 
 
+class _ShiftCosts:
+    """A remembered CPU call's verify costs for shifted cost tables (CostTable.shifted, one per prompt chunk), written
+    into arrays the call owns. Chunked prefill brings a new shift almost every step; a view's own verify_array would
+    be a new array (and a new tensor) each time, while here the same buffers take each step's values: the exact
+    values of view.verify_array (ShiftedCurve.dense32_into, tested equal). Only the call's kernel reads them, at its
+    launch on this thread, so rewriting them at the next restep is safe. CUDA calls keep the views' own arrays (a
+    device buffer rewritten from the host would need ordering against the kernel still reading it)."""
+
+    __slots__ = ("f32", "tensor", "views")
+
+    def __init__(self):
+        self.f32 = self.tensor = None
+        self.views: dict[int, torch.Tensor] = {}
+
+    def __call__(self, cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
+        """_costs for a shifted view (its drafter is its base's, so the fixed cost is the base's, remembered)."""
+        draft_cost, _ = _costs(cost_table._base, R, 0, device, False)
+        if not need_verify:
+            return draft_cost, None
+        n = min(max_n, cost_table.token_limit) + 1
+        if self.f32 is None or self.f32.shape[0] < n:
+            size = max(n, 2 * (0 if self.f32 is None else self.f32.shape[0]))
+            self.f32 = np.empty(size, dtype=np.float32)
+            self.tensor, self.views = torch.from_numpy(self.f32), {}
+        cost_table._curve.dense32_into(self.f32[:n])
+        view = self.views.get(n)
+        if view is None:
+            if len(self.views) >= _VIEWS_PER_CALL:
+                self.views.pop(next(iter(self.views)))
+            view = self.views[n] = self.tensor[:n]
+        return draft_cost, view
+
+
 class _Call:
     """A validated call: its arguments, its filled struct, and what it returns."""
 
     __slots__ = ("a", "params", "addr", "on_cuda", "result", "step", "table", "workspace", "expected", "op",
-                 "out", "room", "views")
+                 "out", "room", "views", "shift_costs")
 
     def __init__(self, a: PlanArgs, params, result, step, table, workspace, expected, op, out=None):
         self.a, self.params, self.result, self.step, self.table = a, params, result, step, table
@@ -71,6 +105,7 @@ class _Call:
         # views of their first T_pad entries, one set per T_pad seen (an eager step's T_pad follows its budget).
         self.out, self.room = out, token_room(out, a) if out is not None else 0
         self.views = {a.num_tokens_padded: result} if out is not None else None
+        self.shift_costs: Optional[_ShiftCosts] = None
 
     def restep(self, step, cost_table) -> bool:
         """Re-derives the per-step fields for a new step (id(cost_table), then capacity, budget, extra_tokens,
@@ -80,7 +115,12 @@ class _Call:
         _, _, capacity, _, budget, _, extra_tokens, _, extra_emitting, _, token_offset, _, max_step_ms, _, padded = step
         if budget is None and self.a.budget_in is not None:  # a tensor budget is in the key, not in the step
             budget = self.a.budget_in
-        resolve_step(self.a, cost_table, capacity, padded, _costs, budget=budget, extra_tokens=extra_tokens,
+        costs = _costs
+        if not self.on_cuda and getattr(cost_table, "_base", None) is not None:  # a shifted view: the call's arrays
+            if self.shift_costs is None:
+                self.shift_costs = _ShiftCosts()
+            costs = self.shift_costs
+        resolve_step(self.a, cost_table, capacity, padded, costs, budget=budget, extra_tokens=extra_tokens,
                      extra_emitting=extra_emitting, token_offset=token_offset, max_step_ms=max_step_ms)
         fill_step(self.params, self.a)
         self.table = cost_table  # held: its id is in self.step
@@ -117,6 +157,14 @@ def _signature_tensors(args: tuple, out: Optional[VerifyPlan]) -> tuple:
     if out is None:
         return args
     return args + tuple(getattr(out, f.name) for f in dataclasses.fields(out))
+
+
+def step_key(cost_table, capacity, host_budget, extra_tokens, extra_emitting, token_offset, max_step_ms,
+             num_tokens_padded) -> tuple:
+    """The per-step part of a remembered call's key (what _Call.restep re-derives), each value with its type."""
+    return (id(cost_table), type(capacity), capacity, type(host_budget), host_budget, type(extra_tokens), extra_tokens,
+            type(extra_emitting), extra_emitting, type(token_offset), token_offset, type(max_step_ms), max_step_ms,
+            type(num_tokens_padded), num_tokens_padded)
 
 
 def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out):
@@ -226,10 +274,19 @@ def choose_budget(
     depends on the survival multiset, min_verify and max_verify (both by node index), exactly as
     :func:`plan_tree_verification` chooses it. ``draft_tokens`` then also removes duplicate siblings.
     """
+    return _choose_budget(survival, drafts, cost_table, mode=mode, min_verify=min_verify, max_verify=max_verify,
+                          extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
+                          draft_tokens=draft_tokens, conf=conf, out=out, weights=weights, max_step_ms=max_step_ms,
+                          parents=parents)[0]
+
+
+def _choose_budget(survival, drafts, cost_table, *, mode, min_verify, max_verify, extra_tokens, extra_emitting,
+                   capacity, draft_tokens, conf, out, weights, max_step_ms, parents):
+    """choose_budget's work: (the budget tensor, the remembered _Call when this call repeats or is now remembered,
+    else None). AdaptiveVerifier drives such a call itself (_Call.restep and run) on its own persistent inputs."""
     tensors = (survival, conf, drafts, draft_tokens, out, weights, parents)
     statics = (mode, type(min_verify), min_verify, type(max_verify), max_verify)
-    step = (id(cost_table), type(capacity), capacity, type(None), None, type(extra_tokens), extra_tokens,
-            type(extra_emitting), extra_emitting, int, 0, type(max_step_ms), max_step_ms, type(None), None)  # as run_plan
+    step = step_key(cost_table, capacity, None, extra_tokens, extra_emitting, 0, max_step_ms, None)
     compiling = torch.compiler.is_compiling()
     key = None
     if not compiling:
@@ -239,7 +296,7 @@ def choose_budget(
                 out = torch.empty((), dtype=torch.int32, device=call.a.device)
                 call = call.with_budget_out(out)
             call.run()
-            return out
+            return out, call
     kw = dict(mode=mode, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, draft_tokens=draft_tokens,
               allowed_modes=("global", "greedy", "all"), conf=conf, weights=weights, max_step_ms=max_step_ms,
@@ -252,15 +309,16 @@ def choose_budget(
     expected = torch.empty((), dtype=torch.float32, device=a.device)
     if compiling:
         run_traced(a, None, out, expected)
-        return out
+        return out, None
     p = make_params(a, None, out, expected, errors.error_buffer(a.device))
     ws = workspace_for(a)
     p.workspace = 0 if ws is None else ws.data_ptr()
     launch(p, a.device, "choose_budget")
+    call = None
     if key is not None and _owns_inputs(a, kw, survival, conf, drafts):
-        _CALLS.put(key, tensors, _signature_tensors(tensors, None),
-                   _Call(a, p, out, step, cost_table, ws, expected, "choose_budget"))
-    return out
+        call = _CALLS.put(key, tensors, _signature_tensors(tensors, None),
+                          _Call(a, p, out, step, cost_table, ws, expected, "choose_budget"))
+    return out, call
 
 
 def plan_verification(
@@ -346,22 +404,29 @@ def plan_verification(
     launches the remembered kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that
     path (docs/design.md, "Host overhead").
     """
-    if not (verification is None or isinstance(verification, str)) or verification not in VERIFICATIONS:
-        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
-    if isinstance(mode, str) and mode == "global":
-        _warn_global_live(verification)
     kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
               block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
               num_reqs_padded=num_reqs_padded, num_tokens_padded=num_tokens_padded, conf=conf,
               survival_out=survival_out, weights=weights, max_step_ms=max_step_ms)
+    return plan_call(survival, drafts, cost_table, verification, kw, out)[0]
+
+
+def plan_call(survival, drafts, cost_table, verification, kw: dict, out):
+    """plan_verification with ``kw`` every one of its other keyword arguments: (the plan, the remembered _Call or
+    None; AdaptiveVerifier drives that call itself, see _choose_budget)."""
+    if not (verification is None or isinstance(verification, str)) or verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
+    mode = kw["mode"]
+    if isinstance(mode, str) and mode == "global":
+        _warn_global_live(verification)
     return run_plan("plan_verification", VerifyPlan, survival, drafts, cost_table, kw, out)
 
 
 def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, out):
     """plan_verification's and plan_tree_verification's call (kw: their keyword arguments, ``parents`` for trees):
     the remembered launch when ``out`` and every argument object repeat an earlier call's, else validation, the
-    launch, and remembering it."""
+    launch, and remembering it. Returns (the plan, the remembered _Call or None: see _choose_budget)."""
     budget = kw["budget"]
     budget_tensor = budget if isinstance(budget, torch.Tensor) else None
     tensors = (survival, kw["conf"], drafts, kw["context_lens"], kw["block_table"], kw["anchor_tokens"],
@@ -370,16 +435,15 @@ def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, o
     statics = tuple(x for name in ("mode", "min_verify", "max_verify", "block_size", "num_reqs_padded")
                     for x in ((kw[name],) if name == "mode" else (type(kw[name]), kw[name])))
     host_budget = None if budget_tensor is not None else budget
-    step = (id(cost_table),) + tuple(x for v in (kw["capacity"], host_budget, kw["extra_tokens"], kw["extra_emitting"],
-                                                 kw["token_offset"], kw["max_step_ms"], kw["num_tokens_padded"])
-                                     for x in (type(v), v))
+    step = step_key(cost_table, kw["capacity"], host_budget, kw["extra_tokens"], kw["extra_emitting"],
+                    kw["token_offset"], kw["max_step_ms"], kw["num_tokens_padded"])
     compiling = torch.compiler.is_compiling()
     key = None
     if isinstance(out, plan_type) and not compiling:
         key, call = _call(op, tensors, statics, step, cost_table, out)
         if call is not None:
             call.run()
-            return call.result
+            return call.result, call
     a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
     if out is None:
         out = plan_type.allocate(
@@ -390,13 +454,14 @@ def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, o
         check_out(out, a)
     if compiling:
         run_traced(a, out, out.budget, out.expected_tokens)
-        return token_views(out, a, a.num_tokens_padded)
+        return token_views(out, a, a.num_tokens_padded), None
     p = make_params(a, out, out.budget, out.expected_tokens, errors.error_buffer(a.device))
     ws = workspace_for(a)
     p.workspace = 0 if ws is None else ws.data_ptr()
     launch(p, a.device, op)
     result = token_views(out, a, a.num_tokens_padded)
+    call = None
     if key is not None and _owns_inputs(a, kw, survival, kw["conf"], drafts):
-        _CALLS.put(key, (out, *tensors), _signature_tensors(tensors, out),
-                   _Call(a, p, result, step, cost_table, ws, None, op, out=out))
-    return result
+        call = _CALLS.put(key, (out, *tensors), _signature_tensors(tensors, out),
+                          _Call(a, p, result, step, cost_table, ws, None, op, out=out))
+    return result, call

@@ -81,4 +81,4 @@ def plan_tree_verification(
               survival_out=survival_out, weights=weights, max_step_ms=max_step_ms, parents=parents)
     if parents is None:
         raise ValueError("parents is required (a [R, N] int32 tensor; a chain is parents[r, j] = j - 1)")
-    return run_plan("plan_tree_verification", TreeVerifyPlan, survival, tree_sizes, cost_table, kw, out)
+    return run_plan("plan_tree_verification", TreeVerifyPlan, survival, tree_sizes, cost_table, kw, out)[0]

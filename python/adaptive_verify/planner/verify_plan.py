@@ -57,10 +57,16 @@ class VerifyPlan:
         """This plan with its per-token buffers ([T_pad]: token_req, positions, slot_mapping, input_ids and a tree
         plan's four) cut to their first ``n`` entries (views; the same plan when they already have n). For a plan
         written into persistent buffers longer than the step's T_pad."""
-        names = [f.name for f in dataclasses.fields(self) if f.name in TOKEN_FIELDS and getattr(self, f.name) is not None]
-        if all(getattr(self, name).shape[0] == n for name in names):
+        fields = self.__dict__
+        names = [name for name in TOKEN_FIELDS if fields.get(name) is not None]
+        if all(fields[name].shape[0] == n for name in names):
             return self
-        return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
+        # A copy with the token fields cut (what dataclasses.replace makes, without its per-field __init__: an eager
+        # step of AdaptiveVerifier asks for a new n almost every step). Frozen: the fields are set once, here.
+        plan = object.__new__(type(self))
+        plan.__dict__.update(fields)
+        plan.__dict__.update({name: fields[name][:n] for name in names})
+        return plan
 
     @classmethod
     def allocate(

@@ -1,0 +1,57 @@
+// adaptive_verify._C's verifier host helper: slot_inputs (python/adaptive_verify/verifier.py's plan_budget).
+#include <pybind11/numpy.h>
+
+#include "adaptive_verify/verifier/slots.h"
+#include "bindings/common.h"
+
+namespace adaptive_verify {
+namespace bindings {
+
+namespace {
+
+// The engine's host array as int64 data: 1-D, C-contiguous int64 of n entries (verifier.py converts anything else
+// first; this only refuses what it was not given).
+const int64_t* int64_data(const py::array& a, int64_t n, const char* name) {
+  if (a.ndim() != 1 || a.shape(0) != n || !a.dtype().is(py::dtype::of<int64_t>()) ||
+      !(a.flags() & py::array::c_style))
+    throw py::value_error(std::string("adaptive_verify._C.slot_inputs: ") + name +
+                          " must be a contiguous 1-D int64 array of num_reqs entries");
+  return static_cast<const int64_t*>(a.data());
+}
+
+}  // namespace
+
+void register_verifier(py::module_& m) {
+  using S = verifier::SlotParams;
+  // slot_inputs(params_address, drafts, req_indices or None): the struct's other fields are the caller's; these two
+  // arrays change object every step, so their pointers are read here (cheaper than from Python).
+  m.def("slot_inputs", [](uintptr_t address, const py::array& drafts, const py::object& req_indices) {
+    S p = params_at<S>(address);
+    p.drafts = int64_data(drafts, p.num_reqs, "drafts");
+    p.req_indices = req_indices.is_none() ? nullptr
+                                          : int64_data(req_indices.cast<py::array>(), p.num_reqs, "req_indices");
+    return verifier::slot_inputs_cpu(p);
+  });
+  // shifted_costs(base, shift, at_shift, at_zero, out): out[n] = float32(base[shift + n] - at_shift + at_zero) for
+  // every n of out (float64 base, float32 out, both 1-D contiguous, base holding shift + len(out) values).
+  m.def("shifted_costs", [](const py::array& base, int64_t shift, double at_shift, double at_zero, py::array& out) {
+    if (base.ndim() != 1 || !base.dtype().is(py::dtype::of<double>()) || !(base.flags() & py::array::c_style) ||
+        out.ndim() != 1 || !out.dtype().is(py::dtype::of<float>()) || !(out.flags() & py::array::c_style) ||
+        !out.writeable() || shift < 0 || base.shape(0) - shift < out.shape(0))
+      throw py::value_error(
+          "adaptive_verify._C.shifted_costs: base must be contiguous float64 holding shift + len(out) values and out "
+          "a writable contiguous float32 array");
+    verifier::shifted_costs_cpu(static_cast<const double*>(base.data()), shift, at_shift, at_zero, out.shape(0),
+                                static_cast<float*>(out.mutable_data()));
+  });
+  m.attr("SLOT_PARAMS") = struct_layout<S>({
+      AV_FIELD(S, drafts), AV_FIELD(S, req_indices), AV_FIELD(S, num_reqs), AV_FIELD(S, max_reqs),
+      AV_FIELD(S, max_drafts), AV_FIELD(S, draft_limit), AV_FIELD(S, min_verify), AV_FIELD(S, snapshot),
+      AV_FIELD(S, snapshot_gen), AV_FIELD(S, gen), AV_FIELD(S, prior), AV_FIELD(S, marks), AV_FIELD(S, stamp),
+      AV_FIELD(S, conf_out), AV_FIELD(S, drafts_out), AV_FIELD(S, sums)});
+  m.attr("SLOT_STATUS") = py::make_tuple(int(verifier::kSlotDraftsOutOfRange), int(verifier::kSlotIndexOutOfRange),
+                                         int(verifier::kSlotIndexRepeated));
+}
+
+}  // namespace bindings
+}  // namespace adaptive_verify

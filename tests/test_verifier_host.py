@@ -1,0 +1,282 @@
+"""AdaptiveVerifier's per-step host paths (issue 13's host-time work): the one-pass slot checks and stale gather
+(_C.slot_inputs), the planner calls the verifier drives itself (verifier._Driven), shifted cost arrays written in
+place (_C.shifted_costs), and the plan buffers prompt chunks share. Each test states what it would catch."""
+import numpy as np
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import AdaptiveVerifier
+from adaptive_verify._ext import _C
+from adaptive_verify.planner import args as planner_args
+from adaptive_verify.planner import ops as planner_ops
+
+K = 5
+
+
+def table():
+    return av.CostTable.from_points({1: 4.0, 16: 4.2, 64: 5.0, 256: 9.0, 1024: 30.0}, draft_ms=0.5,
+                                    graph_sizes=[8, 16, 32, 64], max_tokens=1024)
+
+
+def stale_reference(v, snapshot_conf, idx, new_slots=()):
+    """[R, K]: each slot's row of the last recorded conf, or the prior for a slot added since."""
+    out = snapshot_conf[idx].copy()
+    for r, i in enumerate(idx):
+        if i in new_slots:
+            out[r] = v.prior
+    return out
+
+
+def test_slot_checks_and_gather_match_a_numpy_recomputation_under_churn():
+    """Random steps with joins, permutations and strided host arrays: the gathered stale confidences are each slot's
+    last recorded row (prior for slots added since) and the budget is choose_budget's on them, priced at this step."""
+    ct = table()
+    M = 32
+    v = AdaptiveVerifier(ct, max_reqs=M, max_drafts=K, block_size=16, prior=0.7)
+    rng = np.random.default_rng(5)
+    recorded = np.full((M, K), 0.7, dtype=np.float32)
+    for step in range(40):
+        R = int(rng.integers(1, M + 1))
+        idx = rng.permutation(M)[:R]
+        added = set(int(i) for i in rng.choice(idx, size=int(rng.integers(0, 3)), replace=False)) if step % 4 == 0 \
+            else set()
+        for i in added:
+            v.add_request(i)
+            recorded[i] = 0.7
+        drafts = rng.integers(0, K + 1, R)
+        # strided views (not contiguous): converted once, never read raw
+        idx_arg = np.repeat(idx, 2)[::2] if step % 2 else idx
+        drafts_arg = np.repeat(drafts, 2)[::2] if step % 3 == 0 else drafts
+        assert step % 2 == 0 or R == 1 or not idx_arg.flags.c_contiguous
+        extra = int(rng.integers(0, 300)) if step % 5 else 0
+        b, _ = v.plan_budget(R, drafts_arg, extra, req_indices=idx_arg)
+        stale = recorded[idx]
+        d = torch.from_numpy(drafts.astype(np.int32))
+        tab = ct.shifted(extra) if extra else ct
+        ref = int(av.choose_budget(None, d, tab, conf=torch.from_numpy(stale.copy()), mode="global",
+                                   capacity=ct.max_tokens - extra))
+        b_max = min(int(drafts.sum()), ct.max_tokens - R - extra)
+        assert b == min(max(ref, 0), b_max), step
+        assert np.array_equal(v.stale_confidence(idx), stale)
+        conf = rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)
+        v.record_confidence(torch.from_numpy(conf), req_indices=idx)
+        recorded[idx] = conf
+
+
+def test_fewer_recorded_columns_leave_zeros_past_them():
+    v = AdaptiveVerifier(table(), max_reqs=4, max_drafts=K, block_size=16)
+    v.plan_budget(2, [3, 3], req_indices=[3, 1])
+    v.record_confidence(torch.full((2, 3), 0.8), req_indices=[3, 1])
+    assert np.allclose(v.stale_confidence([1, 3]), [[0.8] * 3 + [0.0] * 2] * 2)
+
+
+def test_duplicate_slots_are_found_across_the_stamp_wrap_and_after_an_error():
+    """Distinct slots are checked with per-call stamps: a stale stamp must never make a slot look seen (wrap, or the
+    marks a failed call left behind), and a real duplicate must always be caught."""
+    v = AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16)
+    with pytest.raises(ValueError, match="^req_indices must be distinct"):
+        v.plan_budget(3, [1, 1, 1], req_indices=[4, 5, 4])
+    v.plan_budget(3, [1, 1, 1], req_indices=[4, 5, 6])  # slots 4 and 5 carry the failed call's stamp: not seen now
+    v._stamp = 0xFFFFFFFF - 1
+    v.plan_budget(2, [1, 1], req_indices=[0, 1])  # the last stamp
+    v.plan_budget(2, [1, 1], req_indices=[0, 1])  # wraps to 1: marks cleared, so 0 and 1 are not seen
+    assert v._stamp == 1
+    with pytest.raises(ValueError, match="^req_indices must be distinct"):
+        v.plan_budget(2, [1, 1], req_indices=[7, 7])
+    with pytest.raises(ValueError, match="^req_indices must lie"):
+        v.plan_budget(2, [1, 1], req_indices=[-1, 2])
+    with pytest.raises(ValueError, match=r"^drafts_host values must be in \[0, max_drafts = 5\]"):
+        v.plan_budget(2, [-1, 2])
+    v.plan_budget(2, [K, 0], req_indices=[7, 6])
+
+
+def test_slot_inputs_refuses_arrays_it_cannot_read_raw():
+    v = AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16)
+    v._slot_params.num_reqs = 2
+    for drafts in (np.zeros(2, dtype=np.int32), np.zeros(4, dtype=np.int64)[::2], np.zeros(3, dtype=np.int64)):
+        with pytest.raises(ValueError, match="drafts must be a contiguous 1-D int64 array"):
+            _C.slot_inputs(v._slot_addr, drafts, None)
+
+
+def test_shifted_costs_equal_the_float64_formula_rounded_once():
+    """_C.shifted_costs (ShiftedCurve.dense32) is the view's float64 n -> base(n + t) - base(t) + base(0), rounded to
+    float32 once: bit for bit what the numpy formula gives."""
+    ct = av.CostTable.from_points({1: 1e-3, 7: 2.5, 100: 3.25, 4096: 77.7}, draft_ms=0.1, graph_sizes=[2, 8, 64])
+    base = ct._curve
+    for t in (1, 2, 7, 63, 64, 65, 1000, 4000):
+        view = ct.shifted(t)
+        n = 3000
+        expect = (base.dense(t + n)[t:] - base.cost(t) + base.cost(0)).astype(np.float32)
+        got = view._curve.dense32(n)
+        assert np.array_equal(got.view(np.uint32), expect.view(np.uint32)), t
+        assert np.array_equal(view.verify_array(n - 1).numpy().view(np.uint32), expect.view(np.uint32)), t
+    out = np.empty(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="shifted_costs"):
+        _C.shifted_costs(np.zeros(4, dtype=np.float32), 0, 0.0, 0.0, out)
+    with pytest.raises(ValueError, match="shifted_costs"):
+        _C.shifted_costs(np.zeros(5), 2, 0.0, 0.0, out)  # base too short for shift + len(out)
+
+
+def test_a_remembered_call_restepped_onto_shifted_tables_prices_like_fresh_calls():
+    """choose_budget remembered on persistent inputs, re-stepped onto a new shifted table per step (the call's own
+    cost array, rewritten in place): every budget equals a fresh call's on that view, and the array holds exactly
+    the view's verify_array."""
+    ct = table()
+    R = 16
+    rng = np.random.default_rng(3)
+    conf = torch.from_numpy(rng.uniform(0.3, 0.99, (R, K)).astype(np.float32))
+    drafts = torch.full((R,), K, dtype=torch.int32)
+    out = torch.empty((), dtype=torch.int32)
+    planner_ops._CALLS.clear()
+    for step in range(30):
+        extra = int(rng.integers(1, 900))
+        view = ct.shifted(extra)
+        b = int(planner_ops.choose_budget(None, drafts, view, conf=conf, mode="global", capacity=1024 - extra,
+                                          out=out))
+        fresh = int(av.choose_budget(None, drafts.clone(), view, conf=conf.clone(), mode="global",
+                                     capacity=1024 - extra))
+        assert b == fresh, step
+    calls = [c[3] for k, c in planner_ops._CALLS._entries.items() if k[0] == "choose_budget" and c[0][4] is out]
+    assert len(calls) == 1 and calls[0].shift_costs is not None
+    costs = calls[0].a.verify_cost
+    assert torch.equal(costs, view.verify_array(costs.shape[0] - 1))
+
+
+def _plan_inputs(rng, R):
+    ctx = torch.from_numpy(rng.integers(0, 50, R).astype(np.int32))
+    bt = torch.arange(R * 16, dtype=torch.int32).reshape(R, 16)
+    anchors = torch.from_numpy(rng.integers(0, 100, R).astype(np.int32))
+    dt = torch.from_numpy(rng.integers(0, 100, (R, K)).astype(np.int32))
+    return ctx, bt, anchors, dt
+
+
+def _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded):
+    return av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="fixed", budget=b, context_lens=ctx,
+                                block_table=bt, block_size=4, anchor_tokens=anchors, draft_tokens=dt,
+                                num_tokens_padded=padded, capacity=ct.max_tokens - extra)
+
+
+FIELDS = ("verify_lens", "budget", "num_tokens", "query_start_loc", "seq_lens", "positions", "slot_mapping",
+          "input_ids", "token_req")
+
+
+def test_driven_steps_validate_once_and_equal_fresh_planner_calls(monkeypatch):
+    """Steps repeating the engine's objects (constant and changing prompt chunks, changing budgets) validate the
+    planner's arguments a handful of times in all, not per step, and every plan equals a fresh planner call. Chunks
+    below the largest graph share the eager buffers, so chunk sizes do not multiply buffer sets."""
+    validations = []
+    real = planner_ops.resolve_plan_args
+    monkeypatch.setattr(planner_ops, "resolve_plan_args", lambda *a, **k: validations.append(1) or real(*a, **k))
+    ct = table()
+    R = 12
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(9)
+    ctx, bt, anchors, dt = _plan_inputs(rng, R)
+    conf, d = torch.empty(R, K), torch.empty(R, dtype=torch.int32)
+    for step in range(40):
+        conf.copy_(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))
+        drafts = rng.integers(0, K + 1, R)
+        d.copy_(torch.from_numpy(drafts.astype(np.int32)))
+        extra = 0 if step < 10 else 30 if step < 20 else int(rng.integers(1, 60 if step < 30 else 600))
+        b, padded = v.plan_budget(R, drafts, extra)
+        v.record_confidence(conf)
+        plan = v.plan(conf, d, ctx, bt, anchors, dt, b, extra_tokens=extra)
+        ref = _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded - extra)  # padded counts the chunk
+        for f in FIELDS:
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+    # graph-sized steps without a chunk: a few padded sizes, one validation each (plus the lagged budget's, the
+    # references' own, and the shared eager buffers'); never one per step or per chunk size
+    assert len(validations) - 40 <= 6, len(validations) - 40  # 4 here; one buffer set per chunk size made 15
+    assert len(v._plans) <= 4, len(v._plans)
+
+
+def test_a_caller_tensor_replaced_in_place_is_read_anew():
+    """The driven call holds the caller tensors' pointers: one given new storage (set_) between steps must be read
+    from its new storage, not the old (the signature check sends that step through validation)."""
+    ct = table()
+    R = 6
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(2)
+    ctx, bt, anchors, dt = _plan_inputs(rng, R)
+    conf = torch.from_numpy(rng.uniform(0.5, 0.99, (R, K)).astype(np.float32))
+    d = torch.full((R,), K, dtype=torch.int32)
+    for step in range(3):
+        b, padded = v.plan_budget(R, [K] * R)
+        v.record_confidence(conf)
+        plan = v.plan(conf, d, ctx, bt, anchors, dt, b)
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+    anchors.set_(torch.arange(1000, 1000 + R, dtype=torch.int32))  # new storage, same object
+    ctx.set_(torch.full((R,), 7, dtype=torch.int32))
+    b, padded = v.plan_budget(R, [K] * R)
+    v.record_confidence(conf)
+    plan = v.plan(conf, d, ctx, bt, anchors, dt, b)
+    ref = _reference_plan(ct, conf, d, b, 0, ctx, bt, anchors, dt, padded)
+    for f in FIELDS:
+        assert torch.equal(getattr(plan, f), getattr(ref, f)), f
+    first = plan.query_start_loc[:R].long()
+    assert torch.equal(plan.input_ids[first], anchors) and torch.equal(plan.positions[first], ctx)
+
+
+def test_first_tokens_is_dataclasses_replace_with_cut_token_fields():
+    import dataclasses
+
+    plan = av.VerifyPlan.allocate(4, 20, positions=True, slot_mapping=True, input_ids=True)
+    cut = plan.first_tokens(7)
+    expect = dataclasses.replace(plan, **{f: getattr(plan, f)[:7] for f in ("token_req", "positions", "slot_mapping",
+                                                                           "input_ids")})
+    assert type(cut) is av.VerifyPlan and cut is not plan
+    for f in dataclasses.fields(plan):
+        a, b = getattr(cut, f.name), getattr(expect, f.name)
+        assert (a is None and b is None) or (a.shape == b.shape and a.data_ptr() == b.data_ptr()), f.name
+    assert plan.first_tokens(20) is plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cut.budget = None
+
+
+def test_bench_verifier_reports_every_regime():
+    """`adaptive-verify bench verifier` runs its four prompt-chunk regimes and the churn regret, and reports them."""
+    import argparse
+
+    from adaptive_verify.bench import verifier as bench
+
+    args = argparse.Namespace(R=[16], K=4, steps=25, clock="thread", repeat=1, regret_steps=15)
+    res = bench.run(args)
+    assert [r["prefill"] for r in res["host"]] == list(bench.PREFILLS)
+    assert all(r["target_total"] > 0 for r in res["host"])
+    text = bench.report(res)
+    assert "varying / constant prompt chunk" in text and "varying, wide" in text
+    assert res["regret"]["current R"]["mean_regret"] <= res["regret"]["previous R"]["mean_regret"]
+
+
+@pytest.mark.parametrize("min_verify", [0, 2])
+def test_caller_budgets_out_of_range_plan_like_the_planner_on_shared_eager_buffers(min_verify):
+    """Budgets the caller changed (below the forced drafts, above the step's room) on steps sharing the eager
+    buffers, with prompt chunks: the verifier caps a host budget itself and, without forced drafts, tells the kernel
+    the constant capacity and buffer size; every plan must still equal the planner's with the step's exact capacity
+    and T_pad."""
+    ct = table()
+    R = 10
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4, min_verify=min_verify)
+    rng = np.random.default_rng(31 + min_verify)
+    ctx, bt, anchors, dt = _plan_inputs(rng, R)
+    conf, d = torch.empty(R, K), torch.empty(R, dtype=torch.int32)
+    for step in range(24):
+        conf.copy_(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))
+        drafts = rng.integers(0, K + 1, R)
+        d.copy_(torch.from_numpy(drafts.astype(np.int32)))
+        extra = int(rng.integers(0, 980))
+        b, _ = v.plan_budget(R, drafts, extra)
+        v.record_confidence(conf)
+        b = [0, 1, b, b + 7, 10 ** 6][step % 5]
+        padded = min(v.padded_tokens(R + extra + b) - extra, ct.max_tokens - extra)
+        if step % 3 == 0:  # a step the caller sized below its budget: the planner caps B to T_pad - R
+            padded = R + min(b, padded - R) // 2
+        plan = v.plan(conf, d, ctx, bt, anchors, dt, b, extra_tokens=extra, padded_tokens=padded)
+        ref = av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="fixed", budget=b, context_lens=ctx,
+                                   block_table=bt, block_size=4, anchor_tokens=anchors, draft_tokens=dt,
+                                   num_tokens_padded=padded, capacity=ct.max_tokens - extra, min_verify=min_verify)
+        for f in FIELDS:
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
