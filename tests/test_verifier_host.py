@@ -8,7 +8,6 @@ import torch
 import adaptive_verify as av
 from adaptive_verify import AdaptiveVerifier
 from adaptive_verify._ext import _C
-from adaptive_verify.planner import args as planner_args
 from adaptive_verify.planner import ops as planner_ops
 
 K = 5
