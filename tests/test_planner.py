@@ -1233,3 +1233,25 @@ def test_invalidated_drafts_end_their_requests_candidates(mode):
     # Without draft_tokens the planner cannot know: every drafted position is a candidate.
     plain = av.plan_verification(survival, drafts, table, mode="all")
     assert plain.verify_lens.tolist() == drafts.tolist()
+
+
+@pytest.mark.parametrize("K", [4, 8, 16])
+@pytest.mark.parametrize("mode", ["global", "fixed"])
+def test_draft_tokens_keep_full_rows_on_the_vector_walk(K, mode):
+    """The CPU kernel walks full rows (every draft a candidate, none forced) with SIMD when K % 4 == 0; with
+    draft_tokens it still may, for the rows none of whose tokens is invalidated. Mixed batches (clean full rows,
+    rows cut by a negative token at every position, short rows, NaN survivals) must equal the reference."""
+    rng = np.random.default_rng(K)
+    R = 97
+    survival = gen_survival(rng, R, K, "prefix", 0.05)
+    drafts = torch.from_numpy(np.where(rng.random(R) < 0.8, K, rng.integers(0, K + 1, R)).astype(np.int32))
+    tokens = torch.from_numpy(rng.integers(0, 1000, (R, K)).astype(np.int32))
+    cut = rng.random(R) < 0.3
+    tokens[torch.from_numpy(cut), torch.from_numpy(rng.integers(0, K, R))[torch.from_numpy(cut)]] = -1
+    table = linear_table(draft_ms=2.0)
+    kw = dict(mode=mode, draft_tokens=tokens, anchor_tokens=i32(range(R)), context_lens=i32([5] * R))
+    if mode == "fixed":
+        kw["budget"] = R * K // 3
+    plan = av.plan_verification(survival, drafts, table, **kw, verification="onehot")
+    assert_plans_equal(plan, ref.plan_verification(survival, drafts, table, **kw))
+    assert bool((plan.input_ids >= 0).all())

@@ -279,3 +279,35 @@ def test_caller_budgets_out_of_range_plan_like_the_planner_on_shared_eager_buffe
         for f in FIELDS:
             assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
         v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+
+
+@pytest.mark.cuda
+def test_buffers_reused_by_a_capture_are_pinned():
+    """Eager steps made a graph-sized step's buffers; a CUDA graph then captures plan() at that size: the buffers
+    must leave the LRU (a graph replays their addresses), so many later keys cannot evict them."""
+    from adaptive_verify import verifier as verifier_mod
+
+    ct = table()
+    R = 4
+    v = AdaptiveVerifier(ct, max_reqs=80, max_drafts=K, block_size=16, device="cuda")
+    conf = torch.full((R, K), 0.9, device="cuda")
+    d = torch.full((R,), K, dtype=torch.int32, device="cuda")
+    budget = torch.tensor(8, dtype=torch.int32, device="cuda")
+    v.plan(conf, d, budget=budget, padded_tokens=16)  # eager: the LRU entry
+    key = next(k for k in v._plans if k[1] == R and k[2] == 16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        v.plan(conf, d, budget=budget, padded_tokens=16)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan = v.plan(conf, d, budget=budget, padded_tokens=16)
+    assert key in v._plans_pinned and key not in v._plans
+    for r in range(1, verifier_mod.PLAN_CACHE_SIZE + 2):  # more keys than the LRU holds
+        v.plan(torch.full((r, K), 0.9, device="cuda"), torch.full((r,), K, dtype=torch.int32, device="cuda"),
+               budget=0, padded_tokens=r)
+    budget.fill_(5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(plan.budget) == 5 and v._plans_pinned[key].token_req.data_ptr() == plan.token_req.data_ptr()

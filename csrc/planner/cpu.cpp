@@ -4,9 +4,10 @@
 // values themselves and its barriers nothing. Where a phase is hot, the backend computes it with SIMD
 // ("where it pays"), producing exactly the generic phase's result (the tests compare both against the torch
 // reference, and the CUDA kernel, which runs the generic phases, against this one):
-//  - walk: rows whose every slot is a candidate and none forced (the common case) take an AVX2 (checked at run
-//    time) or SSE2 vector walk: MAXPS/MINPS against 0 and 1 give sanitize() exactly (they return the second
-//    operand for NaN and for +-0), the running minimum is a prefix minimum inside each vector carried across
+//  - walk: rows whose every slot is a candidate and none forced (the common case; draft tokens may be given if
+//    none is invalidated) take an AVX2 (checked at run time) or SSE2 vector walk: MAXPS/MINPS against 0 and 1
+//    give sanitize() exactly (they return the second operand for NaN and for +-0), the running minimum is a
+//    prefix minimum inside each vector carried across
 //    vectors; the same pass stores each slot's bucket and survival * 2^32, so the histogram that follows is
 //    one scalar loop (two copies of the counters, so consecutive slots never wait on each other's add; below
 //    2^16 slots a bucket's count and sum share one word). Other rows, and rows with a NaN, take walk_row.
@@ -149,6 +150,13 @@ __attribute__((target("avx2"))) void walk_full_rows_avx2(const Params& p, const 
   }
 }
 #endif
+
+// Whether none of row[0..n) is negative (an invalidated draft): the sign bit of their OR.
+inline bool none_negative(const int32_t* row, int32_t n) {
+  int32_t any = 0;
+  for (int32_t i = 0; i < n; ++i) any |= row[i];
+  return any >= 0;
+}
 
 template <typename T>
 void grow(std::vector<T>& v, size_t n) {  // never shrinks, so steady state neither allocates nor clears
@@ -377,14 +385,17 @@ struct CpuBackend {
     std::memset(ws.keep, 0, size_t(bk.num));
     WalkTotals t{0, 0, 0, 0, 0, 0};
     // Rows whose every slot is a candidate and none forced take the vector walk; the window check (drafts in
-    // range, max_verify) is the scalar part. Invalidated drafts (draft_tokens) and weights send every row to
-    // walk_row, and so does a tree (walk_tree_row).
+    // range, max_verify) is the scalar part. A row with an invalidated draft (a negative draft_tokens entry) and
+    // weights send rows to walk_row, and so does a tree (walk_tree_row).
     const bool tree = p.parents != nullptr;
-    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.draft_tokens == nullptr && p.weights == nullptr && !tree;
+    const bool vec = p.min_verify <= 0 && K % 4 == 0 && p.weights == nullptr && !tree;
     int32_t full = 0;
     for (int32_t r = 0; r < R; ++r) {
       const int32_t drafts = p.drafts[r];
-      const bool is_full = vec && drafts == K && p.max_verify == K;
+      // With draft_tokens, a row none of whose K tokens is invalidated (negative) has the window it has without.
+      const bool is_full =
+          vec && drafts == K && p.max_verify == K &&
+          (p.draft_tokens == nullptr || none_negative(p.draft_tokens + int64_t(r) * p.draft_tokens_stride, K));
       caps[r] = is_full ? K : -1;
       full += is_full;
     }

@@ -591,15 +591,18 @@ class AdaptiveVerifier:
                 self._plans.move_to_end(key)
         if out is not None and out.token_req.shape[0] < tokens:
             out = None  # an eager step larger than every earlier one (a caller's own padded_tokens): grow
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if out is None:
             out = key[0].allocate(key[1], tokens, self.device, positions=wants[0], slot_mapping=wants[1],
                                   input_ids=wants[2])
-            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if capturing:
                 self._plans_pinned[key] = out  # a captured graph writes these addresses at every replay
             else:
                 self._plans[key] = out
                 while len(self._plans) > PLAN_CACHE_SIZE:
                     self._plans.popitem(last=False)
+        elif capturing and key not in self._plans_pinned:  # eager steps made them; a graph now holds their addresses
+            self._plans_pinned[key] = self._plans.pop(key)
         return out
 
     def _survival_buffer(self, R: int, Kc: int) -> torch.Tensor:

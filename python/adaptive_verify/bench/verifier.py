@@ -18,6 +18,7 @@ priced at this step).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -48,9 +49,43 @@ CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 PREFILLS = ("none", "constant", "varying", "varying, wide")
 
 
-def host_step_us(R: int, K: int, prefill: str, steps: int, seed: int = 0, clock: str = "wall") -> dict:
-    """Median host microseconds per phase of one verifier step (CPU tensors)."""
+@contextlib.contextmanager
+def kernel_clock(now):
+    """Adds the time spent inside the CPU kernels' launches (the planner's remembered calls and the launch-ready
+    calls of the other ops, stats included) to ``spent[0]`` (ns), for as long as the block runs."""
+    from .. import _callcache
+    from ..planner import ops
+
+    spent = [0]
+    originals = (ops._Call.run, _callcache.Launch.run)
+
+    def timed(run):
+        def wrapper(self):
+            t = now()
+            try:
+                run(self)
+            finally:
+                spent[0] += now() - t
+        return wrapper
+
+    ops._Call.run, _callcache.Launch.run = timed(originals[0]), timed(originals[1])
+    try:
+        yield spent
+    finally:
+        ops._Call.run, _callcache.Launch.run = originals
+
+
+def host_step_us(R: int, K: int, prefill: str, steps: int, seed: int = 0, clock: str = "wall",
+                 kernels: bool = False) -> dict:
+    """Median host microseconds per phase of one verifier step (CPU tensors). kernels: also time the CPU kernels
+    inside each phase (``kernel_<phase>``, medians) and what the step spends above them (``above_kernels``: plan_budget
+    + plan + observe less their kernels, median over steps); the wrappers add a little to every phase."""
     now = CLOCKS[clock]  # "thread": this thread's CPU time (on a shared machine, leaves out other processes)
+    with kernel_clock(now) if kernels else contextlib.nullcontext([0]) as spent:
+        return _host_steps(R, K, prefill, steps, seed, now, spent)
+
+
+def _host_steps(R: int, K: int, prefill: str, steps: int, seed: int, now, spent: list) -> dict:
     ct = graph_cliff_table()
     v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=16)
     rng = np.random.default_rng(seed)
@@ -64,6 +99,7 @@ def host_step_us(R: int, K: int, prefill: str, steps: int, seed: int = 0, clock:
     confs = [_conf(rng, R, K) for _ in range(8)]
     accepted = torch.zeros(R, dtype=torch.int32)
     phases = {"plan_budget": [], "record_confidence": [], "plan": [], "observe": []}
+    kernel = {"plan_budget": [], "plan": [], "observe": []}
     cap = ct.max_tokens - R - R * K
     extra = 0
     for step in range(steps):
@@ -76,20 +112,32 @@ def host_step_us(R: int, K: int, prefill: str, steps: int, seed: int = 0, clock:
         elif prefill == "varying, wide":
             extra = int(rng.integers(1, cap))
         conf = confs[step % len(confs)]
+        k0 = spent[0]
         t0 = now()
         budget, padded = v.plan_budget(R, drafts_host, extra, req_indices=idx)
         t1 = now()
+        k1 = spent[0]
         v.record_confidence(conf)
         t2 = now()
+        k2 = spent[0]
         plan = v.plan(conf, drafts, ctx, bt, anchors, dt, budget, extra_tokens=extra)
         t3 = now()
+        k3 = spent[0]
         v.observe(plan.verify_lens, accepted)
         t4 = now()
+        k4 = spent[0]
         if step >= 20:  # warm: buffers allocated, caches filled
             for name, a, b in (("plan_budget", t0, t1), ("record_confidence", t1, t2), ("plan", t2, t3),
                                ("observe", t3, t4)):
                 phases[name].append((b - a) / 1e3)
+            for name, a, b in (("plan_budget", k0, k1), ("plan", k2, k3), ("observe", k3, k4)):
+                kernel[name].append((b - a) / 1e3)
     row = {name: statistics.median(ts) for name, ts in phases.items()}
+    if any(kernel["plan"]):  # timed (kernel_clock)
+        row.update({f"kernel_{name}": statistics.median(ts) for name, ts in kernel.items()})
+        row["above_kernels"] = statistics.median(
+            [a + b + c - (x + y + z) for a, b, c, x, y, z in zip(phases["plan_budget"], phases["plan"],
+                                                                   phases["observe"], *kernel.values())])
     totals = [sum(ts) for ts in zip(*phases.values())]
     row["total"] = statistics.median(totals)
     # The issue's target counts plan_budget + plan + observe (record_confidence only starts a copy).
@@ -156,11 +204,19 @@ def run(args) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         load = os.getloadavg()[0]
-        # Each regime runs `repeat` times; the row kept is the least disturbed run's (smallest median): on a shared
-        # machine another process's bursts only ever add time.
-        rows = [min((host_step_us(R, args.K, prefill, args.steps, seed=i, clock=args.clock)
-                     for i in range(args.repeat)), key=lambda r: r["target_total"])
-                for R in args.R for prefill in PREFILLS]
+        # Each regime runs `repeat` times, the regimes taking turns (so a slow stretch of a shared machine falls on
+        # all of them alike); the row kept is each regime's least disturbed run (smallest median): another
+        # process's bursts only ever add time.
+        runs = [[host_step_us(R, args.K, prefill, args.steps, seed=i, clock=args.clock) for R in args.R
+                 for prefill in PREFILLS] for i in range(args.repeat)]
+        rows = [min(column, key=lambda r: r["target_total"]) for column in zip(*runs)]
+        # One more run per regime with the kernels timed: how much of the step is the CPU kernels' own compute
+        # (device time on CUDA tensors, except the lagged budget's choose_budget, which runs on the host there too).
+        timed = {(R, prefill): host_step_us(R, args.K, prefill, args.steps, seed=args.repeat, clock=args.clock,
+                                            kernels=True) for R in args.R for prefill in PREFILLS}
+        for row in rows:
+            t = timed[(row["R"], row["prefill"])]
+            row.update({k: v for k, v in t.items() if k.startswith("kernel_") or k == "above_kernels"})
         regret = churn_regret(args.regret_steps)
     return {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__, "clock": args.clock, "repeat": args.repeat, "load": load, "host": rows, "regret": regret}
@@ -171,10 +227,17 @@ def report(res: dict) -> str:
             ("record_confidence", "record_confidence us"), ("plan", "plan us"), ("observe", "observe us"),
             ("target_total", "plan_budget + plan + observe us"), ("total", "step us (median)"),
             ("p90_total", "step us (p90)")]
+    kcols = [("R", "R"), ("K", "K"), ("prefill", "prompt chunk"), ("kernel_plan_budget", "choose_budget kernel us"),
+             ("kernel_plan", "plan kernel us"), ("kernel_observe", "stats kernel us"),
+             ("above_kernels", "plan_budget + plan + observe above the kernels us")]
     lines = [f"# AdaptiveVerifier host cost per step ({res['date']}, {res['machine']}, torch {res['torch']}, "
              f"CPU tensors, one torch thread, {res.get('clock', 'wall')} clock, least disturbed of "
              f"{res.get('repeat', 1)} runs per regime, load average "
              f"{res.get('load', float('nan')):.1f})", "", markdown_table(res["host"], cols), ""]
+    if all("above_kernels" in r for r in res["host"]):
+        lines += ["CPU kernel time inside those phases (one more run per regime with the kernels' launches timed; "
+                  "the timing wrappers add a little): on CUDA tensors the plan and stats kernels are device time, and "
+                  "the lagged budget's choose_budget stays on the host.", "", markdown_table(res["host"], kcols), ""]
     for R in sorted({r["R"] for r in res["host"]}):
         by = {r["prefill"]: r["target_total"] for r in res["host"] if r["R"] == R}
         lines.append(f"R={R}, plan_budget + plan + observe: varying / constant prompt chunk = "

@@ -66,15 +66,19 @@ class _ShiftCosts:
     launch on this thread, so rewriting them at the next restep is safe. CUDA calls keep the views' own arrays (a
     device buffer rewritten from the host would need ordering against the kernel still reading it)."""
 
-    __slots__ = ("f32", "tensor", "views")
+    __slots__ = ("f32", "tensor", "views", "fixed")
 
     def __init__(self):
         self.f32 = self.tensor = None
         self.views: dict[int, torch.Tensor] = {}
+        self.fixed = (None, -1, 0.0)  # (base table, R, its fixed cost)
 
     def __call__(self, cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
         """_costs for a shifted view (its drafter is its base's, so the fixed cost is the base's, remembered)."""
-        draft_cost, _ = _costs(cost_table._base, R, 0, device, False)
+        base, fixed_r, draft_cost = self.fixed
+        if base is not cost_table._base or fixed_r != R:
+            draft_cost, _ = _costs(cost_table._base, R, 0, device, False)
+            self.fixed = (cost_table._base, R, draft_cost)
         if not need_verify:
             return draft_cost, None
         n = min(max_n, cost_table.token_limit) + 1
