@@ -316,12 +316,13 @@ class CostTable:
         top = None if self._max_tokens is None else self._max_tokens - tokens
         # A view shares the base's curves and builds its metadata only when asked (_meta): chunked prefill makes a
         # new view almost every step, so its construction is a few attribute writes.
-        # (__init__'s fields, set directly: the base's, with these replaced)
+        # (__init__'s fields, set directly: the base's, with these replaced; a view keeps no views of its own, since
+        # shifted() on it asks its base)
         view = object.__new__(CostTable)
         view.__dict__.update(self.__dict__)
         view.__dict__.update(_graph_sizes=tuple(g - tokens for g in self._graph_sizes if g > tokens), _max_tokens=top,
-                             _metadata=None, _curve=ShiftedCurve(self._curve, tokens), _dense={},
-                             _shifted=collections.OrderedDict(), _shifted_pinned={}, _base=self, _shift=tokens)
+                             _metadata=None, _curve=ShiftedCurve(self._curve, tokens), _dense={}, _shifted=None,
+                             _shifted_pinned=None, _base=self, _shift=tokens)
         self._shifted[tokens] = view
         while len(self._shifted) > SHIFTED_CACHE_SIZE:
             self._shifted.popitem(last=False)
