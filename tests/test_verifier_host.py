@@ -150,10 +150,21 @@ def _plan_inputs(rng, R):
     return ctx, bt, anchors, dt
 
 
-def _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded):
+def _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded, min_verify=0):
+    """A fresh planner call with the step's exact capacity and T_pad."""
     return av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="fixed", budget=b, context_lens=ctx,
                                 block_table=bt, block_size=4, anchor_tokens=anchors, draft_tokens=dt,
-                                num_tokens_padded=padded, capacity=ct.max_tokens - extra)
+                                num_tokens_padded=padded, capacity=ct.max_tokens - extra, min_verify=min_verify)
+
+
+def _new_step(rng, conf, d):
+    """Writes a step's confidences and drafts into the engine's persistent conf [R, K] and d [R]; returns the drafts
+    as host ints."""
+    R = d.shape[0]
+    conf.copy_(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))
+    drafts = rng.integers(0, K + 1, R)
+    d.copy_(torch.from_numpy(drafts.astype(np.int32)))
+    return drafts
 
 
 FIELDS = ("verify_lens", "budget", "num_tokens", "query_start_loc", "seq_lens", "positions", "slot_mapping",
@@ -174,9 +185,7 @@ def test_driven_steps_validate_once_and_equal_fresh_planner_calls(monkeypatch):
     ctx, bt, anchors, dt = _plan_inputs(rng, R)
     conf, d = torch.empty(R, K), torch.empty(R, dtype=torch.int32)
     for step in range(40):
-        conf.copy_(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))
-        drafts = rng.integers(0, K + 1, R)
-        d.copy_(torch.from_numpy(drafts.astype(np.int32)))
+        drafts = _new_step(rng, conf, d)
         extra = 0 if step < 10 else 30 if step < 20 else int(rng.integers(1, 60 if step < 30 else 600))
         b, padded = v.plan_budget(R, drafts, extra)
         v.record_confidence(conf)
@@ -262,9 +271,7 @@ def test_caller_budgets_out_of_range_plan_like_the_planner_on_shared_eager_buffe
     ctx, bt, anchors, dt = _plan_inputs(rng, R)
     conf, d = torch.empty(R, K), torch.empty(R, dtype=torch.int32)
     for step in range(24):
-        conf.copy_(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))
-        drafts = rng.integers(0, K + 1, R)
-        d.copy_(torch.from_numpy(drafts.astype(np.int32)))
+        drafts = _new_step(rng, conf, d)
         extra = int(rng.integers(0, 980))
         b, _ = v.plan_budget(R, drafts, extra)
         v.record_confidence(conf)
@@ -273,9 +280,7 @@ def test_caller_budgets_out_of_range_plan_like_the_planner_on_shared_eager_buffe
         if step % 3 == 0:  # a step the caller sized below its budget: the planner caps B to T_pad - R
             padded = R + min(b, padded - R) // 2
         plan = v.plan(conf, d, ctx, bt, anchors, dt, b, extra_tokens=extra, padded_tokens=padded)
-        ref = av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="fixed", budget=b, context_lens=ctx,
-                                   block_table=bt, block_size=4, anchor_tokens=anchors, draft_tokens=dt,
-                                   num_tokens_padded=padded, capacity=ct.max_tokens - extra, min_verify=min_verify)
+        ref = _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded, min_verify)
         for f in FIELDS:
             assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
         v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
@@ -311,3 +316,11 @@ def test_buffers_reused_by_a_capture_are_pinned():
     graph.replay()
     torch.cuda.synchronize()
     assert int(plan.budget) == 5 and v._plans_pinned[key].token_req.data_ptr() == plan.token_req.data_ptr()
+
+
+def test_record_confidence_checks_req_indices_even_without_rows():
+    v = AdaptiveVerifier(table(), max_reqs=4, max_drafts=K, block_size=16)
+    with pytest.raises(ValueError, match="^req_indices must have num_reqs = 0"):
+        v.record_confidence(torch.zeros(0, K), req_indices=[1, 2])
+    with pytest.raises(ValueError, match="^req_indices must be distinct"):
+        v.record_confidence(torch.zeros(2, K), req_indices=[1, 1])

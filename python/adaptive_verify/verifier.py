@@ -402,7 +402,7 @@ class AdaptiveVerifier:
         if idx is None:
             idx = self._arange[:R]
         self._pending_idx = idx
-        b_min, b_max = self._bounds(R, drafts_sum, forced_sum if self.min_verify else 0, extra_tokens)
+        b_min, b_max = self._bounds(R, drafts_sum, forced_sum, extra_tokens)
         if self.mode == "off":
             budget = b_min
         elif self.mode != "lagged" or R == 0:
@@ -468,8 +468,8 @@ class AdaptiveVerifier:
         slot = self._slot
         if self.device.type == "cpu" and not isinstance(req_indices, torch.Tensor):
             # CPU tables: a numpy scatter (torch's index_put costs several times as much host time per step).
+            idx = self._host_slots(req_indices, R)
             if R:
-                idx = self._host_slots(req_indices, R)
                 table = self._conf_np
                 table[idx, :Kc] = conf.detach().numpy()
                 if Kc < self.max_drafts:
@@ -659,8 +659,7 @@ class AdaptiveVerifier:
         priced = live or self.max_step_ms is not None
         table = self.cost_table.shifted(extra_tokens) if extra_tokens and R and priced else self.cost_table
         capacity, T = self.capacity - extra_tokens, padded_tokens
-        if not (live or priced or self.min_verify or tensor_budget) \
-                and out.token_req.shape[0] > padded_tokens:
+        if not (priced or self.min_verify or tensor_budget) and out.token_req.shape[0] > padded_tokens:
             # A shared eager buffer and a host budget (already capped to this step's room by _step_buffers): the
             # kernel's budget is then min(budget, the drafts there are) whatever capacity and T_pad it is told, so it
             # is told the constant ones and its remembered call needs no re-derivation when the prompt chunk or the
