@@ -324,3 +324,39 @@ def test_record_confidence_checks_req_indices_even_without_rows():
         v.record_confidence(torch.zeros(0, K), req_indices=[1, 2])
     with pytest.raises(ValueError, match="^req_indices must be distinct"):
         v.record_confidence(torch.zeros(2, K), req_indices=[1, 1])
+
+
+def test_slices_of_persistent_buffers_repeat_the_remembered_calls(monkeypatch):
+    """Engines pass new slices of their persistent buffers every step (``buf[:R]``): new objects, the same kernel
+    arguments. The driven plan call and the stats update are keyed by what the kernel reads (pointer, dtype, device,
+    shape, strides), so such steps validate once; a view of the same memory as another dtype is another argument."""
+    from adaptive_verify import stats as stats_mod
+
+    validations, stats_validations = [], []
+    real = planner_ops.resolve_plan_args
+    monkeypatch.setattr(planner_ops, "resolve_plan_args", lambda *a, **k: validations.append(1) or real(*a, **k))
+    real_params = stats_mod._update_params
+    monkeypatch.setattr(stats_mod, "_update_params", lambda *a: stats_validations.append(1) or real_params(*a))
+    ct = table()
+    R, M = 12, 16
+    v = AdaptiveVerifier(ct, max_reqs=M, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(4)
+    ctx_buf, bt_buf, anchors_buf, dt_buf = _plan_inputs(rng, M)
+    conf_buf, d_buf, acc_buf = torch.empty(M, K), torch.empty(M, dtype=torch.int32), torch.zeros(M, dtype=torch.int32)
+    for step in range(12):
+        conf, d = conf_buf[:R], d_buf[:R]  # new objects every step
+        drafts = _new_step(rng, conf, d)
+        b, padded = v.plan_budget(R, drafts, 300)
+        v.record_confidence(conf)
+        plan = v.plan(conf, d, ctx_buf[:R], bt_buf[:R], anchors_buf[:R], dt_buf[:R], b, extra_tokens=300)
+        ref = _reference_plan(ct, conf, d, b, 300, ctx_buf[:R], bt_buf[:R], anchors_buf[:R], dt_buf[:R],
+                              padded - 300)
+        for f in FIELDS:
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
+        v.observe(plan.verify_lens, acc_buf[:R])
+    assert len(validations) - 12 <= 2, len(validations) - 12  # the lagged budget's and the plan's first calls
+    assert len(stats_validations) == 1
+    # the same memory as float32: not the remembered argument, so it is validated (and refused)
+    with pytest.raises((TypeError, ValueError), match="verify_lens"):
+        v.stats.update(conf_buf[:R], plan.verify_lens.view(torch.float32), acc_buf[:R])
+    assert len(stats_validations) == 1

@@ -18,7 +18,10 @@ and ``2.0 == 2`` in Python, so a key of values alone would let ``min_verify=True
 validated with ints and skip the check that rejects them.
 
 Keys hold the ``id()`` of each argument object and each entry holds a strong reference to it, so no other
-object can take that id while the entry lives. Entries are few (decode loops use one or two call shapes per
+object can take that id while the entry lives. Where a loop is known to pass new slices of its buffers every step
+(AcceptanceStats.update, AdaptiveVerifier's planner calls), tensors are keyed by what the kernel reads of them
+instead (``tensor_key``: pointer, dtype, device, shape, strides); the entry holds the first such tensors, so their
+memory cannot hold other data while it lives. Entries are few (decode loops use one or two call shapes per
 op) and the oldest is evicted first. Nothing is remembered while ``torch.compile`` traces (the traced graph
 calls the registered custom op instead), and callers that build new tensor objects every step (slices of a
 persistent buffer) simply take the validating path every time: they pay the old cost, never a wrong answer.
@@ -35,6 +38,19 @@ from ._validate import stream_of
 
 #: Launch-ready calls remembered per op (a decode loop needs one or two; CUDA-graph capture one per size).
 CALL_CACHE_SIZE = 16
+
+
+def tensor_key(t) -> Optional[tuple]:
+    """A tensor argument as part of a key by what a kernel's struct holds of it: data pointer, dtype, device, shape and
+    strides (None for None). Two objects with one key are the same kernel argument, e.g. the slice ``buf[:R]`` an
+    engine takes of a persistent buffer every step, which an ``id()`` key would send down the validating path each
+    time. Validation depends on nothing else of a tensor. The entry must hold the tensors it was made with, so their
+    memory (hence a pointer in its key) cannot hold other data while it lives. Only plain strided tensors are keyed
+    so; anything else is keyed by identity."""
+    if type(t) is torch.Tensor and t.layout is torch.strided:
+        return (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
+    # None, and anything else by identity (a subclass, a sparse tensor, a wrong type: the validating path judges it)
+    return None if t is None else (type(t), id(t))
 
 
 def tensor_signature(tensors, layout) -> list:

@@ -26,7 +26,7 @@ from torch import Tensor
 from . import errors
 from ._ext import _C, check_status
 from ._binding import StatsParams, call
-from ._callcache import CallCache, Launch
+from ._callcache import CallCache, Launch, tensor_key
 from ._checks import INT32_MAX, check_int
 from ._validate import check_tensor, device_arg, stream_of
 
@@ -76,7 +76,9 @@ class AcceptanceStats:
         key = None
         if not torch.compiler.is_compiling():  # a decode loop repeats its buffers: the remembered launch
             counts = (self.trials, self.survivals, self._conf_fixed, self._errors, self.totals)
-            key = (id(conf), id(verify_lens), id(num_accepted), id(positions), *map(id, counts))
+            # The caller's tensors by what the kernel reads of them (a decode loop's slices of its buffers repeat).
+            key = (tensor_key(conf), tensor_key(verify_lens), tensor_key(num_accepted), tensor_key(positions),
+                   *map(id, counts))
             hit = self._calls.get(key)
             if hit is not None:
                 hit.run()

@@ -59,7 +59,7 @@ import torch
 
 from . import planner, verifier_tree
 from ._binding import SlotParams
-from ._callcache import layout_kind, tensor_signature
+from ._callcache import tensor_key
 from ._ext import _C
 from ._checks import check_bool, check_int, check_real
 from .calibration import OnlineSTS
@@ -110,27 +110,26 @@ def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
 
 class _Driven:
     """Planner calls the verifier launches itself, step after step: the op's remembered call (planner/ops.py _Call)
-    for the verifier's own persistent buffers and the caller's tensors. The op's own remembered path checks the
-    signature of every tensor, the verifier's buffers included (about twenty); here only the caller's are checked
-    (data pointer, shape, layout, as _callcache does), since the verifier's buffers never change layout. Keys hold
-    the ids of the caller's objects and entries hold the objects, so an id stays theirs while remembered. Entries
-    are few (one per plan-buffer set and R): an LRU of PLAN_CACHE_SIZE."""
+    for the verifier's own persistent buffers and the caller's tensors. Entries are keyed by the caller's tensors as
+    kernel arguments (_callcache.tensor_key), not by their objects: an engine that passes new slices of its persistent
+    buffers each step (vLLM's ``positions[:num_tokens]``) still repeats the same kernel arguments, and the op's own
+    remembered path, keyed by objects, would validate everything again for it. Each entry holds the tensors it was
+    made with. The verifier's own buffers are the op call's and never change layout. Entries are few (one per plan-buffer set, R and caller
+    layout): an LRU of PLAN_CACHE_SIZE."""
 
     __slots__ = ("_entries",)
 
     def __init__(self):
         self._entries: collections.OrderedDict = collections.OrderedDict()
 
-    def run(self, key: tuple, caller: tuple, table, step: tuple):
-        """The call's result after launching it, or None when nothing is remembered for key or the caller's tensors
-        changed layout (the caller then takes the op's own path). ``step``: ops.step_key of this step's per-step
-        arguments (re-derived when they differ from the remembered call's)."""
+    def run(self, key: tuple, table, step: tuple):
+        """The call's result after launching it, or None when nothing is remembered for key (the caller then takes
+        the op's own path). ``step``: ops.step_key of this step's per-step arguments (re-derived when they differ
+        from the remembered call's)."""
         entry = self._entries.get(key)
         if entry is None:
             return None
-        _, tensors, layout, sig, call = entry
-        if tensors and sig != tensor_signature(tensors, layout):
-            return None
+        call = entry[1]
         if call.step != step and not call.restep(step, table):
             return None
         call.run()
@@ -140,9 +139,7 @@ class _Driven:
         if call is None:  # the op did not remember it (e.g. an argument was converted): nothing to drive
             self._entries.pop(key, None)
             return
-        tensors = [t for t in caller if isinstance(t, torch.Tensor)]
-        layout = [layout_kind(t) for t in tensors]
-        self._entries[key] = (caller, tensors, layout, tensor_signature(tensors, layout), call)
+        self._entries[key] = (caller, call)
         self._entries.move_to_end(key)
         while len(self._entries) > PLAN_CACHE_SIZE:
             self._entries.popitem(last=False)
@@ -445,7 +442,7 @@ class AdaptiveVerifier:
         # Every tensor of this call is the verifier's own (views of _lag_conf, _lag_drafts, _lag_budget), so its
         # remembered call needs no signature check: only the step (table, capacity) is re-derived.
         key = ("lag", R)
-        if self._driven.run(key, (), table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
+        if self._driven.run(key, table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
             conf, d = self._lag_inputs(R)[:2]
             _, call = choose_budget_call(None, d, table, mode="global", min_verify=self.min_verify, max_verify=None,
                                          extra_tokens=0, extra_emitting=0, capacity=capacity, draft_tokens=None,
@@ -669,9 +666,8 @@ class AdaptiveVerifier:
         # The step's planner call, launched here when this step repeats an earlier one's objects (see _Driven).
         caller = (conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
                   None if live else budget)
-        key = (id(out), *map(id, caller))
-        plan = self._driven.run(key, caller, table, step_key(table, capacity, None, 0, 0, token_offset,
-                                                              self.max_step_ms, T))
+        key = (id(out), *map(tensor_key, caller))
+        plan = self._driven.run(key, table, step_key(table, capacity, None, 0, 0, token_offset, self.max_step_ms, T))
         if plan is None:
             kw = dict(mode=self.mode if live else "fixed", budget=None if live else budget, min_verify=self.min_verify,
                       max_verify=None, extra_tokens=0, extra_emitting=0, capacity=capacity, context_lens=context_lens,
