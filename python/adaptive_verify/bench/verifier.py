@@ -2,11 +2,12 @@
 
 Host time: one decode step of the orchestration an engine calls (``plan_budget`` + ``record_confidence`` +
 ``plan`` + ``observe``) on CPU tensors, timed phase by phase with ``time.perf_counter_ns`` over many steps
-(median), in four regimes: no prompt tokens; a constant prompt chunk of 300 tokens; a chunk whose size changes
+(median), in five regimes: no prompt tokens; a constant prompt chunk of 300 tokens; a chunk whose size changes
 every step around it (uniform in [150, 450], never the previous size: what chunked prefill does, each new size
 asking ``CostTable.shifted`` for a new curve, at the constant regime's operating point, so the comparison isolates
-the cost of a new size); and "varying, wide" (uniform over every size that fits, so the budget and the tokens
-planned also swing from step to step). Targets: varying within 1.5x of constant, both under 100 us at R=256, K=8.
+the cost of a new size); "varying, wide" (uniform over every size that fits, so the budget and the tokens
+planned also swing from step to step); and "constant, slices" (the constant chunk with every tensor input a new
+slice of a persistent buffer each step, as engines pass them; the other regimes pass the same objects). Targets: varying within 1.5x of constant, both under 100 us at R=256, K=8.
 On CPU tensors the planner's and the stats' kernels run on this thread, so the times include their compute.
 
 Regret: requests join and leave (churn of +-2 per step around R=256, K=8) on a cost that is flat up to a
@@ -46,7 +47,7 @@ def _conf(rng, R, K):
 
 
 CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
-PREFILLS = ("none", "constant", "varying", "varying, wide")
+PREFILLS = ("none", "constant", "varying", "varying, wide", "constant, slices")
 
 
 @contextlib.contextmanager
@@ -98,6 +99,9 @@ def _host_steps(R: int, K: int, prefill: str, steps: int, seed: int, now, spent:
     idx = np.arange(R)
     confs = [_conf(rng, R, K) for _ in range(8)]
     accepted = torch.zeros(R, dtype=torch.int32)
+    # "slices": the same inputs in buffers one request longer, passed as new slice objects each step
+    slices = None if not prefill.endswith("slices") else [
+        torch.cat([t, t[:1]]) for t in (confs[0], drafts, ctx, bt, anchors, dt, accepted)]
     phases = {"plan_budget": [], "record_confidence": [], "plan": [], "observe": []}
     kernel = {"plan_budget": [], "plan": [], "observe": []}
     cap = ct.max_tokens - R - R * K
@@ -111,7 +115,13 @@ def _host_steps(R: int, K: int, prefill: str, steps: int, seed: int, now, spent:
             extra += extra == prev  # a new size every step
         elif prefill == "varying, wide":
             extra = int(rng.integers(1, cap))
+        elif prefill == "constant, slices":
+            extra = 300
         conf = confs[step % len(confs)]
+        args = (drafts, ctx, bt, anchors, dt)
+        if slices is not None:  # an engine's new slices of its persistent buffers, every step (copy not timed)
+            slices[0][:R].copy_(conf)
+            conf, args, accepted = slices[0][:R], tuple(b[:R] for b in slices[1:6]), slices[6][:R]
         k0 = spent[0]
         t0 = now()
         budget, padded = v.plan_budget(R, drafts_host, extra, req_indices=idx)
@@ -120,7 +130,7 @@ def _host_steps(R: int, K: int, prefill: str, steps: int, seed: int, now, spent:
         v.record_confidence(conf)
         t2 = now()
         k2 = spent[0]
-        plan = v.plan(conf, drafts, ctx, bt, anchors, dt, budget, extra_tokens=extra)
+        plan = v.plan(conf, *args, budget, extra_tokens=extra)
         t3 = now()
         k3 = spent[0]
         v.observe(plan.verify_lens, accepted)
