@@ -202,7 +202,7 @@ def test_driven_steps_validate_once_and_equal_fresh_planner_calls(monkeypatch):
 
 def test_a_caller_tensor_replaced_in_place_is_read_anew():
     """The driven call holds the caller tensors' pointers: one given new storage (set_) between steps must be read
-    from its new storage, not the old (the signature check sends that step through validation)."""
+    from its new storage, not the old (its new pointer is a new key, so that step goes through validation)."""
     ct = table()
     R = 6
     v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)

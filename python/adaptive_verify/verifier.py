@@ -109,13 +109,13 @@ def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
 
 
 class _Driven:
-    """Planner calls the verifier launches itself, step after step: the op's remembered call (planner/ops.py _Call)
-    for the verifier's own persistent buffers and the caller's tensors. Entries are keyed by the caller's tensors as
-    kernel arguments (_callcache.tensor_key), not by their objects: an engine that passes new slices of its persistent
-    buffers each step (vLLM's ``positions[:num_tokens]``) still repeats the same kernel arguments, and the op's own
-    remembered path, keyed by objects, would validate everything again for it. Each entry holds the tensors it was
-    made with. The verifier's own buffers are the op call's and never change layout. Entries are few (one per plan-buffer set, R and caller
-    layout): an LRU of PLAN_CACHE_SIZE."""
+    """Planner calls the verifier launches itself, step after step: the op's remembered call (planner/ops.py _Call) for
+    the verifier's own persistent buffers and the caller's tensors. Entries are keyed by the caller's tensors as
+    kernel arguments (_callcache.tensor_key), not by their objects: an engine that passes new slices of its
+    persistent buffers each step (vLLM's ``positions[:num_tokens]``) still repeats the same kernel arguments, and
+    the op's own remembered path, keyed by objects, would validate everything again for it. Each entry holds the
+    tensors it was made with. The verifier's own buffers are the op call's and never change layout. Entries are
+    few (one per plan-buffer set, R and caller layout): an LRU of PLAN_CACHE_SIZE."""
 
     __slots__ = ("_entries",)
 
