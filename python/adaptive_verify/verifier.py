@@ -313,12 +313,13 @@ class AdaptiveVerifier:
         i = bisect.bisect_left(self.graph_sizes, n)
         return self.graph_sizes[i] if i < len(self.graph_sizes) else n
 
-    def _slot_inputs(self, drafts: np.ndarray, idx: Optional[np.ndarray], R: int, limit: int, what: str,
+    def _slot_inputs(self, drafts: np.ndarray, idx: Optional[np.ndarray], R: int, limit: int, limit_name: str,
                      gather: bool) -> tuple[int, int]:
-        """_C.slot_inputs on this step's host arrays: checks drafts (values in [0, limit]) and idx (slots in
-        [0, max_reqs), distinct; None: the row numbers), and with ``gather`` writes the lagged budget's inputs (each
-        slot's last recorded confidences, the prior for a slot with no history, and the drafts as int32) into
-        _lag_conf / _lag_drafts. Returns (sum of drafts, sum of min(drafts, min_verify))."""
+        """_C.slot_inputs on this step's host arrays: checks drafts (values in [0, limit], named limit_name) and idx
+        (slots in [0, max_reqs), distinct; None: the row numbers), and with ``gather`` writes the lagged
+        budget's inputs (each slot's last recorded confidences, the prior for a slot with no history, and the
+        drafts as int32) into _lag_conf / _lag_drafts. Returns (sum of drafts, sum of min(drafts,
+        min_verify))."""
         sp = self._slot_params
         sp.num_reqs, sp.draft_limit = R, limit
         self._stamp = stamp = self._stamp + 1 if self._stamp < 0xFFFFFFFF else 1
@@ -341,8 +342,8 @@ class AdaptiveVerifier:
         status = _C.slot_inputs(self._slot_addr, drafts, idx)
         if status:
             if status == SLOT_DRAFTS_OUT_OF_RANGE:
-                raise ValueError(f"drafts_host{what} values must be in [0, {'max_drafts' if not what else 'max_nodes'}"
-                                 f" = {limit}]")
+                what = " (tree sizes)" if limit_name == "max_nodes" else ""
+                raise ValueError(f"drafts_host{what} values must be in [0, {limit_name} = {limit}]")
             if status == SLOT_INDEX_OUT_OF_RANGE:
                 raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got "
                                  f"{idx.min()}..{idx.max()}")
@@ -356,7 +357,7 @@ class AdaptiveVerifier:
         if req_indices is None:
             return self._arange[:R]
         idx = _host_ints("req_indices", req_indices, R)
-        self._slot_inputs(self._zeros[:R], idx, R, 0, "", False)
+        self._slot_inputs(self._zeros[:R], idx, R, 0, "max_drafts", False)
         return idx
 
     def add_request(self, req_indices) -> None:
@@ -394,8 +395,8 @@ class AdaptiveVerifier:
         idx = None if req_indices is None else _host_ints("req_indices", req_indices, R)
         # One pass: drafts and req_indices checked, their sums, and for the lagged chain budget its inputs gathered.
         lag = self.mode == "lagged" and R > 0 and tree_state is None
-        limit, what = (self.max_drafts, "") if tree_state is None else (tree_state.N, " (tree sizes)")
-        drafts_sum, forced_sum = self._slot_inputs(drafts, idx, R, limit, what, lag)
+        limit, name = (self.max_drafts, "max_drafts") if tree_state is None else (tree_state.N, "max_nodes")
+        drafts_sum, forced_sum = self._slot_inputs(drafts, idx, R, limit, name, lag)
         if idx is None:
             idx = self._arange[:R]
         self._pending_idx = idx
@@ -423,7 +424,7 @@ class AdaptiveVerifier:
         R = idx.shape[0]
         if R > self.max_reqs:
             raise ValueError(f"req_indices has {R} entries, more than max_reqs = {self.max_reqs}")
-        self._slot_inputs(self._zeros[:R], idx, R, 0, "", True)  # the lagged budget's own gather
+        self._slot_inputs(self._zeros[:R], idx, R, 0, "max_drafts", True)  # the lagged budget's own gather
         return self._lag_inputs(R)[2].copy()
 
     def _lag_inputs(self, R: int) -> tuple:
@@ -463,7 +464,7 @@ class AdaptiveVerifier:
             return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
         R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
         slot = self._slot
-        if self.device.type == "cpu" and not isinstance(req_indices, torch.Tensor):
+        if self.device.type == "cpu":
             # CPU tables: a numpy scatter (torch's index_put costs several times as much host time per step).
             idx = self._host_slots(req_indices, R)
             if R:

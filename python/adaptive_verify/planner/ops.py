@@ -66,11 +66,10 @@ class _ShiftCosts:
     launch on this thread, so rewriting them at the next restep is safe. CUDA calls keep the views' own arrays (a
     device buffer rewritten from the host would need ordering against the kernel still reading it)."""
 
-    __slots__ = ("f32", "tensor", "views", "fixed")
+    __slots__ = ("f32", "tensor", "view", "fixed")
 
     def __init__(self):
-        self.f32 = self.tensor = None
-        self.views: dict[int, torch.Tensor] = {}
+        self.f32 = self.tensor = self.view = None  # view: the tensor's first n entries, for the last n asked
         self.fixed = (None, -1, 0.0)  # (base table, R, its fixed cost)
 
     def __call__(self, cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
@@ -85,14 +84,11 @@ class _ShiftCosts:
         if self.f32 is None or self.f32.shape[0] < n:
             size = max(n, 2 * (0 if self.f32 is None else self.f32.shape[0]))
             self.f32 = np.empty(size, dtype=np.float32)
-            self.tensor, self.views = torch.from_numpy(self.f32), {}
+            self.tensor, self.view = torch.from_numpy(self.f32), None
         cost_table._curve.dense32_into(self.f32[:n])
-        view = self.views.get(n)
-        if view is None:
-            if len(self.views) >= _VIEWS_PER_CALL:
-                self.views.pop(next(iter(self.views)))
-            view = self.views[n] = self.tensor[:n]
-        return draft_cost, view
+        if self.view is None or self.view.shape[0] != n:  # n follows R and the capacity: the same step after step
+            self.view = self.tensor[:n]
+        return draft_cost, self.view
 
 
 class _Call:
