@@ -360,3 +360,15 @@ def test_slices_of_persistent_buffers_repeat_the_remembered_calls(monkeypatch):
     with pytest.raises((TypeError, ValueError), match="verify_lens"):
         v.stats.update(conf_buf[:R], plan.verify_lens.view(torch.float32), acc_buf[:R])
     assert len(stats_validations) == 1
+
+
+def test_record_confidence_takes_host_indices_in_every_form():
+    """A list, a numpy array and a CPU tensor of slots record the same rows (the CPU table's numpy scatter)."""
+    conf = torch.from_numpy(np.random.default_rng(6).uniform(0.1, 0.9, (3, K)).astype(np.float32))
+    got = []
+    for idx in ([4, 0, 2], np.array([4, 0, 2]), torch.tensor([4, 0, 2], dtype=torch.int32)):
+        v = AdaptiveVerifier(table(), max_reqs=6, max_drafts=K, block_size=16)
+        v.plan_budget(3, [K] * 3, req_indices=[4, 0, 2])
+        v.record_confidence(conf, req_indices=idx)
+        got.append(v.stale_confidence([0, 2, 4]))
+    assert all(np.array_equal(g, conf.numpy()[[1, 2, 0]]) for g in got)
