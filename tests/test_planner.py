@@ -704,6 +704,35 @@ def test_prefix_survival_nan_confidence():
     av.reset_error_counts("cpu")
 
 
+@pytest.mark.parametrize("R,K", [(8, 8), (13, 8), (257, 16), (30, 24), (9, 32)])
+def test_plan_from_confidences_vector_prologue(R, K):
+    """plan(conf=...) on the CPU computes the survival eight rows at a time (K % 8 == 0, R >= 8; leftover rows one by
+    one): the survival it writes equals the reference's bit for bit, on values sanitize() must handle (NaN, -0.0,
+    negatives, above 1, inf), rows of every draft count, a strided conf, and its plan and NaN count equal planning on
+    that survival."""
+    g = torch.Generator().manual_seed(R * 7 + K)
+    wide = torch.rand(R, K + 5, generator=g) * 0.5 + 0.5
+    special = torch.tensor([float("nan"), -0.0, 0.0, -0.25, 1.0, 1.5, float("inf"), float("-inf")])
+    pick = torch.rand(R, K + 5, generator=g) < 0.1
+    wide[pick] = special[torch.randint(0, len(special), (int(pick.sum()),), generator=g)]
+    conf = wide[:, 2:K + 2]  # row stride K + 5
+    drafts = torch.randint(0, K + 1, (R,), generator=g, dtype=torch.int32)
+    drafts[: min(R, K + 1)] = torch.arange(min(R, K + 1), dtype=torch.int32)
+    drafted_nans = int((conf.isnan() & (torch.arange(K) < drafts[:, None].long())).sum())
+    ct = av.CostTable.from_points({1: 1.0, 4096: 3.0}, draft_ms=0.5)
+    for mode in ("global", "fixed"):
+        kw = dict(mode=mode, budget=R * K // 3) if mode == "fixed" else dict(mode=mode)
+        av.reset_error_counts("cpu")
+        survival = torch.full((R, K), -1.0)
+        plan = av.plan_verification(None, drafts, ct, conf=conf, survival_out=survival, **kw)
+        assert av.error_counts("cpu")["nan_survival"] == drafted_nans
+        want = ref.prefix_survival(conf, drafts)
+        assert torch.equal(survival.view(torch.int32), want.view(torch.int32)), mode
+        av.reset_error_counts("cpu")
+        assert_plans_equal(plan, av.plan_verification(want, drafts, ct, **kw), f"{mode}: ")
+    av.reset_error_counts("cpu")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # 4. Errors name the argument
 # ----------------------------------------------------------------------------------------------------------

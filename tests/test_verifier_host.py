@@ -372,3 +372,34 @@ def test_record_confidence_takes_host_indices_in_every_form():
         v.record_confidence(conf, req_indices=idx)
         got.append(v.stale_confidence([0, 2, 4]))
     assert all(np.array_equal(g, conf.numpy()[[1, 2, 0]]) for g in got)
+
+
+def test_eager_step_views_are_reused_per_size_and_bounded(monkeypatch):
+    """An eager step's plan is views of its first padded tokens, remembered per size: a size seen before returns the
+    same view objects (no new slicing), each step still equals the planner, and the remembered views stay within
+    VIEW_CACHE_SIZE (first in, first out). Catches a cache keyed by something other than the size, or unbounded."""
+    from adaptive_verify import verifier as verifier_mod
+
+    monkeypatch.setattr(verifier_mod, "VIEW_CACHE_SIZE", 5)
+    ct = table()
+    R = 10
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(4)
+    ctx, bt, anchors, dt = _plan_inputs(rng, R)
+    conf = torch.from_numpy(rng.uniform(0.5, 0.99, (R, K)).astype(np.float32))
+    d = torch.full((R,), K, dtype=torch.int32)
+    seen = {}
+    for step, budget in enumerate([3, 9, 3, 20, 9, 1, 2, 4, 6, 3]):
+        extra = 70  # R + extra exceeds the largest graph (64): every step is eager, its size R + budget
+        v.plan_budget(R, [K] * R, extra)
+        v.record_confidence(conf)
+        plan = v.plan(conf, d, ctx, bt, anchors, dt, budget, extra_tokens=extra)
+        assert plan.token_req.shape[0] == R + budget
+        ref = _reference_plan(ct, conf, d, budget, extra, ctx, bt, anchors, dt, R + budget)
+        for f in FIELDS:
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
+        if step < 5 and budget in seen:  # sizes seen within the last five: the very same views
+            assert plan is seen[budget], step
+        seen[budget] = plan
+        assert len(v._views) <= 5
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))

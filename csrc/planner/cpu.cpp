@@ -16,13 +16,17 @@
 //  - metadata: each request's run of tokens is written as whole vectors.
 //  - the in-bucket sort: insertion sort for the handful of keys a bucket usually holds, an LSD radix sort
 //    over the key bits that vary for big buckets (exact ties, tiny survivals below the resolved octaves).
+//  - the conf= prologue (chains, K % 8 == 0, AVX2): eight rows at a time, transposed so each lane runs one row's
+//    left-to-right product (plan_cpu; the same bits as survival_row).
+//  - slot_mapping: one division per request, the block and offset stepped along its run of tokens.
 // Draft trees (Params::parents): rows are not prefixes, so the vector forms above do not apply. The walk is
 // walk_tree_row per request feeding the same histogram; the allocation is the generic one; the metadata walks each
 // request's verified nodes in order, keeping each node's offset and mask (the generic version, for a block's threads
 // taking tokens in parallel, recomputes them per token by climbing the parents: the same values, measured 10x
 // slower at R=256, N=63 here). The gather and the in-bucket sort are shared, with the tree key.
 // Scratch is thread_local and reused: a decode loop plans every step, so steady state allocates nothing.
-// At R=256, K=8 (2048 candidates) the whole plan takes a few microseconds (benchmarks/bench_planner.py).
+// At R=256, K=8 (2048 candidates) on this project's 2-core CI machine, a plan from confidences with metadata takes
+// about 11 us and a global choose_budget about 11 us (2026-12-02, benchmarks/results/2026-12-02-cpu-planner-kernel.md).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -571,14 +575,22 @@ struct CpuBackend {
     }
     int64_t slot_errors = 0;
     if (p.slot_mapping != nullptr) {
+      // slot_of per token, with one division per request: the block and the offset in it step along the run
+      // (context lengths are validated non-negative, so every position is).
       int64_t t = 0;
+      const int32_t bs = p.block_size;
       for (int32_t r = 0; r < R; ++r) {
         const int32_t ctx = p.context_lens != nullptr ? p.context_lens[r] : 0;
         const int32_t* block_row = p.block_table + int64_t(r) * p.block_table_stride;
+        int32_t blk = ctx / bs, off = ctx % bs;
         for (int32_t i = 0; i <= lens[r]; ++i, ++t) {
-          const int64_t slot = slot_of(block_row, p.max_blocks, p.block_size, int64_t(ctx) + i);
+          const int64_t slot = blk < p.max_blocks ? int64_t(block_row[blk]) * bs + off : -1;
           slot_errors += slot < 0;
           p.slot_mapping[t] = slot;
+          if (++off == bs) {
+            off = 0;
+            ++blk;
+          }
         }
       }
       for (; t < T_pad; ++t) p.slot_mapping[t] = -1;
@@ -633,10 +645,86 @@ __attribute__((noinline)) CpuBackend* thread_backend() {
   return &be;
 }
 
+#if defined(AV_PLANNER_AVX2)
+// In-place transpose of an 8 x 8 float block held in eight vectors.
+__attribute__((target("avx2"))) inline void transpose8(__m256* v) {
+  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  v[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  v[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  v[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  v[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  v[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  v[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  v[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  v[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// plan's conf= prologue for chains with K % 8 == 0 and drafts already checked in [0, K]: survival_out =
+// survival_row(conf) of every row, eight rows at a time. A transpose puts each row in a lane, so each lane runs
+// survival_row's own left-to-right product (the same roundings, so the same bits); MAXPS/MINPS against 0 and 1 are
+// sanitize(). Leftover rows take survival_row. Returns the NaN confidences among drafted positions.
+__attribute__((target("avx2"))) int32_t conf_survival_avx2(const Params& p) {
+  const int32_t R = p.num_reqs, K = p.max_drafts;
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.f);
+  int32_t nan_count = 0;
+  int32_t r = 0;
+  for (; r + 8 <= R; r += 8) {
+    // drafts of the eight rows; position j is drafted in lane i when j < drafts[r + i]
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.drafts + r));
+    __m256 a = one;
+    for (int32_t c = 0; c < K; c += 8) {
+      __m256 v[8];
+      for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(p.conf + int64_t(r + i) * p.conf_stride + c);
+      transpose8(v);  // v[j]: position c + j of the eight rows
+      for (int j = 0; j < 8; ++j) {
+        const __m256 drafted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(d, _mm256_set1_epi32(c + j)));
+        nan_count += __builtin_popcount(
+            unsigned(_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q), drafted))));
+        const __m256 s = _mm256_min_ps(_mm256_max_ps(v[j], zero), one);
+        a = _mm256_blendv_ps(a, _mm256_mul_ps(a, s), drafted);
+        v[j] = _mm256_and_ps(a, drafted);  // 0 past the drafts
+      }
+      transpose8(v);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(p.survival_out + int64_t(r + i) * K + c, v[i]);
+    }
+  }
+  for (; r < R; ++r)
+    nan_count += survival_row(p.conf + int64_t(r) * p.conf_stride, p.drafts[r], K, p.survival_out + int64_t(r) * K);
+  return nan_count;
+}
+#endif
+
 }  // namespace
 
-int plan_cpu(const Params& p) {
+int plan_cpu(const Params& p_in) {
   CpuBackend& be = *thread_backend();
+  Params p = p_in;
+#if defined(AV_PLANNER_AVX2)
+  // The conf= prologue of chains, vectorised here (the generic one is a scalar product per row): plan then runs on
+  // the survival it wrote, exactly as after the generic prologue. Inputs plan() refuses before writing (drafts out of
+  // range, bad context lengths) keep the generic path, which reports them.
+  if (p.conf != nullptr && p.parents == nullptr && p.max_drafts % 8 == 0 && p.num_reqs >= 8 && cpu_has_avx2()) {
+    // (ORs of whole-row tests, no early exit, so the loops vectorise)
+    uint32_t bad = 0;
+    for (int32_t r = 0; r < p.num_reqs; ++r) bad |= uint32_t(p.drafts[r] > p.max_drafts || p.drafts[r] < 0);
+    if (p.write_plan && p.context_lens != nullptr)  // plan() refuses these before writing anything
+      for (int32_t r = 0; r < p.num_reqs; ++r) bad |= uint32_t(!context_len_ok(p.context_lens[r]));
+    if (!bad) {
+      const int32_t nan_count = conf_survival_avx2(p);
+      if (nan_count) be.count_error(p.error_counts, kCountNanSurvival, nan_count);
+      p.conf = nullptr;
+      p.survival = p.survival_out;
+      p.survival_stride = p.max_drafts;
+    }
+  }
+#endif
   const int64_t n_slots = int64_t(p.num_reqs) * p.max_drafts;
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
   const WorkspaceLayout layout = workspace_layout(n_slots, bk.num, p.num_reqs, 1, false, p.parents != nullptr);
