@@ -45,6 +45,37 @@ def test_counts_equal_the_literal_definition_over_many_steps():
     assert int(stats.trials.sum()) > 100
 
 
+def test_remembered_updates_follow_the_caller_tensors_layout_and_storage():
+    """Repeated updates launch a remembered call keyed by each caller tensor's pointer, dtype, shape and strides: the
+    same objects given new storage (set_), reshaped in place (resize_), or new slices of one buffer must each count
+    exactly what they hold now. Catches a remembered launch that reads an old pointer or layout."""
+    g = torch.Generator().manual_seed(3)
+    P = 6
+    stats = av.AcceptanceStats(P, num_bins=10)
+    want = [torch.zeros(P, 10, dtype=torch.int64) for _ in range(2)]
+    conf, vl, na = _step(5, 4, g)
+    buf_v, buf_a = torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int32)
+
+    def check(c, v, a):
+        stats.update(c, v, a)
+        t, s, _ = ref.stats_update(c, v, a, P, 10)
+        want[0].add_(t)
+        want[1].add_(s)
+        assert torch.equal(stats.trials, want[0]) and torch.equal(stats.survivals, want[1])
+
+    for _ in range(3):
+        check(conf, vl, na)
+    c2, v2, a2 = _step(5, 4, g)
+    vl.set_(v2.clone())  # same object, new storage
+    check(conf, vl, na)
+    conf.resize_(3, 4)  # same object, same storage, fewer rows
+    check(conf, vl[:3], na[:3])
+    for step in range(3):  # new slices of persistent buffers, values rewritten each step
+        c3, v3, a3 = _step(5, 4, g)
+        buf_v[:5], buf_a[:5] = v3, a3
+        check(c3, buf_v[:5], buf_a[:5])
+
+
 def test_report_matches_straightforward_formulas():
     g = torch.Generator().manual_seed(1)
     P, B = 4, 5

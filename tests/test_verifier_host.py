@@ -403,3 +403,27 @@ def test_eager_step_views_are_reused_per_size_and_bounded(monkeypatch):
         seen[budget] = plan
         assert len(v._views) <= 5
         v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+
+
+def test_record_confidence_reads_any_strided_conf_on_cpu():
+    """record_confidence's CPU scatter (_C.record_rows) reads conf through its strides: a transposed view (column
+    stride != 1), a column slice (row stride != K') and an expanded row (row stride 0) record exactly their values
+    into the slots named, zeros past K' columns, and leave other slots alone. Catches a scatter that assumes a
+    contiguous conf or writes whole K-wide rows from it."""
+    R, max_reqs = 4, 9
+    v = AdaptiveVerifier(table(), max_reqs=max_reqs, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(5)
+    idx = np.array([7, 2, 5, 0])
+    cases = [
+        torch.from_numpy(rng.uniform(0.1, 0.9, (K, R)).astype(np.float32)).t(),  # [R, K], strides (1, R)
+        torch.from_numpy(rng.uniform(0.1, 0.9, (R, K + 3)).astype(np.float32))[:, 1:4],  # [R, 3], strides (K + 3, 1)
+        torch.from_numpy(rng.uniform(0.1, 0.9, (1, 2)).astype(np.float32)).expand(R, 2),  # strides (0, 1)
+    ]
+    for conf in cases:
+        v.plan_budget(R, [K] * R, req_indices=idx)
+        v.record_confidence(conf)  # slots: plan_budget's req_indices
+        want = np.zeros((R, K), dtype=np.float32)
+        want[:, :conf.shape[1]] = conf.numpy()
+        assert np.array_equal(v.stale_confidence(idx), want), conf.stride()
+        untouched = [i for i in range(max_reqs) if i not in idx]
+        assert np.array_equal(v.stale_confidence(untouched), np.full((len(untouched), K), v.prior, dtype=np.float32))

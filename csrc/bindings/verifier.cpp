@@ -1,4 +1,5 @@
-// adaptive_verify._C's verifier host helper: slot_inputs (python/adaptive_verify/verifier.py's plan_budget).
+// adaptive_verify._C's verifier host helpers (python/adaptive_verify/verifier.py): slot_inputs (plan_budget),
+// shifted_costs (shifted cost tables), record_rows (record_confidence on CPU).
 #include <pybind11/numpy.h>
 
 #include "adaptive_verify/verifier/slots.h"
@@ -43,6 +44,16 @@ void register_verifier(py::module_& m) {
           "a writable contiguous float32 array");
     verifier::shifted_costs_cpu(static_cast<const double*>(base.data()), shift, at_shift, at_zero, out.shape(0),
                                 static_cast<float*>(out.mutable_data()));
+  });
+  // record_rows(table, snapshot or 0, max_reqs, K, req_indices, conf, conf_stride0, conf_stride1, Kc): record_confidence
+  // on CPU tables (addresses of float32 host memory the caller owns; req_indices a contiguous int64 array of R rows).
+  m.def("record_rows", [](uintptr_t table, uintptr_t snapshot, int64_t max_reqs, int32_t K, const py::array& idx,
+                          uintptr_t conf, int64_t stride0, int64_t stride1, int32_t Kc) {
+    if (idx.ndim() != 1 || !idx.dtype().is(py::dtype::of<int64_t>()) || !(idx.flags() & py::array::c_style))
+      throw py::value_error("adaptive_verify._C.record_rows: req_indices must be a contiguous 1-D int64 array");
+    return verifier::record_rows_cpu(reinterpret_cast<float*>(table), reinterpret_cast<float*>(snapshot), max_reqs, K,
+                                     static_cast<const int64_t*>(idx.data()), idx.shape(0),
+                                     reinterpret_cast<const float*>(conf), stride0, stride1, Kc);
   });
   m.attr("SLOT_PARAMS") = struct_layout<S>({
       AV_FIELD(S, drafts), AV_FIELD(S, req_indices), AV_FIELD(S, num_reqs), AV_FIELD(S, max_reqs),

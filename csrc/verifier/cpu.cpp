@@ -52,5 +52,24 @@ void shifted_costs_cpu(const double* base, int64_t shift, double at_shift, doubl
   for (int64_t n = 0; n < count; ++n) out[n] = float((src[n] - at_shift) + at_zero);
 }
 
+int record_rows_cpu(float* table, float* snapshot, int64_t max_reqs, int32_t K, const int64_t* idx, int64_t R,
+                    const float* conf, int64_t stride0, int64_t stride1, int32_t Kc) {
+  if (K < 1 || Kc < 0 || Kc > K || R < 0 || R > max_reqs) return kErrBadArgument;
+  for (int64_t r = 0; r < R; ++r)
+    if (uint64_t(idx[r]) >= uint64_t(max_reqs)) return kSlotIndexOutOfRange;
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = table + idx[r] * K;
+    const float* src = conf + r * stride0;
+    if (stride1 == 1) {
+      if (Kc > 0) std::memcpy(row, src, sizeof(float) * size_t(Kc));
+    } else {
+      for (int32_t j = 0; j < Kc; ++j) row[j] = src[j * stride1];
+    }
+    std::fill(row + Kc, row + K, 0.f);
+  }
+  if (snapshot != nullptr) std::memcpy(snapshot, table, sizeof(float) * size_t(max_reqs) * size_t(K));
+  return kOk;
+}
+
 }  // namespace verifier
 }  // namespace adaptive_verify

@@ -21,7 +21,8 @@ Keys hold the ``id()`` of each argument object and each entry holds a strong ref
 object can take that id while the entry lives. Where a loop is known to pass new slices of its buffers every step
 (AcceptanceStats.update, AdaptiveVerifier's planner calls), tensors are keyed by what the kernel reads of them
 instead (``tensor_key``: pointer, dtype, device, shape, strides); the entry holds the first such tensors, so their
-memory cannot hold other data while it lives. Entries are few (decode loops use one or two call shapes per
+memory cannot hold other data while it lives, and a hit needs no signature check (``CallCache.get_keyed``): the key
+is the signature of the tensors passed. Entries are few (decode loops use one or two call shapes per
 op) and the oldest is evicted first. Nothing is remembered while ``torch.compile`` traces (the traced graph
 calls the registered custom op instead), and callers that build new tensor objects every step (slices of a
 persistent buffer) simply take the validating path every time: they pay the old cost, never a wrong answer.
@@ -86,6 +87,13 @@ class CallCache:
         if entry is None or entry[2] != tensor_signature(entry[1], entry[4]):
             return None
         return entry[3]
+
+    def get_keyed(self, key) -> Optional[Any]:
+        """The value stored under ``key`` with no signature check: for keys that hold every caller tensor as
+        ``tensor_key`` (the key is then the signature of the tensors passed, which is what the kernel reads) and
+        otherwise only the owner's own tensors, which never change layout."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[3]
 
     def put(self, key, refs, tensors, value) -> Any:
         """Remembers ``value`` for ``key``: ``refs`` are every object whose id() is in the key, ``tensors`` the

@@ -79,7 +79,9 @@ class AcceptanceStats:
             # The caller's tensors by what the kernel reads of them (a decode loop's slices of its buffers repeat).
             key = (tensor_key(conf), tensor_key(verify_lens), tensor_key(num_accepted), tensor_key(positions),
                    *map(id, counts))
-            hit = self._calls.get(key)
+            # Every caller tensor is in the key by layout and pointer, the counts are this object's own (reset zeroes
+            # them in place): the key says everything the launch reads, so no signature check.
+            hit = self._calls.get_keyed(key)
             if hit is not None:
                 hit.run()
                 return

@@ -220,7 +220,7 @@ class AdaptiveVerifier:
         # copy was enqueued reads as new (prior) rather than as its previous request's confidences.
         pin = self.device.type == "cuda"
         self._conf_dev = torch.full((self.max_reqs, K), self.prior, dtype=torch.float32, device=self.device)
-        self._conf_np = self._conf_dev.numpy() if self.device.type == "cpu" else None
+        self._conf_table_ptr = self._conf_dev.data_ptr()  # record_confidence's CPU scatter writes here (_C.record_rows)
         self._snap = torch.full((2, self.max_reqs, K), self.prior, dtype=torch.float32, pin_memory=pin)
         self._snap_np = self._snap.numpy()
         self._snap_ptrs = [self._snap[0].data_ptr(), self._snap[1].data_ptr()]
@@ -248,6 +248,8 @@ class AdaptiveVerifier:
         self._lag_conf = torch.empty(self.max_reqs * K, dtype=torch.float32)
         self._lag_drafts = torch.empty(self.max_reqs, dtype=torch.int32)
         self._lag_budget = torch.empty((), dtype=torch.int32)
+        self._lag_budget_np = self._lag_budget.numpy()  # read back without a torch call
+        self._lag_ptrs = (self._lag_conf.data_ptr(), self._lag_drafts.data_ptr())
         self._lag_views: dict[int, tuple] = {}
         self._driven = _Driven()
         # plan_budget's checks, draft sums and stale-confidence gather: one extension call (_C.slot_inputs; numpy would
@@ -331,7 +333,7 @@ class AdaptiveVerifier:
             self._marks.fill(0)  # a fresh stamp cycle: no slot looks seen
         sp.stamp = stamp
         if gather:
-            sp.conf_out, sp.drafts_out = self._lag_conf.data_ptr(), self._lag_drafts.data_ptr()
+            sp.conf_out, sp.drafts_out = self._lag_ptrs
             if self._recorded:
                 prev = 1 - self._slot  # the snapshot the last record_confidence wrote
                 if self._snap_events[prev] is not None:
@@ -454,7 +456,7 @@ class AdaptiveVerifier:
                                          conf=conf, out=self._lag_budget, weights=None, max_step_ms=self.max_step_ms,
                                          parents=None)
             self._driven.remember(key, (), call)
-        return min(max(int(self._lag_budget), b_min), b_max)
+        return min(max(int(self._lag_budget_np), b_min), b_max)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None, *, parents: Optional[torch.Tensor] = None,
                           tree_sizes: Optional[torch.Tensor] = None) -> None:
@@ -468,21 +470,24 @@ class AdaptiveVerifier:
             return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
         R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
         slot = self._slot
-        if self.device.type == "cpu":
-            # CPU tables: a numpy scatter (torch's index_put costs several times as much host time per step).
+        if self.device.type == "cpu" and conf.layout is torch.strided:
+            # CPU tables: one extension call scatters the rows and copies the table into this step's snapshot (a numpy
+            # scatter and a torch copy cost tens of microseconds per step; torch's index_put several times that).
             idx = self._host_slots(req_indices, R)
-            if R:
-                table = self._conf_np
-                table[idx, :Kc] = conf.detach().numpy()
-                if Kc < self.max_drafts:
-                    table[idx, Kc:] = 0.0
+            status = _C.record_rows(self._conf_table_ptr, self._snap_ptrs[slot], self.max_reqs, self.max_drafts, idx,
+                                    conf.data_ptr(), *conf.stride(), Kc)
+            if status:  # idx was checked (_host_slots); this is a bug, not an input error
+                raise RuntimeError(f"adaptive_verify._C.record_rows returned status {status}")
         else:
-            idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
+            if self.device.type == "cpu":  # a non-strided CPU tensor: torch's own indexing (it may refuse it)
+                idx_dev = torch.from_numpy(self._host_slots(req_indices, R))
+            else:
+                idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
             if R:
                 self._conf_dev[idx_dev, :Kc] = conf
                 if Kc < self.max_drafts:
                     self._conf_dev[idx_dev, Kc:] = 0.0
-        self._snapshot(self._conf_dev, self._snap[slot], self._snap_events[slot])
+            self._snapshot(self._conf_dev, self._snap[slot], self._snap_events[slot])
         if self._snap_adds[slot] != self._adds:
             self._snap_gen[slot] = self._gen.copy()
             self._snap_adds[slot] = self._adds
@@ -670,7 +675,8 @@ class AdaptiveVerifier:
             capacity, T = self.capacity, out.token_req.shape[0]
         # The step's planner call, launched here when this step repeats an earlier one's objects (see _Driven).
         caller = (conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
-                  None if live else budget)
+                  None if live or budget is self._budget_in else budget)
+        # (the verifier's own 0-d budget tensor, which a host budget goes through, never changes: keyed as None)
         key = (id(out), *map(tensor_key, caller))
         plan = self._driven.run(key, table, step_key(table, capacity, None, 0, 0, token_offset, self.max_step_ms, T))
         if plan is None:

@@ -66,10 +66,11 @@ class _ShiftCosts:
     launch on this thread, so rewriting them at the next restep is safe. CUDA calls keep the views' own arrays (a
     device buffer rewritten from the host would need ordering against the kernel still reading it)."""
 
-    __slots__ = ("f32", "tensor", "view", "fixed")
+    __slots__ = ("f32", "tensor", "view", "view_np", "fixed")
 
     def __init__(self):
-        self.f32 = self.tensor = self.view = None  # view: the tensor's first n entries, for the last n asked
+        # view / view_np: the tensor's / the array's first n entries, for the last n asked
+        self.f32 = self.tensor = self.view = self.view_np = None
         self.fixed = (None, -1, 0.0)  # (base table, R, its fixed cost)
 
     def __call__(self, cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
@@ -85,9 +86,9 @@ class _ShiftCosts:
             size = max(n, 2 * (0 if self.f32 is None else self.f32.shape[0]))
             self.f32 = np.empty(size, dtype=np.float32)
             self.tensor, self.view = torch.from_numpy(self.f32), None
-        cost_table._curve.dense32_into(self.f32[:n])
-        if self.view is None or self.view.shape[0] != n:  # n follows R and the capacity: the same step after step
-            self.view = self.tensor[:n]
+        if self.view is None or self.view_np.shape[0] != n:  # n follows R and the capacity: the same step after step
+            self.view, self.view_np = self.tensor[:n], self.f32[:n]
+        cost_table._curve.dense32_into(self.view_np)
         return draft_cost, self.view
 
 

@@ -46,5 +46,11 @@ int slot_inputs_cpu(const SlotParams& p);
 // base holds shift + count doubles.
 void shifted_costs_cpu(const double* base, int64_t shift, double at_shift, double at_zero, int64_t count, float* out);
 
+// record_confidence on CPU tables: table[idx[r], j] = conf[r * stride0 + j * stride1] for j < Kc, 0 for j in [Kc, K),
+// for the R rows, then (snapshot non-null) the whole [max_reqs, K] table copied into snapshot. Returns
+// kSlotIndexOutOfRange (before writing anything) when an index lies outside [0, max_reqs), else 0.
+int record_rows_cpu(float* table, float* snapshot, int64_t max_reqs, int32_t K, const int64_t* idx, int64_t R,
+                    const float* conf, int64_t stride0, int64_t stride1, int32_t Kc);
+
 }  // namespace verifier
 }  // namespace adaptive_verify
