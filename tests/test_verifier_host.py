@@ -427,3 +427,79 @@ def test_record_confidence_reads_any_strided_conf_on_cpu():
         assert np.array_equal(v.stale_confidence(idx), want), conf.stride()
         untouched = [i for i in range(max_reqs) if i not in idx]
         assert np.array_equal(v.stale_confidence(untouched), np.full((len(untouched), K), v.prior, dtype=np.float32))
+
+
+def _lag_like_call(ct, R, capacity, conf, drafts, out, max_step_ms=None):
+    """A remembered choose_budget call as AdaptiveVerifier's lagged budget makes it (global, conf=, out=)."""
+    _, call = planner_ops._choose_budget(None, drafts, ct, mode="global", min_verify=0, max_verify=None,
+                                         extra_tokens=0, extra_emitting=0, capacity=capacity, draft_tokens=None,
+                                         conf=conf, out=out, weights=None, max_step_ms=max_step_ms, parents=None)
+    return call
+
+
+@pytest.mark.parametrize("max_tokens", [1024, None])
+def test_reshift_sets_what_restep_onto_the_view_sets(max_tokens):
+    """_Call.reshift (the lagged budget's move to a new prompt chunk without a CostTable view or resolve_step) leaves
+    the call exactly as restep onto ``ct.shifted(s)`` does: the same scalar struct fields (another call's pointers differ), the
+    same cost values bit for bit, the same PlanArgs fields, and a budget equal to a fresh public call's. It declines
+    (False) where restep must decide: a call reading the base table's costs, a cap past the curve, a latency target.
+    Catches a reshift that forgets a field resolve_step sets or accepts a step it cannot price."""
+    import ctypes
+
+    pts = {1: 4.0, 16: 4.2, 64: 5.0, 256: 9.0, 1024: 30.0}
+    ct = av.CostTable.from_points(pts, draft_ms=0.5, graph_sizes=[8, 16, 32, 64], max_tokens=max_tokens)
+    cap = ct.token_limit if max_tokens is None else 1024
+    R = 24
+    rng = np.random.default_rng(8)
+    conf = torch.from_numpy(rng.uniform(0.3, 0.99, (R, K)).astype(np.float32))
+    drafts = torch.from_numpy(rng.integers(0, K + 1, R).astype(np.int32))
+    outs = [torch.empty((), dtype=torch.int32) for _ in range(2)]
+    a, b = (_lag_like_call(ct, R, cap, conf, drafts, o) for o in outs)
+    assert not a.reshift(ct, 40, cap - 40)  # still on the base table's costs
+    for call in (a, b):
+        view = ct.shifted(7)
+        assert call.restep(planner_ops.step_key(view, cap - 7, None, 0, 0, 0, None, None), view)
+    for s in [40, 41, 300, 299, 5, 900, 901, 1, 2]:
+        view = ct.shifted(s)
+        same_length = R + min(R * K, cap - s - R) + 1 == a.a.verify_cost.shape[0]  # i.e. the same B_max cap
+        assert a.reshift(ct, s, cap - s) == same_length, s  # another cap: resolve_step
+        if not same_length:  # what the verifier does then
+            assert a.restep(planner_ops.step_key(view, cap - s, None, 0, 0, 0, None, None), view)
+        assert b.restep(planner_ops.step_key(view, cap - s, None, 0, 0, 0, None, None), view)
+        for name, ctype in type(a.params)._fields_:  # every scalar field (pointers differ: each call has its own)
+            if ctype is not ctypes.c_void_p and not name.startswith("_"):
+                assert getattr(a.params, name) == getattr(b.params, name), (s, name)
+        assert torch.equal(a.a.verify_cost, b.a.verify_cost), s
+        for f in ("budget_cap", "num_tokens_padded", "draft_cost", "step_cap", "fixed_budget", "extra_tokens"):
+            assert getattr(a.a, f) == getattr(b.a, f), (s, f)
+        a.run(), b.run()
+        fresh = int(av.choose_budget(None, drafts.clone(), view, conf=conf.clone(), mode="global", capacity=cap - s))
+        assert int(outs[0]) == int(outs[1]) == fresh, s
+    if max_tokens is not None:
+        assert not a.reshift(ct, 1010, 1024 - 1010)  # capacity below R: restep raises it
+    capped = _lag_like_call(ct, R, cap, conf, drafts, torch.empty((), dtype=torch.int32), max_step_ms=50.0)
+    view = ct.shifted(7)
+    capped.restep(planner_ops.step_key(view, cap - 7, None, 0, 0, 0, 50.0, None), view)
+    assert not capped.reshift(ct, 40, cap - 40)
+
+
+def test_lagged_budgets_under_changing_prompt_chunks_equal_fresh_calls():
+    """The verifier's lagged budget, moved from chunk to chunk in place (reshift), back to no chunk and back again,
+    equals a fresh choose_budget on each step's stale confidences at that step's shifted table and capacity,
+    clamped to the step's bounds. Catches a reshift left active after the call returned to the base table."""
+    ct = table()
+    R = 12
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(11)
+    idx = np.arange(R)
+    for step in range(40):
+        extra = [0, 30, 30, 31, 0, 0, 200, 7, 7, 0][step % 10] if step < 20 else int(rng.integers(0, 600))
+        drafts = rng.integers(0, K + 1, R)
+        stale = v.stale_confidence(idx)
+        b, _ = v.plan_budget(R, drafts, extra, req_indices=idx)
+        view = ct.shifted(extra) if extra else ct
+        fresh = int(av.choose_budget(None, torch.from_numpy(drafts.astype(np.int32)), view,
+                                     conf=torch.from_numpy(stale), mode="global", capacity=1024 - extra))
+        room = min(int(drafts.sum()), 1024 - R - extra)
+        assert b == min(fresh, room), (step, extra)
+        v.record_confidence(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))

@@ -444,11 +444,19 @@ class AdaptiveVerifier:
 
     def _lagged_budget(self, R: int, extra_tokens: int, b_min: int, b_max: int) -> int:
         """argmax Theta ("global") over the inputs _slot_inputs gathered, priced at this step, clamped."""
-        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         capacity = self.capacity - extra_tokens
         # Every tensor of this call is the verifier's own (views of _lag_conf, _lag_drafts, _lag_budget), so its
-        # remembered call needs no signature check: only the step (table, capacity) is re-derived.
+        # remembered call needs no signature check: only the step (table, capacity) is re-derived. A new prompt chunk
+        # moves the call onto its shifted costs in place (_Call.reshift: no CostTable view, no resolve_step), once the
+        # call reads shifted costs at all; anything else goes through the view and restep.
         key = ("lag", R)
+        entry = self._driven._entries.get(key)
+        if extra_tokens and entry is not None and (
+                entry[1].step == ("reshift", extra_tokens, capacity) or entry[1].reshift(self.cost_table, extra_tokens,
+                                                                                         capacity)):
+            entry[1].run()
+            return min(max(int(self._lag_budget_np), b_min), b_max)
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
         if self._driven.run(key, table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
             conf, d = self._lag_inputs(R)[:2]
             _, call = choose_budget_call(None, d, table, mode="global", min_verify=self.min_verify, max_verify=None,

@@ -20,7 +20,8 @@ from .. import errors
 from .._callcache import CallCache
 from .._validate import check_tensor
 from ..cost import CostTable
-from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_room
+from ..cost.curve import ShiftedCurve
+from .args import NO_STEP_CAP, PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_room
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
 from .survival import prefix_survival
 from .verify_plan import VerifyPlan
@@ -133,6 +134,37 @@ class _Call:
             self.result = self._views(self.a.num_tokens_padded)
         return True
 
+    def reshift(self, base: CostTable, shift: int, capacity: int) -> bool:
+        """restep onto ``base.shifted(shift)`` with this capacity, without building the view: for a CPU budget-only
+        call (choose_budget, mode greedy or global) whose other per-step arguments are the defaults (no host budget,
+        extra_tokens, extra_emitting, token_offset, max_step_ms or num_tokens_padded) and which already reads its
+        verify costs from this call's shifted-cost array for ``base`` at its R: AdaptiveVerifier's lagged budget, each
+        step at its own prompt chunk. Leaves the call as resolve_step would (tested field by field): when B_max's cap
+        stays, so do the default T_pad and the cost array's length, and only the shifted costs are rewritten; returns
+        True. Returns False when the call is not such a call or the step needs resolve_step (another cap, a cap past
+        the curve, a capacity out of range): the caller then takes restep, which also raises what is wrong."""
+        a, sc, st = self.a, self.shift_costs, self.step
+        if sc is None or st is None or a.verify_cost is not sc.view or sc.fixed[0] is not base or \
+                sc.fixed[1] != a.R or a.mode not in ("greedy", "global") or self.out is not None or self.on_cuda:
+            return False
+        if st[0] != "reshift" and (st[3] is not _NONE or st[11] is not _NONE or st[13] is not _NONE or st[6] or st[8]
+                                   or st[10]):
+            return False  # remembered with a host budget, a latency target, a T_pad or a chunk: resolve_step's business
+        if type(shift) is not int or type(capacity) is not int or shift <= 0 or capacity < 0 or \
+                (base.max_tokens is not None and capacity > base.max_tokens - shift):
+            return False
+        R = a.R
+        budget_cap = min(R * a.max_verify, capacity - R)
+        limit = base.token_limit - shift
+        if budget_cap != a.budget_cap or R + budget_cap > limit or R + budget_cap + 1 != sc.view_np.shape[0]:
+            return False
+        # The same B_max cap, so the same default T_pad and cost array length (R + cap + 1 entries): only the costs
+        # change.
+        ShiftedCurve(base._curve, shift).dense32_into(sc.view_np)  # the view's own curve, into the same array
+        self.step = ("reshift", shift, capacity)  # equals no step_key: a later restep re-derives everything
+        self.table = base
+        return True
+
     def _views(self, padded: int):
         plan = self.views.get(padded)
         if plan is None:
@@ -181,6 +213,8 @@ def _call(op: str, tensors: tuple, statics: tuple, step: tuple, cost_table, out)
         call = None
     return key, call
 
+
+_NONE = type(None)
 
 #: Views kept per remembered call, one set per T_pad (an eager step's T_pad follows its budget).
 _VIEWS_PER_CALL = 64
