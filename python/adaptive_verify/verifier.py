@@ -269,6 +269,7 @@ class AdaptiveVerifier:
         # expected tokens add up on the device (one graph-safe in-place add per step), the rows on the host.
         self._expected = torch.zeros((), dtype=torch.float64, device=self.device)
         self._expected_host = 0.0  # CPU plans: the same float64 sum on the host (a torch add costs microseconds)
+        self._expected_last = (None, None)  # (the last CPU plan's expected_tokens, its numpy view): .item() costs more
         self._rows = 0
         self._steps = 0
         self._budget_count = 0
@@ -752,10 +753,13 @@ class AdaptiveVerifier:
     def _add_expected(self, expected_tokens: torch.Tensor) -> None:
         """Adds a plan's expected tokens (0-d float32) to the running float64 sum: on the device for CUDA plans (one
         graph-safe in-place add, no sync), on the host for CPU ones."""
-        if expected_tokens.is_cuda:
+        if expected_tokens is self._expected_last[0]:  # a CPU plan's buffer seen last step: read through numpy
+            self._expected_host += float(self._expected_last[1])
+        elif expected_tokens.is_cuda:
             self._expected += expected_tokens
         else:
-            self._expected_host += expected_tokens.item()
+            self._expected_last = (expected_tokens, expected_tokens.detach().numpy())
+            self._expected_host += float(self._expected_last[1])
 
     def metrics(self) -> dict:
         """Figures since construction (one small device-to-host copy plus the stats' report):
