@@ -503,3 +503,35 @@ def test_lagged_budgets_under_changing_prompt_chunks_equal_fresh_calls():
         room = min(int(drafts.sum()), 1024 - R - extra)
         assert b == min(fresh, room), (step, extra)
         v.record_confidence(torch.from_numpy(rng.uniform(0.05, 0.99, (R, K)).astype(np.float32)))
+
+
+def test_views_of_evicted_buffer_sets_are_dropped(monkeypatch):
+    """The remembered views of an eager step hold its buffer set's memory: when the buffer set leaves the LRU (here
+    under churn of R, each R its own set), its views go too, so the views never keep more buffer sets alive than the
+    LRU does. Catches a view cache that pins evicted buffers (CUDA memory in an engine)."""
+    import gc
+    import weakref
+
+    from adaptive_verify import verifier as verifier_mod
+
+    monkeypatch.setattr(verifier_mod, "PLAN_CACHE_SIZE", 3)
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(6)
+    dead = []
+    for R in range(4, 16):
+        ctx, bt, anchors, dt = _plan_inputs(rng, R)
+        conf = torch.from_numpy(rng.uniform(0.5, 0.99, (R, K)).astype(np.float32))
+        d = torch.full((R,), K, dtype=torch.int32)
+        for budget in (1, 2, 3):
+            v.plan_budget(R, [K] * R, 70)
+            v.record_confidence(conf)
+            plan = v.plan(conf, d, ctx, bt, anchors, dt, budget, extra_tokens=70)
+        dead.append(weakref.ref(plan.token_req.untyped_storage()))
+        del plan
+    v._driven._entries.clear()  # the remembered planner calls hold their buffers too (their own LRUs)
+    planner_ops._CALLS.clear()
+    gc.collect()
+    alive = sum(ref() is not None for ref in dead)
+    assert alive <= 3, alive  # the LRU's buffer sets, no more
+    assert sum(len(keys) for keys in v._views_of.values()) == len(v._views) <= 9

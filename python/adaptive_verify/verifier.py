@@ -42,7 +42,8 @@ Decisions (docs/design.md, "What engines rely on every step"):
 - Bounded host state: persistent plan buffers are kept per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE``
   entries (entries created during CUDA-graph capture are never evicted); every eager step of R requests (above
   the largest graph size), and every step with prompt tokens that is not being captured, shares one entry sized
-  for the largest eager step, and its plan is views of the first padded tokens; metrics keep running sums.
+  for the largest eager step, and its plan is views of the first padded tokens (kept per size, VIEW_CACHE_SIZE in
+  all, dropped with their buffer set); metrics keep running sums.
 """
 from __future__ import annotations
 
@@ -240,7 +241,10 @@ class AdaptiveVerifier:
         # The host budget of plan() as a persistent 0-d tensor on the plan's device (written in place each step).
         self._budget_in = torch.zeros((), dtype=torch.int32, device=self.device)
         self._budget_np = self._budget_in.numpy() if self.device.type == "cpu" else None
-        self._views: dict[tuple, tuple] = {}  # (id(plan), padded) -> (plan, its first padded tokens): eager steps
+        # Eager steps' views: (id(plan), padded) -> (plan, its first padded tokens), and per buffer set (id(out)) the
+        # keys of the views of its plans, dropped with it when the buffer set is evicted (views hold its memory).
+        self._views: dict[tuple, tuple] = {}
+        self._views_of: dict[int, set] = {}
         self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
         self._survival_views: dict[tuple, torch.Tensor] = {}
         # The lagged budget's host inputs, persistent so that choose_budget sees the same tensors each step
@@ -606,6 +610,7 @@ class AdaptiveVerifier:
             if out is not None:
                 self._plans.move_to_end(key)
         if out is not None and out.token_req.shape[0] < tokens:
+            self._drop_views(out)
             out = None  # an eager step larger than every earlier one (a caller's own padded_tokens): grow
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if out is None:
@@ -616,10 +621,15 @@ class AdaptiveVerifier:
             else:
                 self._plans[key] = out
                 while len(self._plans) > PLAN_CACHE_SIZE:
-                    self._plans.popitem(last=False)
+                    self._drop_views(self._plans.popitem(last=False)[1])
         elif capturing and key not in self._plans_pinned:  # eager steps made them; a graph now holds their addresses
             self._plans_pinned[key] = self._plans.pop(key)
         return out
+
+    def _drop_views(self, out: VerifyPlan) -> None:
+        """Forgets the views of a buffer set that is evicted or outgrown, so that they do not keep its memory alive."""
+        for key in self._views_of.pop(id(out), ()):
+            self._views.pop(key, None)
 
     def _survival_buffer(self, R: int, Kc: int) -> torch.Tensor:
         view = self._survival_views.get((R, Kc))
@@ -699,19 +709,27 @@ class AdaptiveVerifier:
             plan, call = plan_call(None, drafts, table, self.verification if live else None, kw, out)
             self._driven.remember(key, caller, call)
         if T != padded_tokens:
-            plan = self._first_tokens(plan, padded_tokens)
+            plan = self._first_tokens(plan, padded_tokens, out)
         self._last_plan = plan
         return plan
 
-    def _first_tokens(self, plan: VerifyPlan, padded: int) -> VerifyPlan:
+    def _first_tokens(self, plan: VerifyPlan, padded: int, owner: VerifyPlan) -> VerifyPlan:
         """plan.first_tokens(padded), remembered per (plan object, padded), VIEW_CACHE_SIZE of them (first in, first
-        out): a step size seen before gets its views back without slicing."""
+        out): a step size seen before gets its views back without slicing. ``owner``: the buffer set plan is written
+        into (its views are dropped with it, _drop_views)."""
         key = (id(plan), padded)
         hit = self._views.get(key)
         if hit is None or hit[0] is not plan:
             if len(self._views) >= VIEW_CACHE_SIZE:
-                self._views.pop(next(iter(self._views)))
-            hit = self._views[key] = (plan, plan.first_tokens(padded))
+                old = next(iter(self._views))
+                owner_id = self._views.pop(old)[2]
+                keys = self._views_of.get(owner_id)
+                if keys is not None:
+                    keys.discard(old)
+                    if not keys:
+                        del self._views_of[owner_id]
+            hit = self._views[key] = (plan, plan.first_tokens(padded), id(owner))
+            self._views_of.setdefault(id(owner), set()).add(key)
         return hit[1]
 
     def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor, *,
