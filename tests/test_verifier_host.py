@@ -150,6 +150,16 @@ def _plan_inputs(rng, R):
     return ctx, bt, anchors, dt
 
 
+def _full_drafts_setup(R, seed):
+    """(table, a verifier for R requests, the plan's metadata inputs, conf [R, K], drafts [R] all K)."""
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(seed)
+    inputs = _plan_inputs(rng, R)
+    conf = torch.from_numpy(rng.uniform(0.5, 0.99, (R, K)).astype(np.float32))
+    return ct, v, inputs, conf, torch.full((R,), K, dtype=torch.int32)
+
+
 def _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded, min_verify=0):
     """A fresh planner call with the step's exact capacity and T_pad."""
     return av.plan_verification(av.prefix_survival(conf, d), d, ct, mode="fixed", budget=b, context_lens=ctx,
@@ -203,13 +213,8 @@ def test_driven_steps_validate_once_and_equal_fresh_planner_calls(monkeypatch):
 def test_a_caller_tensor_replaced_in_place_is_read_anew():
     """The driven call holds the caller tensors' pointers: one given new storage (set_) between steps must be read
     from its new storage, not the old (its new pointer is a new key, so that step goes through validation)."""
-    ct = table()
     R = 6
-    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
-    rng = np.random.default_rng(2)
-    ctx, bt, anchors, dt = _plan_inputs(rng, R)
-    conf = torch.from_numpy(rng.uniform(0.5, 0.99, (R, K)).astype(np.float32))
-    d = torch.full((R,), K, dtype=torch.int32)
+    ct, v, (ctx, bt, anchors, dt), conf, d = _full_drafts_setup(R, 2)
     for step in range(3):
         b, padded = v.plan_budget(R, [K] * R)
         v.record_confidence(conf)
@@ -381,13 +386,8 @@ def test_eager_step_views_are_reused_per_size_and_bounded(monkeypatch):
     from adaptive_verify import verifier as verifier_mod
 
     monkeypatch.setattr(verifier_mod, "VIEW_CACHE_SIZE", 5)
-    ct = table()
     R = 10
-    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
-    rng = np.random.default_rng(4)
-    ctx, bt, anchors, dt = _plan_inputs(rng, R)
-    conf = torch.from_numpy(rng.uniform(0.5, 0.99, (R, K)).astype(np.float32))
-    d = torch.full((R,), K, dtype=torch.int32)
+    ct, v, (ctx, bt, anchors, dt), conf, d = _full_drafts_setup(R, 4)
     seen = {}
     for step, budget in enumerate([3, 9, 3, 20, 9, 1, 2, 4, 6, 3]):
         extra = 70  # R + extra exceeds the largest graph (64): every step is eager, its size R + budget

@@ -21,7 +21,7 @@ from .._callcache import CallCache
 from .._validate import check_tensor
 from ..cost import CostTable
 from ..cost.curve import ShiftedCurve
-from .args import NO_STEP_CAP, PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_room
+from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_room
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
 from .survival import prefix_survival
 from .verify_plan import VerifyPlan
