@@ -535,3 +535,12 @@ def test_views_of_evicted_buffer_sets_are_dropped(monkeypatch):
     alive = sum(ref() is not None for ref in dead)
     assert alive <= 3, alive  # the LRU's buffer sets, no more
     assert sum(len(keys) for keys in v._views_of.values()) == len(v._views) <= 9
+
+
+def test_record_confidence_refuses_a_sparse_conf_naming_it():
+    """The CPU scatter reads conf through its strides: a sparse conf is a TypeError naming conf, not torch's
+    NotImplementedError from index_put."""
+    v = AdaptiveVerifier(table(), max_reqs=4, max_drafts=K, block_size=4)
+    v.plan_budget(2, [K, K])
+    with pytest.raises(TypeError, match="conf must be a dense"):
+        v.record_confidence(torch.ones(2, K).to_sparse())

@@ -140,6 +140,11 @@ class _Driven:
         call.run()
         return call.result
 
+    def call(self, key: tuple):
+        """The remembered call for key, or None (not launched)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
     def remember(self, key: tuple, caller: tuple, call) -> None:
         if call is None:  # the op did not remember it (e.g. an argument was converted): nothing to drive
             self._entries.pop(key, None)
@@ -455,20 +460,19 @@ class AdaptiveVerifier:
         # moves the call onto its shifted costs in place (_Call.reshift: no CostTable view, no resolve_step), once the
         # call reads shifted costs at all; anything else goes through the view and restep.
         key = ("lag", R)
-        entry = self._driven._entries.get(key)
-        if extra_tokens and entry is not None and (
-                entry[1].step == ("reshift", extra_tokens, capacity) or entry[1].reshift(self.cost_table, extra_tokens,
-                                                                                         capacity)):
-            entry[1].run()
-            return min(max(int(self._lag_budget_np), b_min), b_max)
-        table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
-        if self._driven.run(key, table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
-            conf, d = self._lag_inputs(R)[:2]
-            _, call = choose_budget_call(None, d, table, mode="global", min_verify=self.min_verify, max_verify=None,
-                                         extra_tokens=0, extra_emitting=0, capacity=capacity, draft_tokens=None,
-                                         conf=conf, out=self._lag_budget, weights=None, max_step_ms=self.max_step_ms,
-                                         parents=None)
-            self._driven.remember(key, (), call)
+        call = self._driven.call(key)
+        if extra_tokens and call is not None and (call.step == ("reshift", extra_tokens, capacity) or
+                                                  call.reshift(self.cost_table, extra_tokens, capacity)):
+            call.run()
+        else:
+            table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
+            if self._driven.run(key, table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
+                conf, d = self._lag_inputs(R)[:2]
+                _, call = choose_budget_call(None, d, table, mode="global", min_verify=self.min_verify,
+                                             max_verify=None, extra_tokens=0, extra_emitting=0, capacity=capacity,
+                                             draft_tokens=None, conf=conf, out=self._lag_budget, weights=None,
+                                             max_step_ms=self.max_step_ms, parents=None)
+                self._driven.remember(key, (), call)
         return min(max(int(self._lag_budget_np), b_min), b_max)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None, *, parents: Optional[torch.Tensor] = None,
@@ -483,7 +487,7 @@ class AdaptiveVerifier:
             return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
         R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
         slot = self._slot
-        if self.device.type == "cpu" and conf.layout is torch.strided:
+        if self.device.type == "cpu":
             # CPU tables: one extension call scatters the rows and copies the table into this step's snapshot (a numpy
             # scatter and a torch copy cost tens of microseconds per step; torch's index_put several times that).
             idx = self._host_slots(req_indices, R)
@@ -492,10 +496,7 @@ class AdaptiveVerifier:
             if status:  # idx was checked (_host_slots); this is a bug, not an input error
                 raise RuntimeError(f"adaptive_verify._C.record_rows returned status {status}")
         else:
-            if self.device.type == "cpu":  # a non-strided CPU tensor: torch's own indexing (it may refuse it)
-                idx_dev = torch.from_numpy(self._host_slots(req_indices, R))
-            else:
-                idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
+            idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
             if R:
                 self._conf_dev[idx_dev, :Kc] = conf
                 if Kc < self.max_drafts:
@@ -569,6 +570,8 @@ class AdaptiveVerifier:
             raise TypeError(f"conf must be a float32 tensor [R, {columns}], got {type(conf).__name__}")
         if conf.dim() != 2 or conf.dtype != torch.float32:
             raise ValueError(f"conf must be a float32 tensor [R, {columns}], got {conf.dtype} {tuple(conf.shape)}")
+        if conf.layout is not torch.strided:  # (the CPU scatter reads it through its strides)
+            raise TypeError(f"conf must be a dense (strided) tensor, got layout {conf.layout}")
         if conf.device != self.device:
             raise ValueError(f"conf must be on the verifier's device {self.device}, got {conf.device}")
         R, n = conf.shape
