@@ -10,13 +10,13 @@ namespace bindings {
 
 namespace {
 
-// The engine's host array as int64 data: 1-D, C-contiguous int64 of n entries (verifier.py converts anything else
-// first; this only refuses what it was not given).
-const int64_t* int64_data(const py::array& a, int64_t n, const char* name) {
-  if (a.ndim() != 1 || a.shape(0) != n || !a.dtype().is(py::dtype::of<int64_t>()) ||
+// The engine's host array as int64 data: 1-D, C-contiguous int64 of n entries, any count for n < 0 (verifier.py
+// converts anything else first; this only refuses what it was not given).
+const int64_t* int64_data(const py::array& a, int64_t n, const char* op, const char* name) {
+  if (a.ndim() != 1 || (n >= 0 && a.shape(0) != n) || !a.dtype().is(py::dtype::of<int64_t>()) ||
       !(a.flags() & py::array::c_style))
-    throw py::value_error(std::string("adaptive_verify._C.slot_inputs: ") + name +
-                          " must be a contiguous 1-D int64 array of num_reqs entries");
+    throw py::value_error(std::string("adaptive_verify._C.") + op + ": " + name +
+                          " must be a contiguous 1-D int64 array" + (n >= 0 ? " of num_reqs entries" : ""));
   return static_cast<const int64_t*>(a.data());
 }
 
@@ -28,9 +28,10 @@ void register_verifier(py::module_& m) {
   // arrays change object every step, so their pointers are read here (cheaper than from Python).
   m.def("slot_inputs", [](uintptr_t address, const py::array& drafts, const py::object& req_indices) {
     S p = params_at<S>(address);
-    p.drafts = int64_data(drafts, p.num_reqs, "drafts");
-    p.req_indices = req_indices.is_none() ? nullptr
-                                          : int64_data(req_indices.cast<py::array>(), p.num_reqs, "req_indices");
+    p.drafts = int64_data(drafts, p.num_reqs, "slot_inputs", "drafts");
+    p.req_indices = req_indices.is_none()
+                        ? nullptr
+                        : int64_data(req_indices.cast<py::array>(), p.num_reqs, "slot_inputs", "req_indices");
     return verifier::slot_inputs_cpu(p);
   });
   // shifted_costs(base, shift, at_shift, at_zero, out): out[n] = float32(base[shift + n] - at_shift + at_zero) for
@@ -49,10 +50,9 @@ void register_verifier(py::module_& m) {
   // on CPU tables (addresses of float32 host memory the caller owns; req_indices a contiguous int64 array of R rows).
   m.def("record_rows", [](uintptr_t table, uintptr_t snapshot, int64_t max_reqs, int32_t K, const py::array& idx,
                           uintptr_t conf, int64_t stride0, int64_t stride1, int32_t Kc) {
-    if (idx.ndim() != 1 || !idx.dtype().is(py::dtype::of<int64_t>()) || !(idx.flags() & py::array::c_style))
-      throw py::value_error("adaptive_verify._C.record_rows: req_indices must be a contiguous 1-D int64 array");
+    const int64_t* rows = int64_data(idx, -1, "record_rows", "req_indices");
     return verifier::record_rows_cpu(reinterpret_cast<float*>(table), reinterpret_cast<float*>(snapshot), max_reqs, K,
-                                     static_cast<const int64_t*>(idx.data()), idx.shape(0),
+                                     rows, idx.shape(0),
                                      reinterpret_cast<const float*>(conf), stride0, stride1, Kc);
   });
   m.attr("SLOT_PARAMS") = struct_layout<S>({

@@ -26,7 +26,7 @@
 // slower at R=256, N=63 here). The gather and the in-bucket sort are shared, with the tree key.
 // Scratch is thread_local and reused: a decode loop plans every step, so steady state allocates nothing.
 // At R=256, K=8 (2048 candidates) on this project's 2-core CI machine, a plan from confidences with metadata takes
-// about 11 us and a global choose_budget about 11 us (2026-12-02, benchmarks/results/2026-12-02-cpu-planner-kernel.md).
+// about 11 us and a global choose_budget about 11 us (2026-12-02, benchmarks/results/2026-12-02-cpu-verifier-host-3.md).
 #include <algorithm>
 #include <cstring>
 #include <vector>
