@@ -7,7 +7,8 @@ every step around it (uniform in [150, 450], never the previous size: what chunk
 asking ``CostTable.shifted`` for a new curve, at the constant regime's operating point, so the comparison isolates
 the cost of a new size); "varying, wide" (uniform over every size that fits, so the budget and the tokens
 planned also swing from step to step); and "constant, slices" (the constant chunk with every tensor input a new
-slice of a persistent buffer each step, as engines pass them; the other regimes pass the same objects). Targets: varying within 1.5x of constant, both under 100 us at R=256, K=8.
+slice of a persistent buffer each step, as engines pass them; the other regimes pass the same objects). Targets:
+varying within 1.5x of constant, both under 100 us at R=256, K=8.
 On CPU tensors the planner's and the stats' kernels run on this thread, so the times include their compute.
 
 Regret: requests join and leave (churn of +-2 per step around R=256, K=8) on a cost that is flat up to a
@@ -108,15 +109,13 @@ def _host_steps(R: int, K: int, prefill: str, steps: int, seed: int, now, spent:
     extra = 0
     for step in range(steps):
         prev = extra
-        if prefill == "constant":
+        if prefill in ("constant", "constant, slices"):
             extra = 300
         elif prefill == "varying":
             extra = int(rng.integers(150, 450))
             extra += extra == prev  # a new size every step
         elif prefill == "varying, wide":
             extra = int(rng.integers(1, cap))
-        elif prefill == "constant, slices":
-            extra = 300
         conf = confs[step % len(confs)]
         args = (drafts, ctx, bt, anchors, dt)
         if slices is not None:  # an engine's new slices of its persistent buffers, every step (copy not timed)
