@@ -18,15 +18,6 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
-def _cutlass_include():
-    try:
-        import cutlass_library
-    except ImportError:
-        return None
-    inc = Path(cutlass_library.__file__).resolve().parent / "source" / "include"
-    return str(inc) if inc.is_dir() else None
-
-
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -46,9 +37,6 @@ class CMakeBuild(build_ext):
             f"-DAV_OUTPUT_DIR={out_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
-        cutlass = _cutlass_include()
-        if cutlass:
-            args.append(f"-DAV_CUTLASS_INCLUDE={cutlass}")
         subprocess.check_call(args)
         build = ["cmake", "--build", str(build_dir)]
         if os.environ.get("MAX_JOBS"):

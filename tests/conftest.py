@@ -2,11 +2,14 @@
 
 Mark a test ``@pytest.mark.cuda``: it runs where the extension has CUDA kernels and a GPU can run them
 (adaptive_verify.cuda_available()), and is skipped elsewhere with the reason. CI machines have no GPU; the
-host emulator (tests/emu) runs the CUDA sources there instead.
+host emulator (tests/emu) runs the CUDA sources there instead. Every run ends with how many tests were
+skipped for want of a GPU (gpu_skips.py).
 """
 import pytest
 
 import adaptive_verify as av
+
+pytest_plugins = ["gpu_skips", "pytester"]  # the closing "N tests skipped for want of a GPU" line; test_gpu_skips
 
 
 def pytest_collection_modifyitems(config, items):

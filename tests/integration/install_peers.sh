@@ -6,10 +6,10 @@
 # - Every package is installed with --no-deps: vLLM and SGLang depend on a CUDA torch, flashinfer, CUTLASS DSL,
 #   ... which must never replace the CPU torch this project builds against, and which the spec-decode modules we
 #   call do not import.
-# - Idempotent and quick when everything is present: versions are checked with importlib.metadata first, and
-#   pip only runs for what is missing or at another version (pip's wheel cache serves repeated installs).
-# - After installing, imports the modules the tests call, so a package missing from peers.txt fails here with
-#   its import error (skipped when nothing was installed: the import alone takes ~30 s on 2 cores).
+# - Quick when everything is present: versions are checked with importlib.metadata first, and pip only runs
+#   for what is missing or at another version (pip's wheel cache serves repeated installs).
+# - Then, every time (not only when something was installed), check_imports.py imports every peer module the
+#   tests use, so a package missing from peers.txt fails here with the import error named, on any machine.
 #
 # Usage: bash tests/integration/install_peers.sh   (PYTHON=/path/to/python to choose the interpreter)
 set -euo pipefail
@@ -38,27 +38,6 @@ if ((${#todo[@]})); then
   "$PY" -m pip install --no-deps --disable-pip-version-check -q "${todo[@]}"
 else
   echo "install_peers: all ${#pins[@]} pinned packages present"
-  exit 0
 fi
 
-# The modules tests/integration imports (vLLM's spec-decode structures and adaptive verification, SGLang's
-# DSpark schedule and ragged verify layout, its EAGLE chain-tree builder).
-"$PY" - <<'EOF'
-import importlib
-import logging
-import os
-
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns that its CUDA extension is absent
-logging.disable(logging.WARNING)
-for name in (
-    "vllm.v1.spec_decode.metadata",
-    "vllm.v1.attention.backend",
-    "vllm.v1.sample.rejection_sampler",
-    "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
-    "sglang.kernels.ops.speculative.dspark.dspark_schedule",
-    "sglang.kernels.ops.speculative.eagle",
-    "sglang.srt.speculative.ragged_verify",
-):
-    importlib.import_module(name)
-print("install_peers: vLLM and SGLang modules import")
-EOF
+"$PY" check_imports.py
