@@ -35,7 +35,15 @@ MODULES = (
 
 def main() -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns that its CUDA extension is absent
+    previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
+    try:
+        return _import_all()
+    finally:
+        logging.disable(previous)
+
+
+def _import_all() -> int:
     for name in MODULES:
         try:
             importlib.import_module(name)

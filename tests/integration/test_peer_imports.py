@@ -43,3 +43,12 @@ def test_the_scan_sees_every_import_form():
     src = ("import vllm.a\nfrom sglang.b import c\nx = import_peer('vllm.d')\n"
            "y = importlib.import_module('sglang.e')\nimport numpy\nfrom . import peers\n")
     assert imported_peer_modules(src) == {"vllm.a", "sglang.b", "vllm.d", "sglang.e"}
+
+
+def test_a_missing_package_fails_the_check_naming_it(monkeypatch, capsys):
+    import check_imports
+
+    monkeypatch.setattr(check_imports, "MODULES", ("json", "av_no_such_peer_package.sub"))
+    assert check_imports.main() == 1
+    err = capsys.readouterr().err
+    assert "No module named 'av_no_such_peer_package'" in err and "peers.txt" in err
