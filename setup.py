@@ -5,6 +5,7 @@ Environment:
   AV_CUDA_ARCHS="90a"   CUDA architectures, ';' or ',' separated (default 90a;100a;103a)
   AV_BUILD_DIR=path     keep the CMake build tree there for incremental rebuilds
   AV_PTXAS_VERBOSE=1    print registers, shared memory and spills of every kernel
+  AV_SANITIZE=1         ASan + UBSan build of the C++ (needs AV_CUDA=0; tests/sanitize.sh uses it)
   MAX_JOBS=N            parallel compile jobs (default: all cores)
 """
 import os

@@ -12,17 +12,23 @@ EMU_DIR = Path(__file__).resolve().parent / "emu"
 _INCLUDE = ROOT / "csrc" / "include"
 
 
+# AV_SANITIZE=1 (tests/sanitize.sh): the emulated kernels are built with the sanitized extension's flags, so
+# AddressSanitizer and UndefinedBehaviorSanitizer check the CUDA sources as the emulator runs them.
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+
+
 def build(name: str, tmp_path_factory) -> ctypes.CDLL:
     """tests/emu/<name>.cpp, compiled with the host compiler (the one that builds the package) exactly as the
-    library's host code is: C++17, -O2, -ffp-contract=off (no fused multiply-add)."""
+    library's host code is: C++17, -O2, -ffp-contract=off (no fused multiply-add); sanitized under AV_SANITIZE=1."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     assert cxx, "a host C++ compiler is needed to build the emulator (it also builds the package)"
     sources = [EMU_DIR / f"{name}.cpp", EMU_DIR / "cuda_emu.h"] + sorted(_INCLUDE.rglob("*.[ch]*"))
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    extra = SANITIZE_FLAGS if os.environ.get("AV_SANITIZE") == "1" else []
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + " ".join(extra).encode()).hexdigest()[:16]
     lib = tmp_path_factory.getbasetemp() / f"{name}_{digest}.so"
     if not lib.exists():
-        cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", f"-I{_INCLUDE}", f"-I{EMU_DIR}",
-               str(EMU_DIR / f"{name}.cpp"), "-o", str(lib)]
+        cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", *extra, f"-I{_INCLUDE}",
+               f"-I{EMU_DIR}", str(EMU_DIR / f"{name}.cpp"), "-o", str(lib)]
         subprocess.run(cmd, check=True)
     return ctypes.CDLL(str(lib))
 

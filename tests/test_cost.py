@@ -736,3 +736,11 @@ def test_roofline_context_len_is_bounded():
         with pytest.raises(ValueError, match="^context_len"):
             CostTable.roofline(context_len=bad, **kw)
     assert CostTable.roofline(context_len=2**31 - 1, **kw).verify_cost(1) > 0
+
+
+def test_verify_cost_that_is_zero_in_float32_is_refused_naming_it():
+    """Fuzz seed 35, CostTable:380/928: 1e-320 ms is > 0 in Python and 0 in the planner's float32 cost array (a free
+    step); refused like 0. The smallest positive float32 stays accepted."""
+    with pytest.raises(ValueError, match="verify_ms"):
+        CostTable.from_points(verify_ms={1: 1e-320})
+    assert CostTable.from_points(verify_ms={1: 1e-44}).verify_cost(1) > 0

@@ -15,6 +15,7 @@ import torch
 
 import adaptive_verify as av
 import emu_build
+import test_sampling_nonfinite as nonfinite
 from adaptive_verify import reference as ref
 from test_sampling_cuda import _batch, realistic_case, sample_case, ties_and_nans_case
 
@@ -157,3 +158,27 @@ def test_sample_emulated_with_truncation_and_logprobs(emulated, V):
     cpu = av.sample(logits, temperature, seeds, 3, **kw)
     emu = emulated(lambda: av.sample(logits, temperature, seeds, 3, **kw))
     assert torch.equal(cpu[0], emu[0]) and torch.equal(cpu[1], emu[1])
+
+
+@pytest.mark.parametrize("V", [777, 20000])
+@pytest.mark.parametrize("probs", [False, True])
+def test_rejection_sample_emulated_nonfinite_logits(emulated, V, probs):
+    """Rows of every non-finite pattern (test_sampling_nonfinite.py: +inf, NaN, -inf, only -inf and NaN, finite
+    logits that overflow once scaled) and draft probabilities with NaN / inf / negative entries: the same integers
+    and counts as the CPU kernel (splitv hands rows with a +inf scaled logit to v1's routine); with logprobs (v1),
+    the reference's bits. V = 20000 spreads a row over several splitv chunks."""
+    R, K = (16, 3) if V < 5000 else (5, 2)
+    logits, qsl, drafts, temperature, seeds = nonfinite.batch(R, K, V, torch.bfloat16, seed=V + probs)
+    q = nonfinite.nonfinite_probs(R, K, V, drafts, seed=V) if probs else None
+    _check_same(emulated, logits, qsl, drafts, draft_probs=q, temperature=temperature, seeds=seeds, offset=4)
+    _check_same_logprobs(emulated, logits, qsl, drafts, draft_probs=q, temperature=temperature, seeds=seeds, offset=4)
+
+
+def test_sample_emulated_nonfinite_logits(emulated):
+    N, V = 24, 9000
+    logits = nonfinite.nonfinite_logits(N, V, torch.float32, seed=3)
+    temperature, seeds = torch.tensor([0.0, 0.5, 1.0]).repeat(N // 3), torch.arange(N)
+    cpu = av.sample(logits, temperature, seeds, 3)
+    emu = emulated(lambda: av.sample(logits, temperature, seeds, 3))
+    assert torch.equal(cpu, emu)
+    assert torch.equal(emu, ref.sample(logits, temperature, seeds, 3))

@@ -23,6 +23,7 @@ from scipy import stats
 
 import adaptive_verify as av
 import emu_build
+import test_sampling_nonfinite as nonfinite
 from adaptive_verify import reference as ref
 from test_planner_tree import gen_parents
 
@@ -734,3 +735,14 @@ def test_compiles_fullgraph_like_eager():
     explained = dynamo.explain(fn)(step["logits"])
     ops = " ".join(str(n.target) for gm in explained.graphs for n in gm.graph.nodes if n.op == "call_function")
     assert "tree_rejection_sample_into" in ops
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_emulated_kernel_nonfinite_logits(emulated, truncate):
+    """test_sampling_nonfinite.py's trees (nodes carrying their parents' +inf ids, every non-finite pattern): the
+    CUDA source gives the CPU kernel's integers, logprobs and counts."""
+    args, R = nonfinite.tree_step(300, torch.bfloat16, seed=11 + truncate)
+    kw = dict(temperature=torch.tensor([0.0, 0.5, 1.0]).repeat(R // 3), seeds=torch.arange(R), offset=2, logprobs=True)
+    if truncate:
+        kw.update(top_k=torch.tensor([0, 1, 2]).repeat(R // 3).to(torch.int32), min_p=torch.full((R,), 0.1))
+    _same(emulated, args, kw)

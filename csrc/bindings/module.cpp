@@ -39,6 +39,7 @@ py::dict build_info() {
 #endif
   d["cpu_only_reason"] = std::string(AV_CPU_ONLY_REASON);
   d["compiler"] = std::string(__VERSION__);
+  d["sanitizers"] = std::string(AV_SANITIZED);  // "" or "address,undefined" (AV_SANITIZE=1 builds)
   return d;
 }
 

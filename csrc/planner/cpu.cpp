@@ -509,7 +509,7 @@ struct CpuBackend {
     if (p.parents != nullptr) return generic_count_verified(p, *this, ws, th);
     const int32_t R = p.num_reqs, K = p.max_drafts;
     if (th.none) {
-      std::memcpy(ws.lens, caps.data(), size_t(R) * sizeof(int32_t));
+      if (R > 0) std::memcpy(ws.lens, caps.data(), size_t(R) * sizeof(int32_t));  // (R = 0: caps.data() is null)
     } else if (!th.tie && K % 8 == 0 && R > 0) {  // no tie: a row's count is its words above the threshold
       const int64_t n_padded = (int64_t(R) * K + 15) / 16 * 16;
       grow(lens_tmp, size_t(n_padded / 8 + 1));  // count_above writes every padded group (K == 8)

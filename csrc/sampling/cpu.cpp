@@ -34,8 +34,8 @@ struct CpuRows {
 
   int64_t race(const T* row, int64_t V, float temp, float m, const Rng& rng, int32_t j, uint32_t stream,
                uint64_t limit) const {
-    RaceBest best{m - kRaceWindow, RaceUniforms{rng, j, stream}, limit};
-    for (int64_t v = 0; v < V; ++v) best.push(fdiv(to_float(row[v]), temp), v);
+    RaceBest best{softmax_max(m) - kRaceWindow, RaceUniforms{rng, j, stream}, limit};
+    for (int64_t v = 0; v < V; ++v) best.push(scaled_logit(to_float(row[v]), temp, m), v);
     return best.id < 0 ? 0 : best.id;
   }
 
@@ -55,7 +55,7 @@ struct CpuRows {
     }
     for (int64_t v = 0; v < V; ++v) {
       uint64_t key, mass;
-      const int b = rank_bucket(fdiv(to_float(row[v]), temp), v, m, limit, prefix, shift, with_mass, &key, &mass);
+      const int b = rank_bucket(scaled_logit(to_float(row[v]), temp, m), v, m, limit, prefix, shift, with_mass, &key, &mass);
       if (b < 0) continue;
       hist.count[b] += 1;
       hist.mass[b] += mass;
@@ -69,8 +69,8 @@ struct CpuRows {
   SoftmaxStats softmax_stats(const T* row, int64_t V, float temp, float m, uint64_t limit) const {
     float lanes[kLanes] = {};
     for (int64_t v = 0; v < V; ++v) {  // lane v % kLanes adds its terms in increasing v: the canonical order
-      const float z = fdiv(to_float(row[v]), temp);
-      if (kept(z, v, limit)) lanes[v % kLanes] = fadd(lanes[v % kLanes], av_exp(fsub(z, m)));
+      const float z = scaled_logit(to_float(row[v]), temp, m);
+      if (kept(z, v, limit)) lanes[v % kLanes] = fadd(lanes[v % kLanes], av_exp(fsub(z, softmax_max(m))));
     }
     for (int s = kLanes / 2; s >= 1; s /= 2)
       for (int l = 0; l < s; ++l) lanes[l] = fadd(lanes[l], lanes[l + s]);

@@ -39,9 +39,10 @@ parameters or logprobs run the "v1" CUDA kernel whatever ``cuda_kernel`` says.
 
 Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
 draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
-is clamped to K drafts and q_len < 0 or rows past T make a padding row (``query_len_out_of_range``); NaN
-logits never win (``nan_logits``, once per row read for a decision); a row without any finite logit emits
-id 0. The CPU path raises ValueError for negative temperatures and for sampling parameters out of range; on
+is clamped to K drafts and q_len < 0 or rows past T make a padding row (``query_len_out_of_range``). Non-finite
+logits follow one rule in every op (docs/design.md, "Non-finite logits"): NaN never wins (``nan_logits``, once
+per row read for a decision); a row with +inf logits samples uniformly among them (the limit of softmax; every
+other token has probability 0, logprobs log(1/n) and -inf); a row with only -inf and NaN emits id 0. The CPU path raises ValueError for negative temperatures and for sampling parameters out of range; on
 CUDA a negative or NaN temperature means greedy, and top_k < 0, top_p outside (0, 1] or min_p outside [0, 1]
 (NaN included) turn that filter off for the request (``sampling_param_out_of_range``).
 """

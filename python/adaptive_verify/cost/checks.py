@@ -65,9 +65,10 @@ def check_ms(name: str, value: Any, *, what: str, positive: bool) -> float:
     value = to_float(name, value)
     if not math.isfinite(value):
         raise ValueError(f"{name}: {what} must be finite, got {value!r}")
-    if positive and value <= 0.0:
+    # The planner reads costs as float32: a positive value that rounds to 0 there (below ~1.4e-45) is a free step.
+    if positive and not float(torch.tensor(value, dtype=torch.float32)) > 0.0:
         raise ValueError(
-            f"{name}: {what} must be > 0 ms (a free step makes the planner's ratio infinite), got {value!r}"
+            f"{name}: {what} must be > 0 ms in float32 (a free step makes the planner's ratio infinite), got {value!r}"
         )
     if value < 0.0:
         raise ValueError(f"{name}: {what} must be >= 0 ms, got {value!r}")

@@ -1,7 +1,10 @@
 """Fuzz cases of rejection_sample and sample: drafts, temperatures, seeds and offsets at their edges, the sampling
 parameters (top_k, top_p, min_p, some off, some per request) and logprobs, compared with the reference bit for
 bit; out-of-range values of each, which the CPU kernel refuses by name. tree_rejection_sample likewise, on random
-topological trees, with bad parents, lengths and widths."""
+topological trees, with bad parents, lengths and widths.
+
+Non-finite logits (NaN, +inf, -inf, whole rows of them) and non-finite or negative draft probabilities are part
+of the valid class: their results are defined (docs/design.md, "Non-finite logits") and compared bit for bit."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +17,12 @@ from .guards import Guards
 from .values import floats, int_arg, ints, maybe, pick, small_int, sprinkle, tensor_variants
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NONFINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def _nonfinite_logits(rng, logits: torch.Tensor) -> torch.Tensor:
+    """logits with NaN / +inf / -inf sprinkled in (sometimes densely, so whole rows go non-finite)."""
+    return sprinkle(rng, logits.float(), float(pick(rng, [0.05, 0.2, 0.6])), NONFINITE).to(logits.dtype)
 
 
 def _problem(rng):
@@ -28,9 +37,13 @@ def _problem(rng):
     drafts = ints(rng, 0, V - 1, (R, K), pick(rng, [torch.int32, torch.int64]))
     temperature = None if maybe(rng, 0.3) else torch.from_numpy(rng.choice([0.0, 0.5, 1.0, 2.0], size=R)).float()
     seeds = ints(rng, -(2**62), 2**62, (R,), torch.int64)
+    if maybe(rng, 0.3):
+        logits = _nonfinite_logits(rng, logits)
     probs = None
     if maybe(rng, 0.4):
         probs = torch.softmax(floats(rng, (R, K, V), -3, 3), dim=-1)
+        if maybe(rng, 0.3):  # not a distribution: entries that are not > 0 count as 0 (design.md)
+            probs = sprinkle(rng, probs, 0.15, NONFINITE + (-0.5,))
     return R, K, V, T, q_lens, torch.tensor(qsl, dtype=torch.int32), logits, drafts, temperature, seeds, probs
 
 
@@ -73,13 +86,10 @@ def rejection_case(rng) -> Case:
     R, K, V, T, q_lens, qsl, logits, drafts, temperature, seeds, probs = _problem(rng)
     offset = int(pick(rng, [0, 7, 2**63, 2**64 - 1]))
     kind = "valid"
-    if maybe(rng, 0.3) and R:  # documented safe results: out-of-range draft ids, NaN logits
+    if maybe(rng, 0.15) and R:  # documented safe results: out-of-range draft ids
         kind = "safe"
-        if maybe(rng, 0.5):
-            drafts = drafts.clone()
-            drafts[int(rng.integers(0, R)), int(rng.integers(0, K))] = pick(rng, [-1, V, 2**31 - 1, -(2**31)])
-        else:
-            logits = sprinkle(rng, logits.float(), 0.2, (float("nan"),)).to(logits.dtype)
+        drafts = drafts.clone()
+        drafts[int(rng.integers(0, R)), int(rng.integers(0, K))] = pick(rng, [-1, V, 2**31 - 1, -(2**31)])
     g = Guards()
     lg = g.tensor("target_logits", logits, row_gap=int(pick(rng, [0, 3])))
     q = g.tensor("query_start_loc", qsl)
@@ -166,9 +176,8 @@ def sample_case(rng) -> Case:
     N, V = small_int(rng, 6), int(pick(rng, [1, 3, 64]))
     dtype = pick(rng, DTYPES)
     logits = floats(rng, (N, V), -4, 4, dtype)
-    nan = maybe(rng, 0.2)
-    if nan:
-        logits = sprinkle(rng, logits.float(), 0.3, (float("nan"), float("inf"))).to(dtype)
+    if maybe(rng, 0.3):
+        logits = _nonfinite_logits(rng, logits)
     temperature = None if maybe(rng, 0.3) else torch.from_numpy(rng.choice([0.0, 0.7, 1.0], size=N)).float()
     seeds = ints(rng, -(2**62), 2**62, (N,), torch.int64)
     offset = int(pick(rng, [0, 3, 2**64 - 1]))
@@ -194,7 +203,7 @@ def sample_case(rng) -> Case:
             else:
                 same("tokens", got, want)
 
-        return Case("safe" if nan else "valid", lambda: sample(lg, tp, sd, offset, out=out, logprobs=logprobs, **tk),
+        return Case("valid", lambda: sample(lg, tp, sd, offset, out=out, logprobs=logprobs, **tk),
                     check, guards=g, what=f"N={N} V={V} {dtype} {sorted(trunc)} logprobs={logprobs}")
     if r < 0.8 and N:
         name, t = _bad_truncation(rng, N)
@@ -225,6 +234,8 @@ def _tree_problem(rng):
     T = qsl[-1] + small_int(rng, 2)
     parent += [-1] * (T - qsl[-1])
     logits = floats(rng, (T, V), -4, 4, pick(rng, DTYPES))
+    if maybe(rng, 0.3):
+        logits = _nonfinite_logits(rng, logits)
     ids = ints(rng, 0, V - 1, (T,), pick(rng, [torch.int32, torch.int64]))
     temperature = None if maybe(rng, 0.3) else torch.from_numpy(rng.choice([0.0, 0.5, 1.0, 2.0], size=R)).float()
     return R, V, W, T, torch.tensor(qsl, dtype=torch.int32), torch.tensor(parent, dtype=torch.int32), logits, ids, \
@@ -235,13 +246,10 @@ def tree_case(rng) -> Case:
     R, V, W, T, qsl, parent, logits, ids, temperature, seeds = _tree_problem(rng)
     offset = int(pick(rng, [0, 7, 2**64 - 1]))
     kind = "valid"
-    if maybe(rng, 0.3) and T:  # documented safe results: ids outside [0, V) never match, NaN logits never win
+    if maybe(rng, 0.15) and T:  # documented safe results: ids outside [0, V) never match
         kind = "safe"
-        if maybe(rng, 0.5):
-            ids = ids.clone()
-            ids[int(rng.integers(0, T))] = pick(rng, [-1, V, 2**31 - 1, -(2**31)])
-        else:
-            logits = sprinkle(rng, logits.float(), 0.2, (float("nan"),)).to(logits.dtype)
+        ids = ids.clone()
+        ids[int(rng.integers(0, T))] = pick(rng, [-1, V, 2**31 - 1, -(2**31)])
     g = Guards()
     lg = g.tensor("target_logits", logits, row_gap=int(pick(rng, [0, 3])))
     q, pa, ii = g.tensor("query_start_loc", qsl), g.tensor("token_parent", parent), g.tensor("input_ids", ids)

@@ -188,6 +188,19 @@ def kept_tokens(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: floa
     return out
 
 
+def limit_logits(z: torch.Tensor) -> torch.Tensor:
+    """Scaled logits float32 [V] under the non-finite rule (docs/design.md, "Non-finite logits").
+
+    softmax(z) is undefined when some z_v is +inf; its limit as those logits grow is uniform over them. A row
+    with a +inf logit is therefore replaced by that limit's logits: +inf -> 0, every other number -> -inf, NaN
+    kept (it never wins). A row without +inf is returned unchanged. Every decision and logprob below reads
+    logits through this function."""
+    inf = float("inf")
+    if not bool((z == inf).any()):
+        return z
+    return torch.where(z == inf, _c(0.0), torch.where(torch.isnan(z), _c(float("nan")), _c(-inf)))
+
+
 def _race(z: torch.Tensor, seed, offset, j: int, stream: int, keep=None) -> int:
     """Gumbel-max sample of softmax(z) over the kept tokens: argmax_v z_v - av_log(E_v), E_v = -av_log(u_v)."""
     E = -av_log(uniforms(seed, offset, j, stream, torch.arange(z.numel())))
@@ -214,7 +227,7 @@ def _judge_with_probs(z, q, x, seed, offset, j, keep=None):
     the kept tokens."""
     V = z.numel()
     m = torch.where(torch.isnan(z), _c(float("-inf")), z).max()
-    if not bool(torch.isfinite(m)):  # no finite logit, or a +inf one: p is 0/0; reject and emit id 0
+    if not bool(m > float("-inf")):  # no number in the row (z holds limit logits: never +inf): emit id 0
         return False, 0
     if keep is None:
         keep = ~torch.isnan(z)
@@ -224,8 +237,8 @@ def _judge_with_probs(z, q, x, seed, offset, j, keep=None):
         u = uniforms(seed, offset, j, _ACCEPT, torch.tensor(0))
         if bool(_fmul(u, q[x]) < p[x]):
             return True, x
-    d = _fsub(p, q)
-    w = torch.where(d > 0, d, _c(0.0))  # max(p - q, 0), NaN q weighs 0
+    d = _fsub(p, torch.where(q > 0, q, _c(0.0)))  # q not > 0 (negative, NaN) counts as 0
+    w = torch.where(d > 0, d, _c(0.0))  # max(p - q, 0)
     if not bool((w > 0).any()):
         w = p
     E = -av_log(uniforms(seed, offset, j, _RACE, torch.arange(V)))
@@ -255,7 +268,8 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
     per row over the kept tokens (:func:`kept_tokens`), accept iff it picks the draft, else emit its winner.
     With draft_probs: p is softmax(z) restricted to the kept tokens; accept iff u * q(x) < p(x) (x in [0, V)
     and q(x) > 0), else emit the residual race argmax max(p - q, 0) / E. Bonus after L accepted drafts:
-    argmax or race of row L. A row with no finite logit emits id 0 (greedy, race and residual alike).
+    argmax or race of row L. Every row is read through :func:`limit_logits` (a row with +inf logits samples
+    uniformly among them); a row with no number above -inf emits id 0 (greedy, race and residual alike).
     Returns (output_tokens [R, K + 1] int32 padded with -1, num_emitted [R] int32[, logprobs [R, K + 1]
     float32: :func:`token_logprob` of each emitted token at T (1 when greedy), -inf past num_emitted]).
     """
@@ -284,11 +298,11 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
             row = logits[qsl[r] + j]
             bonus = j == q_len - 1
             x = None if bonus else int(drafts[r, j])
+            z = limit_logits(row if float(T) == 0.0 else _fdiv(row, T))  # greedy: the raw logits
             if float(T) == 0.0:
-                y = _argmax(row)
+                y = _argmax(z)
                 accepted = y == x
             else:
-                z = _fdiv(row, T)
                 keep = kept_tokens(z, *trunc)
                 if bonus or probs is None:
                     y = _race(z, seed, offset, j, _RACE, keep)
@@ -296,7 +310,7 @@ def rejection_sample(target_logits, query_start_loc, draft_tokens, *, draft_prob
                 else:
                     accepted, y = _judge_with_probs(z, probs[r, j], x, seed, offset, j, keep)
             out[r, n] = y
-            lps[r, n] = token_logprob(row if float(T) == 0.0 else _fdiv(row, T), y)
+            lps[r, n] = token_logprob(z, y)
             n += 1
             if not accepted:
                 break
@@ -334,14 +348,14 @@ def tree_rejection_sample(target_logits, query_start_loc, token_parent, input_id
         cur, depth = 0, 0
         while q_len > 0:
             row = logits[begin + cur]
+            z = limit_logits(row if float(temps[r]) == 0.0 else _fdiv(row, temps[r]))
             if float(temps[r]) == 0.0:
-                y = _argmax(row)
+                y = _argmax(z)
             else:
-                z = _fdiv(row, temps[r])
                 keep = kept_tokens(z, _param(ks, r, 0), _param(ps, r, 1.0), _param(mps, r, 0.0))
                 y = _race(z, seeds[r], int(offset), depth, _RACE, keep)
             out[r, depth], path[r, depth] = y, cur
-            lps[r, depth] = token_logprob(row if float(temps[r]) == 0.0 else _fdiv(row, temps[r]), y)
+            lps[r, depth] = token_logprob(z, y)
             depth += 1
             kids = [i for i in range(1, q_len) if int(parent[begin + i]) == cur and int(ids[begin + i]) == y]
             if not kids:
@@ -368,11 +382,11 @@ def sample(logits, temperature=None, seeds=None, offset=0, *, top_k=None, top_p=
     lps = torch.empty(N, dtype=torch.float32)
     for n in range(N):
         T = temps[n]
+        z = limit_logits(x[n] if float(T) == 0.0 else _fdiv(x[n], T))
         if float(T) == 0.0:
-            out[n] = _argmax(x[n])
-            lps[n] = token_logprob(x[n], int(out[n]))
+            out[n] = _argmax(z)
+            lps[n] = token_logprob(z, int(out[n]))
         else:
-            z = _fdiv(x[n], T)
             keep = kept_tokens(z, _param(ks, n, 0), _param(ps, n, 1.0), _param(mps, n, 0.0))
             out[n] = _race(z, seeds[n], int(offset), 0, _SAMPLE, keep)
             lps[n] = token_logprob(z, int(out[n]))

@@ -17,9 +17,29 @@ namespace sampling {
 // it is skipped without drawing its random number. Exact: skipping changes no argmax.
 constexpr float kRaceWindow = 20.25f;
 
+// ---- non-finite logits (docs/design.md, "Non-finite logits") ----
+//
+// One rule for every decision (greedy, races, draft-probability tests, residuals, truncation, logprobs), on
+// the scaled logits z = x / T:
+//   - NaN never wins and is counted (once per row read for a decision);
+//   - a row whose largest z is +inf samples from the limit of softmax as those logits grow: the +inf logits
+//     share the mass equally and every other token gets none. It is realised by working with limit logits:
+//     +inf -> 0, every other number -> -inf (NaN stays NaN), and 0 as the row's max, so the same arithmetic
+//     below gives p = 1/n on the n +inf logits (a race among them alone, ties of rank broken by id);
+//   - a row with no number above -inf (only -inf and NaN) emits id 0, with logprob -inf.
+// Rows without +inf see z unchanged, bit for bit. `m` below is always the row's raw max scaled logit (what
+// max_scaled returns); every use of z goes through scaled_logit and every subtraction of the max through
+// softmax_max, so that the rule lives in these two functions.
+AV_HD float scaled_logit(float x, float temp, float m) {
+  const float z = fdiv(x, temp);
+  if (m != INFINITY) return z;
+  return z == INFINITY ? 0.f : (z == z ? -INFINITY : z);
+}
+AV_HD float softmax_max(float m) { return m == INFINITY ? 0.f : m; }
+
 struct SoftmaxStats {
-  float max;  // max_v z_v (-inf when the row has no finite logit)
-  float sum;  // canonical sum of av_exp(z_v - max)
+  float max;  // the row's raw max scaled logit (+inf: limit logits; -inf when the row has no number)
+  float sum;  // canonical sum of av_exp(z_v - softmax_max(max)) over the kept limit logits z_v
 };
 
 // ---- truncation: min-p, then top-k, then top-p (vLLM's order) ----
@@ -86,6 +106,7 @@ struct RankHist {
 };
 
 // What one token adds to a level's histogram; returns its bucket, or -1 when it is not in this level.
+// z: scaled_logit(x, temp, m).
 AV_HD int rank_bucket(float z, int64_t v, float m, uint64_t limit, uint64_t prefix, int shift, bool with_mass,
                       uint64_t* key_out, uint64_t* mass_out) {
   if (z != z) return -1;
@@ -94,7 +115,7 @@ AV_HD int rank_bucket(float z, int64_t v, float m, uint64_t limit, uint64_t pref
   if (shift < 56 && (key >> (shift + 8)) != (prefix >> (shift + 8))) return -1;
   uint64_t mass = 0;
   if (with_mass) {
-    mass = to_fixed(av_exp(fsub(z, m)));  // a softmax term in [0, 1], summed exactly in any order
+    mass = to_fixed(av_exp(fsub(z, softmax_max(m))));  // a softmax term in [0, 1], summed exactly in any order
     if (mass == 0) return -1;
   }
   *key_out = key;
@@ -115,7 +136,7 @@ AV_HD uint64_t select_key(Backend& be, const T* row, int64_t V, float temp, floa
     if (by_mass && shift == 56) {
       uint64_t total = 0;
       for (int b = 0; b < 256; ++b) total += h.mass[b];
-      if (total == 0) return limit;  // no mass to take a share of (a +inf logit): the set stays as it is
+      if (total == 0) return limit;  // no mass to take a share of: the set stays as it is
       target = double(top_p) * double(total);
     }
     int b = 0;
@@ -140,7 +161,7 @@ AV_HD uint64_t kept_limit(Backend& be, const T* row, int64_t V, float temp, floa
   uint64_t limit = kKeepAll;
   if (!(m > -INFINITY)) return limit;  // no number in the row: nothing to rank
   if (t.min_p > 0.f) {
-    const float zt = fadd(m, av_log(t.min_p));
+    const float zt = fadd(softmax_max(m), av_log(t.min_p));
     limit = rank_key(zt, 0) | 0xffffffffull;  // every id whose z >= zt
   }
   if (t.top_k > 0) limit = select_key<T>(be, row, V, temp, m, limit, false, uint64_t(t.top_k), 1.f);
@@ -162,15 +183,16 @@ AV_HD bool better(float s, int64_t v, float best_s, int64_t best_v) {
   return s > best_s || (s == best_s && v < best_v && best_v >= 0);
 }
 
-// Running argmax of logits: ties to the smallest id, NaN ignored (and counted), -inf a real candidate (a
-// row of -inf returns its first id).
+// Running argmax of logits: ties to the smallest id, NaN ignored (and counted), -inf never a candidate: a row
+// with no number above -inf leaves id -1, which every caller turns into id 0 (the non-finite rule's fallback,
+// the same id a race over such a row gives).
 struct ArgmaxBest {
   float x = -INFINITY;
   int64_t id = -1;
   int32_t nan = 0;
   AV_HD void push(float xv, int64_t v) {
     nan += xv != xv;
-    if (xv > x || (id < 0 && xv == x)) {
+    if (xv > x) {
       x = xv;
       id = v;
     }
@@ -187,8 +209,9 @@ struct ScaledMax {
   }
 };
 
-// Running winner of a race: ids below the window floor cannot win and draw no random number; ids past the
-// truncation limit are not in the race.
+// Running winner of a race over limit-aware logits z (scaled_logit): ids below the window floor
+// (softmax_max(m) - kRaceWindow) cannot win and draw no random number; ids past the truncation limit are not in
+// the race.
 struct RaceBest {
   float floor_z;
   RaceUniforms u;
@@ -207,16 +230,18 @@ struct RaceBest {
 };
 
 // Running winner of the residual race: argmax_v max(p_v - q_v, 0) / E_v, and of argmax_v p_v / E_v for
-// the fallback when every residual weight is 0 (p == q up to rounding).
+// the fallback when every residual weight is 0 (p == q up to rounding). Draft probabilities that are not > 0
+// (negative, NaN) count as 0, so a token the target gives no mass (p_v = 0: a NaN logit, one outside the kept
+// set or below a +inf) never gets weight, whatever q holds.
 struct ResidualBest {
   float key_w = 0.f, key_p = -1.f;
   int64_t id_w = -1, id_p = -1;
 
   AV_HD void push(float logit, float qv, float temp, const SoftmaxStats& st, RaceUniforms& u, int64_t v,
                   uint64_t limit) {
-    const float z = fdiv(logit, temp);
-    const float pv = kept(z, v, limit) ? fdiv(av_exp(fsub(z, st.max)), st.sum) : 0.f;
-    const float w = fsub(pv, qv);
+    const float z = scaled_logit(logit, temp, st.max);
+    const float pv = kept(z, v, limit) ? fdiv(av_exp(fsub(z, softmax_max(st.max))), st.sum) : 0.f;
+    const float w = fsub(pv, qv > 0.f ? qv : 0.f);  // q_v not > 0 (negative, NaN) counts as 0: w <= p_v
     const float e = -av_log(u.at(uint64_t(v)));
     if (w > 0.f) {
       const float key = fdiv(w, e);
@@ -245,7 +270,7 @@ AV_HD float token_logprob(Backend& be, const T* row, int64_t V, float tl, int64_
   const float m = be.max_scaled(row, V, tl, false);
   if (!(m > -INFINITY)) return -INFINITY;  // no number in the row
   const SoftmaxStats st = be.softmax_stats(row, V, tl, m, kKeepAll);
-  return fsub(fsub(fdiv(to_float(row[tok]), tl), st.max), av_log(st.sum));
+  return fsub(fsub(scaled_logit(to_float(row[tok]), tl, m), softmax_max(m)), av_log(st.sum));
 }
 
 // One sampled token of a row at temperature temp > 0 under truncation t: a race over the kept tokens. Backends
@@ -320,8 +345,8 @@ AV_HD void rejection_request(const RejectionParams& p, int32_t r, Backend& be, b
         const SoftmaxStats st = be.softmax_stats(row, V, temp, m, limit);
         if (valid && st.max > -INFINITY) {
           const float qx = q[x];
-          const float zx = fdiv(to_float(row[x]), temp);
-          const float px = kept(zx, x, limit) ? fdiv(av_exp(fsub(zx, st.max)), st.sum) : 0.f;
+          const float zx = scaled_logit(to_float(row[x]), temp, st.max);
+          const float px = kept(zx, x, limit) ? fdiv(av_exp(fsub(zx, softmax_max(st.max))), st.sum) : 0.f;
           accept = qx > 0.f && fmul(rng.uniform(j, kAccept, 0), qx) < px;
         }
         if (!accept) emit = be.residual_race(row, q, V, temp, st, rng, j, limit);

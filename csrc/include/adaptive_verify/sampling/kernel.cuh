@@ -112,10 +112,10 @@ struct GpuRows {
 
   __device__ int64_t race(const T* row, int64_t V, float temp, float m, const Rng& rng, int32_t j, uint32_t stream,
                           uint64_t limit) const {
-    RaceBest best{m - kRaceWindow, RaceUniforms{rng, j, stream}, limit};
+    RaceBest best{softmax_max(m) - kRaceWindow, RaceUniforms{rng, j, stream}, limit};
     // Each thread takes 4 consecutive ids: one Philox call serves all four (argmax order is free here).
     for (int64_t v0 = int64_t(threadIdx.x) * 4; v0 < V; v0 += 4 * SamplerConfig::kThreads)
-      for (int64_t v = v0; v < v0 + 4 && v < V; ++v) best.push(fdiv(to_float(row[v]), temp), v);
+      for (int64_t v = v0; v < v0 + 4 && v < V; ++v) best.push(scaled_logit(to_float(row[v]), temp, m), v);
     const int64_t w = block_best(best.score, best.id, sh);
     return w < 0 ? 0 : w;
   }
@@ -140,7 +140,7 @@ struct GpuRows {
     __syncthreads();
     for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
       uint64_t key, mass;
-      const int b = rank_bucket(fdiv(to_float(row[v]), temp), v, m, limit, prefix, shift, with_mass, &key, &mass);
+      const int b = rank_bucket(scaled_logit(to_float(row[v]), temp, m), v, m, limit, prefix, shift, with_mass, &key, &mass);
       if (b < 0) continue;
       atomicAdd(&h.count[b], 1u);
       if (with_mass) atomicAdd(&h.mass[b], (unsigned long long)mass);
@@ -155,8 +155,8 @@ struct GpuRows {
   __device__ SoftmaxStats softmax_stats(const T* row, int64_t V, float temp, float m, uint64_t limit) const {
     float lane = 0.f;
     for (int64_t v = threadIdx.x; v < V; v += SamplerConfig::kThreads) {
-      const float z = fdiv(to_float(row[v]), temp);
-      if (kept(z, v, limit)) lane = fadd(lane, av_exp(fsub(z, m)));
+      const float z = scaled_logit(to_float(row[v]), temp, m);
+      if (kept(z, v, limit)) lane = fadd(lane, av_exp(fsub(z, softmax_max(m))));
     }
     sh.lanes[threadIdx.x] = lane;
     __syncthreads();

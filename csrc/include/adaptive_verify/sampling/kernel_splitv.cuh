@@ -20,8 +20,9 @@
 //    running max of the tiles it has read, so it skips a subset of what v1 skips. An extra entry has
 //    z < fl(G - 20.25); while |G| < 2^20 (ulp <= 1/8 there), its score is below G - 3.48 and the score of
 //    v1's max entry is at least G - 2.88 (-av_log(E) lies in [-2.82, 16.64]): it can neither win nor tie.
-//    For finite |G| >= 2^20 (scaled logits beyond a million) the merge re-runs that row with v1's block
-//    routine, which is v1 by definition.
+//    For finite |G| >= 2^20 (scaled logits beyond a million), and for G = +inf (the race is then over limit
+//    logits, algorithm.h scaled_logit), the merge re-runs that row with v1's block routine, which is v1 by
+//    definition.
 //  - Bytes: v1 stops reading a request at its first rejection. The partial launch reads a row unless a
 //    rejection at an earlier position of its request was recorded when its block started, so rows past the
 //    first rejection are read when their blocks run concurrently with the deciding ones (at most all
@@ -239,9 +240,11 @@ struct PartialMerge {
       id = q.id;
     }
   }
-  // False for a race row in the |G| >= 2^20 regime, which only v1's routine decides.
+  // False for a race row in the |G| >= 2^20 regime and for a row with a +inf scaled logit (its race is over
+  // limit logits, algorithm.h scaled_logit, which the partials do not compute): only v1's routine decides those.
+  // A row without any number (G = -inf) is final: no partial has a winner, and the merge emits id 0 as v1 does.
   __device__ bool final_for(int32_t mode) const {
-    return mode != kRowRace || !(fabsf(zmax) < INFINITY) || fabsf(zmax) < kSplitVExactRange;
+    return mode != kRowRace || zmax == -INFINITY || fabsf(zmax) < kSplitVExactRange;
   }
 };
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The C++ under AddressSanitizer and UndefinedBehaviorSanitizer (-fsanitize=address,undefined,
+# -fno-sanitize-recover=all: the first report fails the run).
+#
+# Builds a CPU-only copy of the package with AV_SANITIZE=1 into $AV_SANITIZE_DIR (default build/sanitize; the
+# installed or in-tree package is left alone), then runs, against that copy, the fuzz test and the kernel tests
+# of every area: the C++ CPU kernels (planner's SIMD walk, samplers, attention, verifier helpers) and the CUDA
+# sources under the host emulator (emu_build.py adds the same flags when AV_SANITIZE=1). Python and torch are
+# not instrumented: libasan is preloaded so that its runtime comes first, and leak detection is off (the
+# interpreter's own allocations at exit are not ours). About 15 minutes on 2 cores.
+#
+# Usage: bash tests/sanitize.sh [extra pytest arguments]   (PYTHON=... to choose the interpreter; needs
+# pybind11, cmake and ninja, which '.[test]' brings). Recorded runs: benchmarks/results/*-sanitizers.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+work=${AV_SANITIZE_DIR:-build/sanitize}
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+
+rm -rf "$work/pkg"
+mkdir -p "$work/pkg"
+cp -r python/adaptive_verify "$work/pkg/"
+rm -f "$work/pkg/adaptive_verify/"_C*.so
+AV_CUDA=0 AV_SANITIZE=1 cmake -S . -B "$work/build" -G Ninja -DPython_EXECUTABLE="$(command -v "$PY")" \
+  -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" -DAV_OUTPUT_DIR="$work/pkg/adaptive_verify" \
+  -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/build"
+
+# libasan first; libstdc++ too, or ASan's __cxa_throw interceptor finds no real function in a python binary that
+# does not link libstdc++ (a CHECK failure at the first C++ exception).
+export LD_PRELOAD="$(${CXX:-g++} -print-file-name=libasan.so) $(${CXX:-g++} -print-file-name=libstdc++.so)"
+# (the fuzz workers' address-space limit cannot coexist with ASan's shadow: allocations are bounded by ASan here)
+export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:max_allocation_size_mb=12288:allocator_may_return_null=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export AV_SANITIZE=1 PYTHONPATH="$work/pkg"
+"$PY" - <<'PYEOF'
+import adaptive_verify as av
+info = av.build_info()
+assert info["sanitizers"] == "address,undefined", f"not the sanitized build: {info}"
+print("sanitize: running against", av.__file__)
+PYEOF
+"$PY" -m pytest -q -p no:cacheprovider \
+  tests/test_fuzz.py tests/test_emu_selftest.py \
+  tests/test_planner.py tests/test_planner_tree.py tests/test_planner_priorities.py tests/test_planner_emu.py \
+  tests/test_sampling.py tests/test_sampling_tree.py tests/test_sampling_truncation.py \
+  tests/test_sampling_nonfinite.py tests/test_sampling_emu.py \
+  tests/test_confidence.py tests/test_attention.py tests/test_attention_tree.py tests/test_attention_emu.py \
+  tests/test_attention_tree_emu.py tests/test_commit_tree_kv.py tests/test_verifier_host.py tests/test_stats.py \
+  "$@"
