@@ -738,9 +738,10 @@ def test_roofline_context_len_is_bounded():
     assert CostTable.roofline(context_len=2**31 - 1, **kw).verify_cost(1) > 0
 
 
-def test_verify_cost_that_is_zero_in_float32_is_refused_naming_it():
-    """Fuzz seed 35, CostTable:380/928: 1e-320 ms is > 0 in Python and 0 in the planner's float32 cost array (a free
-    step); refused like 0. The smallest positive float32 stays accepted."""
+def test_a_subnormal_verify_cost_is_refused_naming_it():
+    """Fuzz seed 35, CostTable:380/928 (2026-12-03): 1e-320 ms is > 0 but subnormal, and 1 / 1e-320 overflows, so the
+    planner's ratio would be infinite; refused like 0. The smallest normal double stays accepted (and 1e-300:
+    test_shifted_of_a_tiny_first_point_is_valid)."""
     with pytest.raises(ValueError, match="verify_ms"):
         CostTable.from_points(verify_ms={1: 1e-320})
-    assert CostTable.from_points(verify_ms={1: 1e-44}).verify_cost(1) > 0
+    assert CostTable.from_points(verify_ms={1: 2.2250738585072014e-308}).verify_cost(1) > 0

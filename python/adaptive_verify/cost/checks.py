@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -65,10 +66,11 @@ def check_ms(name: str, value: Any, *, what: str, positive: bool) -> float:
     value = to_float(name, value)
     if not math.isfinite(value):
         raise ValueError(f"{name}: {what} must be finite, got {value!r}")
-    # The planner reads costs as float32: a positive value that rounds to 0 there (below ~1.4e-45) is a free step.
-    if positive and not float(torch.tensor(value, dtype=torch.float32)) > 0.0:
+    # A subnormal cost (below 2.2e-308) is as bad as 0: its reciprocal overflows, so the ratio is infinite.
+    if positive and not value >= sys.float_info.min:
         raise ValueError(
-            f"{name}: {what} must be > 0 ms in float32 (a free step makes the planner's ratio infinite), got {value!r}"
+            f"{name}: {what} must be > 0 ms and at least {sys.float_info.min:.3g} (a free step, or one whose "
+            f"reciprocal overflows, makes the planner's ratio infinite), got {value!r}"
         )
     if value < 0.0:
         raise ValueError(f"{name}: {what} must be >= 0 ms, got {value!r}")
