@@ -3,7 +3,8 @@
 # -fno-sanitize-recover=all: the first report fails the run).
 #
 # Builds a CPU-only copy of the package with AV_SANITIZE=1 into $AV_SANITIZE_DIR (default build/sanitize; the
-# installed or in-tree package is left alone), then runs, against that copy, the fuzz test and the kernel tests
+# installed or in-tree package is left alone), then runs, against that copy, a fuzz campaign over every public op
+# (AV_SANITIZE_FUZZ_CALLS, default 2,500, as tests/test_fuzz.py) and the kernel tests
 # of every area: the C++ CPU kernels (planner's SIMD walk, samplers, attention, verifier helpers) and the CUDA
 # sources under the host emulator (emu_build.py adds the same flags when AV_SANITIZE=1). Python and torch are
 # not instrumented: libasan is preloaded so that its runtime comes first, and leak detection is off (the
@@ -40,8 +41,10 @@ info = av.build_info()
 assert info["sanitizers"] == "address,undefined", f"not the sanitized build: {info}"
 print("sanitize: running against", av.__file__)
 PYEOF
-"$PY" -m pytest -q -p no:cacheprovider \
-  tests/test_fuzz.py tests/test_emu_selftest.py \
+# The fuzz campaign of tests/test_fuzz.py through the CLI (its workers' time limits assume an uninstrumented
+# interpreter; the CLI reports a hang or crash the same way, and exits 1 on any failure).
+"$PY" -m adaptive_verify.fuzz --calls "${AV_SANITIZE_FUZZ_CALLS:-2500}" --seed 20261201 --jobs 2
+"$PY" -m pytest -q -p no:cacheprovider tests/test_emu_selftest.py \
   tests/test_planner.py tests/test_planner_tree.py tests/test_planner_priorities.py tests/test_planner_emu.py \
   tests/test_sampling.py tests/test_sampling_tree.py tests/test_sampling_truncation.py \
   tests/test_sampling_nonfinite.py tests/test_sampling_emu.py \
