@@ -8,7 +8,7 @@
 # of every area: the C++ CPU kernels (planner's SIMD walk, samplers, attention, verifier helpers) and the CUDA
 # sources under the host emulator (emu_build.py adds the same flags when AV_SANITIZE=1). Python and torch are
 # not instrumented: libasan is preloaded so that its runtime comes first, and leak detection is off (the
-# interpreter's own allocations at exit are not ours). About 15 minutes on 2 cores.
+# interpreter's own allocations at exit are not ours).
 #
 # Usage: bash tests/sanitize.sh [extra pytest arguments]   (PYTHON=... to choose the interpreter; needs
 # pybind11, cmake and ninja, which '.[test]' brings). Recorded runs: benchmarks/results/*-sanitizers.md.
