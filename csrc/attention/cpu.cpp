@@ -167,7 +167,7 @@ int verify_attention_cpu(const AttentionParams& p) {
   const int64_t row_elems = int64_t(p.num_q_heads) * p.head_dim;
   // Padding first: every token not owned by a request keeps zeros and lse -inf.
   const size_t elem = p.dtype == kFloat32 ? 4 : 2;
-  std::memset(p.out, 0, size_t(p.num_tokens * row_elems) * elem);
+  if (p.num_tokens * row_elems > 0) std::memset(p.out, 0, size_t(p.num_tokens * row_elems) * elem);  // (else out may be null)
   if (p.lse)
     for (int64_t i = 0; i < p.num_tokens * p.num_q_heads; ++i) p.lse[i] = -INFINITY;
   // Threads over (request, KV head) pairs when there is enough work to pay for starting them (each pair

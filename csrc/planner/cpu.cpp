@@ -514,11 +514,11 @@ struct CpuBackend {
       const int64_t n_padded = (int64_t(R) * K + 15) / 16 * 16;
       grow(lens_tmp, size_t(n_padded / 8 + 1));  // count_above writes every padded group (K == 8)
       count_above(ws.words, n_padded, K, th.u, lens_tmp.data(), group_counts);
-      std::memcpy(ws.lens, lens_tmp.data(), size_t(R) * sizeof(int32_t));
+      std::memcpy(ws.lens, lens_tmp.data(), size_t(R) * sizeof(int32_t));  // (R > 0 here)
     } else {
       for (int32_t r = 0; r < R; ++r) ws.lens[r] = count_before(th, ws.words + int64_t(r) * K, K, r, caps[size_t(r)]);
     }
-    std::memcpy(p.verify_lens, ws.lens, size_t(R) * sizeof(int32_t));
+    if (R > 0) std::memcpy(p.verify_lens, ws.lens, size_t(R) * sizeof(int32_t));  // (R = 0: an empty tensor's null data)
   }
 
   // A tree's tokens request by request, each node's offset and mask kept for its children (parents come first).

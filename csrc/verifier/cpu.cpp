@@ -67,7 +67,7 @@ int record_rows_cpu(float* table, float* snapshot, int64_t max_reqs, int32_t K, 
     }
     std::fill(row + Kc, row + K, 0.f);
   }
-  if (snapshot != nullptr) std::memcpy(snapshot, table, sizeof(float) * size_t(max_reqs) * size_t(K));
+  if (snapshot != nullptr && max_reqs > 0 && K > 0) std::memcpy(snapshot, table, sizeof(float) * size_t(max_reqs) * size_t(K));
   return kOk;
 }
 
