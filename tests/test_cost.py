@@ -538,7 +538,7 @@ def test_dense_arrays_are_the_scalar_costs_bit_for_bit(t, draft_mode, shift):
     for table in (t, view):
         want = torch.tensor([table.verify_cost(n) for n in range(400)], dtype=torch.float64)
         assert torch.equal(table.verify_array(399), want.to(torch.float32))
-        assert torch.equal(torch.from_numpy(table._curve.dense(400)), want)
+        assert torch.equal(torch.from_numpy(table.verify_curve.dense(400)), want)
     drafts = torch.tensor([t.draft_cost(r) for r in range(100)], dtype=torch.float64)
     assert torch.equal(t.draft_array(99), drafts.to(torch.float32))
 
@@ -602,6 +602,24 @@ def test_shifted_is_the_curve_seen_from_the_prompt_tokens():
         ct.shifted(4096)
     with pytest.raises(ValueError, match="tokens"):
         ct.shifted(-1)
+
+
+def test_a_view_says_what_it_views():
+    """shifted_by and unshifted: a view's prompt tokens and its table, so a caller prices the step's real time
+    (unshifted.verify_cost(n + shifted_by)) without private fields; a table that is no view is its own."""
+    ct = CostTable.from_points({1: 5.0, 64: 6.0, 512: 9.0}, graph_sizes=[8, 16], max_tokens=1024)
+    assert ct.shifted_by == 0 and ct.unshifted is ct
+    view = ct.shifted(100)
+    assert view.shifted_by == 100 and view.unshifted is ct
+    assert view.shifted(20).shifted_by == 120 and view.shifted(20).unshifted is ct  # a view of a view
+    for n in (0, 5, 300, 924):
+        step = view.verify_cost(n) + ct.verify_cost(100) - ct.verify_cost(0)
+        assert step == pytest.approx(view.unshifted.verify_cost(n + view.shifted_by), abs=1e-9)
+        assert view.verify_curve.cost(n) == view.verify_cost(n)
+    with pytest.raises(AttributeError):
+        view.shifted_by = 3  # read-only
+    with pytest.raises(AttributeError):
+        view.unshifted = ct
 
 
 def test_shifted_is_exact_across_the_graph_eager_boundary():

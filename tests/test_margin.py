@@ -83,12 +83,23 @@ def test_margin_cap_and_narrow_blocks(trained):
     assert conf[0, 0] == conf[1, 0] and conf[0, 1] == conf[1, 1]
 
 
-def test_features_is_draft_margin():
+def test_draft_margin_output_is_the_estimators_feature():
+    """The op computes the feature, the model takes the tensor: draft_margin's [R, K] float32 output (+inf for a
+    one-token vocabulary) goes straight into observe and predict."""
     g = torch.Generator().manual_seed(2)
-    logits = torch.randn(5, K, 11, generator=g)
+    logits = torch.cat([torch.randn(5, K, 11, generator=g), torch.randn(5, K, 11, generator=g) * 8])
+    margin = av.draft_margin(logits)
     top = torch.topk(logits, 2, dim=-1).values
-    torch.testing.assert_close(MarginEstimator.features(logits), top[..., 0] - top[..., 1], rtol=0, atol=0)
-    assert torch.equal(MarginEstimator.features(torch.randn(2, K, 1)), torch.full((2, K), float("inf")))
+    torch.testing.assert_close(margin, top[..., 0] - top[..., 1], rtol=0, atol=0)
+    est = MarginEstimator(K, refit_every=1, min_samples=1)
+    wide = margin[:, 0] > float(margin[:, 0].median())  # the request's first draft accepted iff its margin is wide
+    est.observe(margin, torch.full((10,), K, dtype=torch.int32), wide.int())
+    conf = est.predict(margin)
+    assert conf.dtype == torch.float32 and tuple(conf.shape) == (10, K)
+    assert float(conf[wide, 0].min()) > float(conf[~wide, 0].max())  # a wider margin, a higher confidence
+    one_token = av.draft_margin(torch.randn(2, K, 1))
+    assert torch.equal(one_token, torch.full((2, K), float("inf")))
+    assert bool(torch.isfinite(est.predict(one_token)).all())  # capped at max_margin
 
 
 def test_trial_definition_hand_case():

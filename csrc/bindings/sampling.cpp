@@ -1,7 +1,10 @@
 // adaptive_verify._C's sampling ops: rejection_sample, sample and tree_rejection_sample
 // (python/adaptive_verify/sampling.py).
+#include <cmath>  // before sampling/tree.h: its math (sampling/math.h) takes floorf and INFINITY from here
+
 #include "adaptive_verify/cuda_api.h"
 #include "adaptive_verify/sampling/cpu.h"
+#include "adaptive_verify/sampling/tree.h"
 #include "bindings/common.h"
 
 namespace adaptive_verify {
@@ -24,6 +27,7 @@ void register_sampling(py::module_& m) {
   kernels["v1"] = int(sampling::kSamplerV1);
   kernels["splitv"] = int(sampling::kSamplerSplitV);
   m.attr("SAMPLER_KERNELS") = kernels;
+  m.attr("SAMPLER_MAX_TREE_TOKENS") = int(sampling::kMaxTreeTokens);
   m.attr("REJECTION_PARAMS") = struct_layout<J>({
       AV_FIELD(J, logits), AV_FIELD(J, logits_stride), AV_FIELD(J, dtype), AV_FIELD(J, num_tokens), AV_FIELD(J, vocab),
       AV_FIELD(J, query_start_loc), AV_FIELD(J, draft_tokens), AV_FIELD(J, draft_tokens_stride),

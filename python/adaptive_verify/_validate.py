@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from ._ext import build_info, cuda_available
+from ._ext import _C, build_info, cuda_available
 
 # Element types the kernels read, with the codes of csrc/include/adaptive_verify/dtype.h.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# K, drafts per request: the planner's candidate key holds 5 position bits (planner/math.h kPosBits).
-MAX_DRAFTS = 32
+#: K, drafts per request (32): the planner's candidate key holds 5 position bits (planner/math.h kMaxDrafts).
+MAX_DRAFTS: int = _C.PLANNER_MAX_DRAFTS
 
 
 def device_arg(name: str, device, *, kernels: bool = True) -> torch.device:

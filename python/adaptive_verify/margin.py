@@ -14,6 +14,9 @@ Outcomes follow the trial definition of ``AcceptanceStats``: for request r, posi
 j < verify_lens[r] and j <= num_accepted[r] (draft j was verified and every earlier draft accepted), and
 the trial *succeeds* iff j < num_accepted[r].
 
+The estimator is a model, not an op: it takes the feature as a tensor and imports no op (``draft_margin``, the
+op that computes the margin, is the caller's to run: ``adaptive_verify.draft_margin(draft_logits)``).
+
 Decode-loop cost: ``predict`` and ``observe`` run on the margins' device without a host synchronisation
 (``observe`` writes whole rows into a ring buffer on the device). Every ``refit_every``-th ``observe`` copies
 the buffer to the host once and refits each position by Newton's method in float64.
@@ -28,7 +31,6 @@ import torch
 
 from ._checks import FLOAT32_MAX, to_float
 from ._validate import device_arg
-from .confidence import draft_margin
 
 __all__ = ["MarginEstimator"]
 
@@ -75,7 +77,7 @@ class MarginEstimator:
     Usage::
 
         est = MarginEstimator(K, device="cuda")
-        margin = MarginEstimator.features(draft_logits)      # [R, K] float32, or any such feature
+        margin = adaptive_verify.draft_margin(draft_logits)  # [R, K] float32, or any such feature
         conf = est.predict(margin)                           # [R, K] float32
         survival = adaptive_verify.prefix_survival(conf, drafts)
         ... plan, verify, rejection-sample ...
@@ -118,11 +120,6 @@ class MarginEstimator:
         self.samples = [0] * K
 
     # ------------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def features(draft_logits: torch.Tensor) -> torch.Tensor:
-        """Margins [R, K] float32 from draft logits [R, K, V]: ``adaptive_verify.draft_margin``."""
-        return draft_margin(draft_logits)
 
     def _check_margin(self, margin) -> torch.Tensor:
         if not isinstance(margin, torch.Tensor):

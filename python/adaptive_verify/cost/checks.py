@@ -1,4 +1,5 @@
-"""Argument checks of the cost table (every message starts with the argument's name) and its size bounds.
+"""Argument checks of the cost table (every message starts with the argument's name) and its size bounds; a leaf of
+the package (it imports no other cost module), so every module of cost/ may use it.
 
 Bounds, so that every value a table hands to a kernel is a finite float32 and no table builds an unbounded
 host array (docs/design.md, "Step cost"):
@@ -10,9 +11,11 @@ host array (docs/design.md, "Step cost"):
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -145,3 +148,16 @@ def normalize_device(device: Any) -> torch.device:
         # "cuda" and "cuda:0" must share one cache entry.
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def check_path(path: Any) -> str:
+    """A file path as str; TypeError naming ``path`` otherwise (an int would be opened as a file descriptor)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    path = os.fspath(path)
+    return path.decode() if isinstance(path, bytes) else path
+
+
+def now_iso() -> str:
+    """The current UTC time to the second, as metadata["date"] records it."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -2,7 +2,6 @@
 ``profile_points`` and ``load_or_profile`` (their docstrings, the public ones, stay on CostTable)."""
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 import os
@@ -15,8 +14,7 @@ from typing import Any
 import torch
 
 from .._checks import check_int, check_real
-from .checks import MAX_TOKENS_LIMIT, check_increasing_ints, normalize_device
-from .serialize import check_path
+from .checks import MAX_TOKENS_LIMIT, check_increasing_ints, check_path, normalize_device, now_iso
 
 #: Most timed (and warmup) calls per point: a bound on how long a mistyped profile can run.
 MAX_REPS = 10_000
@@ -58,10 +56,6 @@ def device_name(dev: torch.device) -> str:
     if dev.type == "cpu":
         return f"cpu ({platform.processor() or platform.machine()})"
     return str(dev)
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def measure(step_fn: Callable[[int], Any], counts: Sequence[int], draft_fn: Callable[[int], Any] | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from .._checks import check_int, check_real
-from .profile import now_iso
+from .checks import now_iso
 
 
 def roofline_points(*, hbm_gbps: float, tflops: float, weight_bytes: float, active_params: float,

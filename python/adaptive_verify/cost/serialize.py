@@ -4,20 +4,21 @@
 Reading never trusts the file: unknown versions and keys are rejected, every value goes through
 ``CostTable.from_points`` (so the bounds of checks.py apply), and a file nested too deeply for the JSON parser
 is a ValueError naming the file, like any other unreadable file.
+
+A leaf of the package: it works on plain values (the table hands over its fields, and builds itself from
+:func:`from_dict`'s keyword arguments), so it imports no other cost module.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import tempfile
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from .._checks import is_int, is_real
-
-if TYPE_CHECKING:
-    from .table import CostTable
 
 #: Version of the JSON layout written by ``CostTable.to_json``. Version 2 added ``draft_interpolation``;
 #: version 1 files (written when the drafter curve was always linear) are read as ``"linear"``. Version 3
@@ -30,37 +31,20 @@ JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "
 KEYS_ADDED_IN = {"draft_interpolation": 2, "request_ms": 3}
 
 
-def points_for_json(table: CostTable) -> tuple[tuple[int, float], ...]:
-    """The measured points, or for a shifted view its curve sampled where it can bend: every count up to 4096
-    above the shift, then every 8th plus both sides of every graph size and measured point of the base (the base
-    is linear between those), and the top."""
-    if table._base is None:
-        return table._verify_points
-    base, x = table._base, table._shift
-    top = table._max_tokens if table._max_tokens is not None else \
-        max(max(base._verify_points[-1][0], base._graph_sizes[-1] if base._graph_sizes else 0) - x, 2)
-    ns = set(range(1, min(top, 4096) + 1))
-    if top > 4096:
-        ns.update(range(4096, top + 1, 8))
-        for b in list(base._graph_sizes) + [n for n, _ in base._verify_points]:
-            ns.update(m for m in (b - x - 1, b - x, b - x + 1) if 1 <= m <= top)
-        ns.add(top)
-    return tuple((n, table._curve.cost(n)) for n in sorted(ns))
-
-
-def to_dict(table: CostTable) -> dict[str, Any]:
-    """JSON-ready dict. Points are [count, ms] pairs in increasing order (JSON keys are strings). A shifted view
-    is written as the table its curve is (sampled; graph sizes are already in its values)."""
-    draft = table._draft
+def to_dict(*, verify: Sequence[tuple[int, float]], draft: float | Sequence[tuple[int, float]],
+            draft_interpolation: str, request_ms: float, graph_sizes: Sequence[int], max_tokens: int | None,
+            metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON-ready dict of a table's fields. Points are [count, ms] pairs in increasing order (JSON keys are
+    strings); metadata is deep-copied."""
     return {
         "format_version": FORMAT_VERSION,
-        "verify_ms": [[n, ms] for n, ms in points_for_json(table)],
+        "verify_ms": [[n, ms] for n, ms in verify],
         "draft_ms": draft if isinstance(draft, float) else [[r, ms] for r, ms in draft],
-        "draft_interpolation": table._draft_mode,
-        "request_ms": table._request_ms,
-        "graph_sizes": list(table._graph_sizes) if table._base is None else [],
-        "max_tokens": table._max_tokens,
-        "metadata": copy.deepcopy(table._meta()),
+        "draft_interpolation": draft_interpolation,
+        "request_ms": request_ms,
+        "graph_sizes": list(graph_sizes),
+        "max_tokens": max_tokens,
+        "metadata": copy.deepcopy(dict(metadata)),
     }
 
 
@@ -78,8 +62,9 @@ def _pairs(name: str, value: Any) -> dict:
     return out
 
 
-def from_dict(cls: type[CostTable], data: Mapping[str, Any]) -> CostTable:
-    """Inverse of :func:`to_dict`. Unknown format versions and unknown keys are rejected."""
+def from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`to_dict`: the keyword arguments of ``CostTable.from_points`` (which checks their values).
+    Unknown format versions and unknown keys are rejected."""
     if not isinstance(data, Mapping):
         raise TypeError(f"cost table data must be a dict, got {type(data).__name__}")
     if "format_version" not in data:
@@ -94,7 +79,7 @@ def from_dict(cls: type[CostTable], data: Mapping[str, Any]) -> CostTable:
         raise ValueError(f"unknown keys {unknown} in a format_version {version} cost table")
     draft = data.get("draft_ms", 0.0)
     mode = data.get("draft_interpolation", "linear" if version == 1 else "staircase")
-    return cls.from_points(
+    return dict(
         verify_ms=_pairs("verify_ms", data.get("verify_ms")),
         draft_ms=draft if is_real(draft) else _pairs("draft_ms", draft),
         graph_sizes=data.get("graph_sizes", ()),
@@ -120,25 +105,22 @@ def write_json(data: dict, path: str | os.PathLike) -> None:
         raise
 
 
-def from_json(cls: type[CostTable], path: str | os.PathLike) -> CostTable:
-    """Reads a table written by ``to_json``. Errors (ValueError / TypeError) name the file; JSON nested too
-    deeply to parse is a ValueError."""
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value in the file written by ``to_json``. Errors name the file; JSON nested too deeply to parse is
+    a ValueError."""
     with open(path, encoding="utf-8") as f:
         try:
-            data = json.load(f)
+            return json.load(f)
         except RecursionError as e:
             raise ValueError(f"{os.fspath(path)}: JSON nested too deeply") from e
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{os.fspath(path)}: not valid JSON ({e})") from e
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raises a ValueError / TypeError of the block with the file's name in front (reading its contents)."""
     try:
-        return from_dict(cls, data)
+        yield
     except (TypeError, ValueError) as e:
         raise type(e)(f"{os.fspath(path)}: {e}") from e
-
-
-def check_path(path: Any) -> str:
-    """A file path as str; TypeError naming ``path`` otherwise (an int would be opened as a file descriptor)."""
-    if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    path = os.fspath(path)
-    return path.decode() if isinstance(path, bytes) else path

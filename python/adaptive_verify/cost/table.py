@@ -1,4 +1,7 @@
-"""CostTable: the immutable step cost model the planner prices budgets with (rules in the package docstring)."""
+"""CostTable: the immutable step cost model the planner prices budgets with (rules in the package docstring).
+
+The package's one hub: this module imports checks, curve, profile, roofline and serialize, and none of them
+imports it back (tests/test_layout.py checks that the package's import graph has no cycle)."""
 from __future__ import annotations
 
 import collections
@@ -15,7 +18,8 @@ from .._checks import check_int, is_real
 from . import profile as _profile
 from . import roofline as _roofline
 from . import serialize as _serialize
-from .checks import MAX_TOKENS_LIMIT, check_increasing_ints, check_metadata, check_ms, check_points, normalize_device
+from .checks import (MAX_TOKENS_LIMIT, check_increasing_ints, check_metadata, check_ms, check_path, check_points,
+                     normalize_device)
 from .curve import DRAFT_MODES, DraftCurve, ShiftedCurve, VerifyCurve
 from .serialize import FORMAT_VERSION
 
@@ -68,6 +72,9 @@ class CostTable:
             drafters replay padded CUDA graphs) or "linear" (between measured counts).
         request_ms: milliseconds per request per step outside the drafter and the verify forward (sampling,
             scheduling, per-request host work), 0.0 unless given.
+        shifted_by, unshifted: a :meth:`shifted` view's prompt tokens and the table it views (0 and the table
+            itself otherwise).
+        verify_curve: the float64 verify curve the costs come from (read-only).
     """
 
     def __init__(self, *, _verify, _draft, _draft_mode, _graph_sizes, _max_tokens, _metadata, _curve=None,
@@ -402,25 +409,48 @@ class CostTable:
     # Serialisation
     # ----------------------------------------------------------------------------------------------
 
+    def _points(self) -> tuple[tuple[int, float], ...]:
+        """The measured points, or for a shifted view its curve sampled where it can bend: every count up to 4096
+        above the shift, then every 8th plus both sides of every graph size and measured point of the base (the
+        base is linear between those), and the top."""
+        if self._base is None:
+            return self._verify_points
+        base, x = self._base, self._shift
+        top = self._max_tokens if self._max_tokens is not None else \
+            max(max(base._verify_points[-1][0], base._graph_sizes[-1] if base._graph_sizes else 0) - x, 2)
+        ns = set(range(1, min(top, 4096) + 1))
+        if top > 4096:
+            ns.update(range(4096, top + 1, 8))
+            for b in list(base._graph_sizes) + [n for n, _ in base._verify_points]:
+                ns.update(m for m in (b - x - 1, b - x, b - x + 1) if 1 <= m <= top)
+            ns.add(top)
+        return tuple((n, self._curve.cost(n)) for n in sorted(ns))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict. Points are [count, ms] pairs in increasing order (JSON keys are strings). A shifted
         view is written as the table its curve is (sampled; graph sizes are already in its values)."""
-        return _serialize.to_dict(self)
+        return _serialize.to_dict(verify=self._points(), draft=self._draft, draft_interpolation=self._draft_mode,
+                                  request_ms=self._request_ms,
+                                  graph_sizes=self._graph_sizes if self._base is None else (),
+                                  max_tokens=self._max_tokens, metadata=self._meta())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostTable:
         """Inverse of :meth:`to_dict`. Unknown format versions and unknown keys are rejected."""
-        return _serialize.from_dict(cls, data)
+        return cls.from_points(**_serialize.from_dict(data))
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the table as JSON (strict: no NaN). Written to a temporary file then renamed."""
-        _serialize.write_json(self.to_dict(), _serialize.check_path(path))
+        _serialize.write_json(self.to_dict(), check_path(path))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> CostTable:
         """Read a table written by :meth:`to_json`. Errors (ValueError / TypeError) name the file; JSON
         nested too deeply to parse is a ValueError."""
-        return _serialize.from_json(cls, _serialize.check_path(path))
+        path = check_path(path)
+        data = _serialize.read_json(path)
+        with _serialize.naming(path):
+            return cls.from_dict(data)
 
     # ----------------------------------------------------------------------------------------------
     # Attributes
@@ -440,7 +470,7 @@ class CostTable:
 
     @property
     def verify_ms(self) -> dict[int, float]:
-        return dict(_serialize.points_for_json(self))
+        return dict(self._points())
 
     @property
     def draft_ms(self) -> dict[int, float] | float:
@@ -453,6 +483,25 @@ class CostTable:
     @property
     def request_ms(self) -> float:
         return self._request_ms
+
+    @property
+    def shifted_by(self) -> int:
+        """The prompt tokens a :meth:`shifted` view sees its curve from (metadata["shifted_by"]); 0 for a table that
+        is not a view."""
+        return self._shift
+
+    @property
+    def unshifted(self) -> CostTable:
+        """The table a :meth:`shifted` view is a view of (its step's real cost is ``unshifted.verify_cost(n +
+        shifted_by)``); the table itself when it is not a view."""
+        return self._base if self._base is not None else self
+
+    @property
+    def verify_curve(self) -> VerifyCurve | ShiftedCurve:
+        """The float64 verify curve behind :meth:`verify_cost` and :meth:`verify_array` (``curve.py``: a
+        VerifyCurve, or for a shifted view a ShiftedCurve of its base's), for callers that fill their own cost
+        arrays (``dense32_into``). Shared, not copied: read it, never change it."""
+        return self._curve
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CostTable):

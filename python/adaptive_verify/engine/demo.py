@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..planner import MAX_TREE_NODES
+
 DEMO_HELP = """\
 Generate text with the shipped byte-level target and DSpark-style drafter (trained on the Python standard
 library's sources) through AdaptiveVerifier, once per mode, and print tokens/s, accepted drafts, verified
@@ -38,7 +40,7 @@ def add_parser(sub) -> None:
     d.add_argument("--tree-topk", type=int, default=DEFAULT_TREE_TOPK, help="k of the tree modes: alternatives "
                    "kept per node (default %(default)s)")
     d.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="N of the tree modes: most nodes per "
-                   "request, 1..63 (default %(default)s)")
+                   f"request, 1..{MAX_TREE_NODES} (default %(default)s)")
     d.add_argument("--threads", type=int, default=1, help="torch CPU threads (default %(default)s)")
 
 
@@ -52,8 +54,8 @@ def run(args) -> int:
     if args.concurrency < 1 or args.max_new_tokens < 1 or args.temperature < 0:
         print(f"{prog}: error: --concurrency and --max-new-tokens must be >= 1, --temperature >= 0", file=sys.stderr)
         return 1
-    if args.tree_topk < 1 or not 1 <= args.tree_nodes <= 63:
-        print(f"{prog}: error: --tree-topk must be >= 1 and --tree-nodes in [1, 63]", file=sys.stderr)
+    if args.tree_topk < 1 or not 1 <= args.tree_nodes <= MAX_TREE_NODES:
+        print(f"{prog}: error: --tree-topk must be >= 1 and --tree-nodes in [1, {MAX_TREE_NODES}]", file=sys.stderr)
         return 1
     torch.set_num_threads(max(1, args.threads))
     try:

@@ -39,6 +39,7 @@ import torch
 import adaptive_verify as av
 
 from ..cost import CostTable
+from ..planner import MAX_TREE_NODES
 from ..verifier import AdaptiveVerifier
 from .drafter import DSparkDrafter
 from .model import PagedKV, TinyTarget
@@ -344,8 +345,8 @@ def _generate_trees(target, drafter, prompts, *, mode, label, max_new_tokens, co
         raise ValueError(f"draft trees take modes all, lagged, greedy, global, tree or tree-fixed, got {label!r}")
     if drafter is None:
         raise ValueError("a drafter is required unless mode='off'")
-    if isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int) or not 1 <= tree_nodes <= 63:
-        raise ValueError(f"tree_nodes must be an int in [1, 63], got {tree_nodes!r}")
+    if isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int) or not 1 <= tree_nodes <= MAX_TREE_NODES:
+        raise ValueError(f"tree_nodes must be an int in [1, {MAX_TREE_NODES}], got {tree_nodes!r}")
     encoded = [_encode(p) for p in prompts]
     topks = [tree_topk] * len(encoded) if isinstance(tree_topk, int) else list(tree_topk)
     if len(topks) != len(encoded) or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in topks):

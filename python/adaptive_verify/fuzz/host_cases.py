@@ -69,17 +69,17 @@ def cost_table_case(rng) -> Case:
             t, back = res
             _check_table(t, rng)
             _check_table(back, rng)
-            if t._base is None and back != t:
+            if t.unshifted is t and back != t:
                 raise Mismatch("a JSON round trip changed the table")
             # A shifted view is written as its curve sampled from n = 1 up to its largest sampled count (counts
             # start at 1, and past the last sample the written table extrapolates): compare it there.
-            lo, hi = (0, min(t.token_limit, 5000)) if t._base is None else \
+            lo, hi = (0, min(t.token_limit, 5000)) if t.unshifted is t else \
                 (1, min(max(n for n, _ in t.to_dict()["verify_ms"]), 5000))
             for n in range(lo, min(hi, back.token_limit) + 1, 97):
                 if abs(back.verify_cost(n) - t.verify_cost(n)) > 1e-9 * max(1.0, t.verify_cost(n)):
                     raise Mismatch(f"the JSON round trip prices n={n} differently")
-            if t._base is not None:
-                base, x = t._base, t._shift
+            if t.unshifted is not t:
+                base, x = t.unshifted, t.shifted_by
                 for n in sorted({0, min(1, t.token_limit), min(5, t.token_limit), t.token_limit}):
                     want = base.verify_cost(n + x) - base.verify_cost(x) + base.verify_cost(0)
                     if abs(t.verify_cost(n) - want) > 1e-9 * max(1.0, abs(want)):

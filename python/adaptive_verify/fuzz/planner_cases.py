@@ -143,7 +143,7 @@ def _padded_sizes(p: PlanInputs) -> tuple[int, int]:
     """(R_pad, T_pad) the op will use, from the reference's own resolution (for sizing out= buffers)."""
     kw = {k: v for k, v in p.kw.items() if k in ("mode", "max_verify", "extra_tokens", "capacity", "num_tokens_padded",
                                                 "num_reqs_padded", "budget", "min_verify", "extra_emitting")}
-    a = ref._resolve(p.survival, p.drafts, p.table, **kw)
+    a = ref.resolve_args(p.survival, p.drafts, p.table, **kw)
     return a.num_reqs_padded, a.num_tokens_padded
 
 

@@ -187,7 +187,7 @@ def _guarded_tree_plan(g: Guards, Rp: int, Tp: int, kw) -> TreeVerifyPlan:
 def _padded(t: TreeInputs, table) -> tuple:
     kw = {k: v for k, v in t.kw.items() if k in ("mode", "max_verify", "extra_tokens", "num_tokens_padded",
                                                 "num_reqs_padded", "budget", "min_verify")}
-    a = ref._resolve(t.survival, t.sizes, table, **kw)
+    a = ref.resolve_args(t.survival, t.sizes, table, **kw)
     return a.num_reqs_padded, a.num_tokens_padded
 
 

@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from ..planner import MAX_DRAFTS  # the planner's K limit (the extension's)
 from . import _check_int, _check_tensor, _num_reqs, _relative_starts
 from .sglang_tree import (SGLangTree, mask_bits_from_sglang, tree_from_eagle_draft, tree_from_sglang,
                           tree_from_sglang_mask, tree_mask_to_sglang, tree_to_sglang, tree_verify_input,
@@ -33,7 +34,6 @@ __all__ = ["verify_input", "verify_output", "chain_from_sglang", "ragged_layout_
 #: The SGLang release the adapter is tested against (tests/integration/peers.txt).
 TESTED_SGLANG_VERSION = "0.5.23"
 
-MAX_DRAFTS = 32
 
 
 def chain_from_sglang(draft_token: torch.Tensor, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -223,10 +223,8 @@ def step_cap_of(cost_table: CostTable, R: int, anchors: int, budget_cap: int, dr
     verify_cost(R + extra_tokens + B), as the kernels add) exceed max_step_ms. A shifted view
     (``CostTable.shifted``, prompt chunks priced at the margin) is measured on its base curve at the real token
     count: the target bounds the step's time, prompt included."""
-    base = getattr(cost_table, "_base", None)
-    if base is not None:
-        anchors += cost_table._shift
-        cost_table = base
+    anchors += cost_table.shifted_by
+    cost_table = cost_table.unshifted
     costs = cost_table.verify_array(anchors + budget_cap, "cpu")[anchors: anchors + budget_cap + 1]
     over = (torch.tensor(draft_cost, dtype=torch.float32) + costs).double() > max_step_ms
     first = int(over.to(torch.uint8).argmax()) if bool(over.any()) else budget_cap + 1

@@ -77,9 +77,10 @@ class _ShiftCosts:
     def __call__(self, cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
         """_costs for a shifted view (its drafter is its base's, so the fixed cost is the base's, remembered)."""
         base, fixed_r, draft_cost = self.fixed
-        if base is not cost_table._base or fixed_r != R:
-            draft_cost, _ = _costs(cost_table._base, R, 0, device, False)
-            self.fixed = (cost_table._base, R, draft_cost)
+        unshifted = cost_table.unshifted
+        if base is not unshifted or fixed_r != R:
+            draft_cost, _ = _costs(unshifted, R, 0, device, False)
+            self.fixed = (unshifted, R, draft_cost)
         if not need_verify:
             return draft_cost, None
         n = min(max_n, cost_table.token_limit) + 1
@@ -89,7 +90,7 @@ class _ShiftCosts:
             self.tensor, self.view = torch.from_numpy(self.f32), None
         if self.view is None or self.view_np.shape[0] != n:  # n follows R and the capacity: the same step after step
             self.view, self.view_np = self.tensor[:n], self.f32[:n]
-        cost_table._curve.dense32_into(self.view_np)
+        cost_table.verify_curve.dense32_into(self.view_np)
         return draft_cost, self.view
 
 
@@ -118,7 +119,8 @@ class _Call:
         if budget is None and self.a.budget_in is not None:  # a tensor budget is in the key, not in the step
             budget = self.a.budget_in
         costs = _costs
-        if not self.on_cuda and getattr(cost_table, "_base", None) is not None:  # a shifted view: the call's arrays
+        # A shifted view on the CPU: its verify costs go into this call's own arrays (_ShiftCosts).
+        if not self.on_cuda and isinstance(cost_table, CostTable) and cost_table.shifted_by:
             if self.shift_costs is None:
                 self.shift_costs = _ShiftCosts()
             costs = self.shift_costs
@@ -160,7 +162,7 @@ class _Call:
             return False
         # The same B_max cap, so the same default T_pad and cost array length (R + cap + 1 entries): only the costs
         # change.
-        ShiftedCurve(base._curve, shift).dense32_into(sc.view_np)  # the view's own curve, into the same array
+        ShiftedCurve(base.verify_curve, shift).dense32_into(sc.view_np)  # the view's own curve, into the same array
         self.step = ("reshift", shift, capacity)  # equals no step_key: a later restep re-derives everything
         self.table = base
         return True

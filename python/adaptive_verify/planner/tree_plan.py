@@ -6,12 +6,13 @@ from typing import Optional, Union
 
 import torch
 
+from .._ext import _C
 from .verify_plan import VerifyPlan
 
-#: Most nodes per request (the anchor and every node fit a 64-bit attention mask; planner/math.h kMaxTreeNodes).
-MAX_TREE_NODES = 63
-#: Most requests of a tree plan (the tree candidate key holds 21 request bits; planner/math.h kMaxTreeReqs).
-MAX_TREE_REQS = (1 << 21) - 1
+#: Most nodes per request, 63: the anchor and every node fit a 64-bit attention mask (planner/math.h kMaxTreeNodes).
+MAX_TREE_NODES: int = _C.PLANNER_MAX_TREE_NODES
+#: Most requests of a tree plan, 2^21 - 1: the tree candidate key holds 21 request bits (planner/math.h kMaxTreeReqs).
+MAX_TREE_REQS: int = _C.PLANNER_MAX_TREE_REQS
 
 
 def tree_status_messages(_C) -> dict:

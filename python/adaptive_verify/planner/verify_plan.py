@@ -7,14 +7,16 @@ from typing import Optional, Union
 import torch
 
 from .._checks import check_bool, check_int
+from .._ext import _C
 from .._validate import device_arg
 
-#: Most requests per step (the candidate key holds 26 request bits; planner/math.h kMaxReqs).
-MAX_REQS = (1 << 26) - 2
-#: Most tokens a plan's padded buffers may hold (its int32 offsets, and a bound on host allocation).
+#: Most requests per step, 2^26 - 2: the candidate key holds 26 request bits (planner/math.h kMaxReqs).
+MAX_REQS: int = _C.PLANNER_MAX_REQS
+#: Most tokens a plan's padded buffers may hold (its int32 offsets, and a bound on host allocation). A limit of the
+#: Python layer's allocation, not of a kernel: the kernels take T_pad as int64.
 MAX_TOKENS = 1 << 30
-#: Largest context length (planner/math.h kMaxContextLen): context_lens + q_len (<= 64) must fit int32.
-MAX_CONTEXT_LEN = (1 << 31) - 1 - 64
+#: Largest context length, 2^31 - 65 (planner/math.h kMaxContextLen): context_lens + q_len (<= 64) must fit int32.
+MAX_CONTEXT_LEN: int = _C.PLANNER_MAX_CONTEXT_LEN
 
 
 #: The per-token ([T_pad]) fields of a VerifyPlan and of a TreeVerifyPlan.

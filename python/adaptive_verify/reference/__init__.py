@@ -3,9 +3,11 @@
 They follow docs/design.md literally and use the same exact arithmetic as the kernels
 (float32 products left to right, 32.32 fixed-point survival sums, float64 Theta), so the kernels
 must match them integer for integer. Slow by design; never used on a hot path. They resolve their own
-arguments (defaults, the budget cap, the cost curve read through CostTable's public scalar methods) and
-share no code with the ops they check beyond the VerifyPlan container; they assume valid inputs (the ops'
-validation is tested separately).
+arguments (:func:`resolve_args`: defaults, the budget cap, the cost curve read through CostTable's public
+methods) and return their own plain types (:class:`Plan`, :class:`TreePlan`: VerifyPlan's and TreeVerifyPlan's
+field names). They share no code with the ops they check: nothing here imports from adaptive_verify outside this
+package, so the oracle runs without the compiled extension (tests/test_layout.py checks both). They assume valid
+inputs (the ops' validation is tested separately).
 
 Where things are: ``planner.py`` prefix survival, candidate orders (chains and trees), Theta, the budget and the
 chain plan; ``trees.py`` tree survival, the tree plan and the KV commit; ``confidence.py`` confidence heads,
@@ -14,16 +16,16 @@ attention and KV writes.
 """
 from .attention import verify_attention, write_kv
 from .confidence import confidence, confidence_from_logits, draft_margin, stats_totals, stats_update
-from .planner import (FIXED_ONE, candidate_order, choose, choose_budget, plan_verification, prefix_survival,
-                      request_weights, theta, tree_candidate_order)
-from .planner import _resolve, _sanitize  # noqa: F401 - the fuzzer sizes out= buffers with the oracle's resolution
+from .planner import (FIXED_ONE, Plan, ResolvedArgs, candidate_order, choose, choose_budget, plan_verification,
+                      prefix_survival, request_weights, resolve_args, theta, tree_candidate_order)
 from .sampling import (av_exp, av_log, canonical_sum, kept_tokens, philox, rejection_sample, sample, to_uniform,
                        token_logprob, tree_rejection_sample, uniforms)
 from .sampling import _fadd, _fdiv, _fmul, _fsub  # noqa: F401 - single-rounding float32 steps the tests reuse
-from .trees import commit_tree_kv, plan_tree_verification, tree_survival
+from .trees import TreePlan, commit_tree_kv, plan_tree_verification, tree_survival
 
-__all__ = ["FIXED_ONE", "av_exp", "av_log", "candidate_order", "canonical_sum", "choose", "choose_budget",
-           "commit_tree_kv", "confidence", "confidence_from_logits", "draft_margin", "kept_tokens", "philox",
-           "plan_tree_verification", "plan_verification", "prefix_survival", "rejection_sample", "request_weights",
-           "sample", "stats_totals", "stats_update", "theta", "to_uniform", "token_logprob", "tree_candidate_order",
-           "tree_rejection_sample", "tree_survival", "uniforms", "verify_attention", "write_kv"]
+__all__ = ["FIXED_ONE", "Plan", "ResolvedArgs", "TreePlan", "av_exp", "av_log", "candidate_order", "canonical_sum",
+           "choose", "choose_budget", "commit_tree_kv", "confidence", "confidence_from_logits", "draft_margin",
+           "kept_tokens", "philox", "plan_tree_verification", "plan_verification", "prefix_survival",
+           "rejection_sample", "request_weights", "resolve_args", "sample", "stats_totals", "stats_update", "theta",
+           "to_uniform", "token_logprob", "tree_candidate_order", "tree_rejection_sample", "tree_survival",
+           "uniforms", "verify_attention", "write_kv"]

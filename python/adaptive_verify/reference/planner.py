@@ -8,9 +8,25 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..planner import VerifyPlan
-
 FIXED_ONE = 2**32  # survival 1.0 in 32.32 fixed point
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The reference chain plan: the outputs of adaptive_verify.plan_verification under the same field names as
+    adaptive_verify.VerifyPlan (docs/design.md, "Planner", outputs), in a type of the oracle's own, so that it
+    shares no code with the planner it checks. Optional fields are None where the op leaves them out."""
+
+    verify_lens: torch.Tensor  # [R_pad] int32
+    budget: torch.Tensor  # 0-d int32
+    expected_tokens: torch.Tensor  # 0-d float32
+    num_tokens: torch.Tensor  # 0-d int32
+    query_start_loc: torch.Tensor  # [R_pad + 1] int32
+    token_req: torch.Tensor  # [T_pad] int32
+    seq_lens: Optional[torch.Tensor] = None  # [R_pad] int32
+    positions: Optional[torch.Tensor] = None  # [T_pad] int32
+    slot_mapping: Optional[torch.Tensor] = None  # [T_pad] int64
+    input_ids: Optional[torch.Tensor] = None  # [T_pad] int32
 
 
 def _sanitize(x: torch.Tensor) -> torch.Tensor:
@@ -31,7 +47,7 @@ def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
 
 
 @dataclasses.dataclass
-class _Args:
+class ResolvedArgs:
     """The planner's arguments with their defaults, resolved the way docs/design.md states them."""
 
     survival: torch.Tensor
@@ -60,10 +76,13 @@ class _Args:
     step_cap: Optional[int] = None  # most drafts the latency target allows (None: no target)
 
 
-def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
-             extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None,
-             anchor_tokens=None, draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None,
-             verification=None, weights=None, max_step_ms=None):
+def resolve_args(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None,
+                 extra_tokens=0, extra_emitting=0, capacity=None, context_lens=None, block_table=None,
+                 block_size=None, anchor_tokens=None, draft_tokens=None, token_offset=0, num_reqs_padded=None,
+                 num_tokens_padded=None, verification=None, weights=None, max_step_ms=None) -> ResolvedArgs:
+    """The planner's arguments resolved as docs/design.md states them (defaults, the budget cap, the cost array, the
+    latency cap), independently of the op's own resolution. Public for the fuzzer, which sizes out= buffers with it.
+    """
     R, K = survival.shape
     max_verify = K if max_verify is None else max_verify
     limit = cost_table.max_tokens if cost_table is not None else None
@@ -90,9 +109,8 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
         budget = int(budget.clamp(0, 2**31 - 1))
     step_cap = None
     if max_step_ms is not None:  # the largest B before the first whose modelled step time exceeds the target
-        real, shift = cost_table, 0
-        if getattr(cost_table, "_base", None) is not None:  # a shifted view: the step's time on the base curve
-            real, shift = cost_table._base, cost_table._shift
+        # A shifted view (CostTable.shifted): the step's time on the table it views, at the real token count.
+        real, shift = cost_table.unshifted, cost_table.shifted_by
         step_cap = budget_cap
         for b in range(budget_cap + 1):
             verify = torch.tensor(real.verify_cost(R + extra_tokens + shift + b), dtype=torch.float64).float()
@@ -100,16 +118,16 @@ def _resolve(survival, drafts, cost_table, *, mode, budget=None, min_verify=0, m
             if float(cost) > float(max_step_ms):
                 step_cap = max(b - 1, 0)
                 break
-    return _Args(survival=survival, drafts=drafts.long(), R=R, K=K, device=survival.device, mode=mode, budget=budget,
-                 min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
-                 extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost, draft_cost=draft_cost,
-                 context_lens=context_lens, block_table=block_table, block_size=block_size,
-                 anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
-                 num_reqs_padded=R if num_reqs_padded is None else num_reqs_padded,
-                 num_tokens_padded=num_tokens_padded, weights=weights, step_cap=step_cap)
+    return ResolvedArgs(survival=survival, drafts=drafts.long(), R=R, K=K, device=survival.device, mode=mode,
+                        budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
+                        extra_emitting=extra_emitting, budget_cap=budget_cap, verify_cost=verify_cost,
+                        draft_cost=draft_cost, context_lens=context_lens, block_table=block_table,
+                        block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens,
+                        token_offset=token_offset, num_reqs_padded=R if num_reqs_padded is None else num_reqs_padded,
+                        num_tokens_padded=num_tokens_padded, weights=weights, step_cap=step_cap)
 
 
-def request_weights(a: _Args):
+def request_weights(a: ResolvedArgs):
     """(w_r / c per request, 1 / c) in float32, c = max(1, largest usable weight); unusable weights (NaN,
     negative, infinite) weigh 1, as on the device. Scaling by c keeps every weighted survival in [0, 1] and does
     not move Theta's argmax."""
@@ -121,7 +139,7 @@ def request_weights(a: _Args):
     return w / c, torch.tensor(1.0, dtype=torch.float32) / c
 
 
-def candidate_order(a: _Args):
+def candidate_order(a: ResolvedArgs):
     """Candidates in canonical order: forced first, survival descending (weighted: w_r * survival), position,
     request.
 
@@ -163,7 +181,7 @@ def candidate_order(a: _Args):
     return req_f[o], pos_f[o], s_f[o], int(forced.sum())
 
 
-def theta(a: _Args, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
+def theta(a: ResolvedArgs, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
     """Theta(B) in float64 for each B, from P(B) in fixed point (same rounding as the kernels)."""
     if a.weights is None:
         base = (a.R + a.extra_emitting) * FIXED_ONE
@@ -176,7 +194,7 @@ def theta(a: _Args, prefix_fixed: torch.Tensor, budgets: torch.Tensor) -> torch.
     return num.double() / cost.double()
 
 
-def choose(a: _Args, order=None):
+def choose(a: ResolvedArgs, order=None):
     """(budget, canonical order, P(budget) fixed point) for the resolved arguments. order: (req, pos, survival,
     n_forced) of the candidates in canonical order (default: the chain's, candidate_order)."""
     req, pos, s, n_forced = candidate_order(a) if order is None else order
@@ -204,19 +222,19 @@ def choose(a: _Args, order=None):
 def choose_budget(survival, drafts, cost_table, *, parents=None, **kwargs) -> torch.Tensor:
     """Reference of adaptive_verify.choose_budget (parents: draft trees, drafts their sizes)."""
     kwargs.setdefault("mode", "global")
-    a = _resolve(survival, drafts, cost_table, **kwargs)
+    a = resolve_args(survival, drafts, cost_table, **kwargs)
     order = None if parents is None else tree_candidate_order(a, parents)[:4]
     return torch.tensor(choose(a, order)[0], dtype=torch.int32, device=a.device)
 
 
-def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan:
+def plan_verification(survival, drafts, cost_table=None, **kwargs) -> Plan:
     """Reference of adaptive_verify.plan_verification (same arguments, ``out`` excepted)."""
     kwargs.setdefault("mode", "greedy")
-    a = _resolve(survival, drafts, cost_table, **kwargs)
+    a = resolve_args(survival, drafts, cost_table, **kwargs)
     dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
     budget, (req, pos), prefix = choose(a)
     if a.weights is not None:  # expected tokens stay unweighted: the verified drafts' own survivals
-        unweighted = _resolve(survival, drafts, cost_table, **{k: v for k, v in kwargs.items() if k != "weights"})
+        unweighted = resolve_args(survival, drafts, cost_table, **{k: v for k, v in kwargs.items() if k != "weights"})
         mono = candidate_order(dataclasses.replace(unweighted, mode="all"))
         verified = {(int(r), int(j)): float(v) for r, j, v in zip(*mono[:3])}
         prefix = sum(int(verified[(int(r), int(j))] * FIXED_ONE) for r, j in zip(req[:budget], pos[:budget]))
@@ -259,7 +277,7 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
             drafted = torch.zeros_like(offset)
         extra["input_ids"] = torch.zeros(Tp, **i32)
         extra["input_ids"][:total] = torch.where(offset == 0, a.anchor_tokens.long()[tr], drafted).to(torch.int32)
-    return VerifyPlan(
+    return Plan(
         verify_lens=verify_lens,
         budget=torch.tensor(budget, **i32),
         expected_tokens=torch.tensor((R * FIXED_ONE + prefix) / FIXED_ONE, dtype=torch.float32, device=dev),
@@ -270,7 +288,7 @@ def plan_verification(survival, drafts, cost_table=None, **kwargs) -> VerifyPlan
     )
 
 
-def tree_candidate_order(a: _Args, parents: torch.Tensor):
+def tree_candidate_order(a: ResolvedArgs, parents: torch.Tensor):
     """Nodes in canonical order: forced (node < min_verify) first, then survival descending, depth, request, node.
 
     A node is a candidate when j < min(tree size, max_verify), its parent is the anchor or a candidate, its draft

@@ -2,10 +2,24 @@
 each request's nodes as the design states them."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import torch
 
-from ..planner import TreeVerifyPlan
-from .planner import FIXED_ONE, _resolve, _sanitize, choose, tree_candidate_order
+from .planner import FIXED_ONE, Plan, _sanitize, choose, resolve_args, tree_candidate_order
+
+
+@dataclasses.dataclass(frozen=True)
+class TreePlan(Plan):
+    """The reference tree plan: :class:`Plan`'s fields and the four per-token tree fields ([T_pad]), named as in
+    adaptive_verify.TreeVerifyPlan."""
+
+    tree_mask: Optional[torch.Tensor] = None  # int64: bit i set iff the token attends to offset i of its request
+    token_parent: Optional[torch.Tensor] = None  # int32: the parent's offset, -1 for the anchor and for padding
+    token_node: Optional[torch.Tensor] = None  # int32: the node, -1 for the anchor and for padding
+    token_depth: Optional[torch.Tensor] = None  # int32: the anchor 0, its children 1; 0 for padding
+
 
 # ----------------------------------------------------------------------------------------------------
 # draft trees (docs/design.md, "Draft trees"): loops over each request's nodes, as the design states them
@@ -25,10 +39,10 @@ def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.T
     return out
 
 
-def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwargs) -> TreeVerifyPlan:
+def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwargs) -> TreePlan:
     """Reference of adaptive_verify.plan_tree_verification (same arguments, ``out`` excepted)."""
     kwargs.setdefault("mode", "global")
-    a = _resolve(survival, tree_sizes, cost_table, **kwargs)
+    a = resolve_args(survival, tree_sizes, cost_table, **kwargs)
     dev, R, Rp, Tp = a.device, a.R, a.num_reqs_padded, a.num_tokens_padded
     order = tree_candidate_order(a, parents)
     budget, (req, node), prefix = choose(a, order[:4])
@@ -82,7 +96,7 @@ def plan_tree_verification(survival, parents, tree_sizes, cost_table=None, **kwa
     if a.anchor_tokens is not None:
         anchors, ids = a.anchor_tokens.long().tolist(), a.draft_tokens.long().tolist()
         out["input_ids"] = lanes([anchors[t[0]] if t[2] < 0 else ids[t[0]][t[2]] for t in rows], 0)
-    return TreeVerifyPlan(**out)
+    return TreePlan(**out)
 
 
 def commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted):

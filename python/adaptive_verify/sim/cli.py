@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from ..planner import MAX_DRAFTS, MAX_TREE_NODES
+
 SWEEP_HELP = """\
 Simulate a serving loop at each concurrency for no speculation, every fixed k and the adaptive planner
 (greedy, lagged, and global as an upper bound), and show the throughput / per-user-speed Pareto frontier.
@@ -38,14 +40,14 @@ Draft trees (EAGLE-2-shaped: top-k per node, a beam of k per depth; see adaptive
   tree         the planner's global budget over every request's tree nodes on this step's confidences
                (trees are verified one-hot, so this is lossless live)
   tree-lagged  the budget from each request's previous tree, priced at this step
-  eagle2-<N>   each request's N best nodes by path confidence (N in [1, 63], e.g. eagle2-16, eagle2-60)
+  eagle2-<N>   each request's N best nodes by path confidence (N in [1, %d], e.g. eagle2-16, eagle2-60)
   --tree-topk K, --tree-depth D, --tree-share S (the share of the remaining probability each next-ranked
   sibling takes), --tree-draft-cost levels|chain (one drafter forward per level, or a tree costs a chain's)
   e.g. --policies k3,lagged,tree,tree-lagged,eagle2-16,eagle2-60
 
 Writes OUT/sweep.csv, OUT/sweep.json and OUT/sweep.png (Pareto frontier and throughput vs concurrency).
 Exit status: 0 on success; 1 when an input cannot be used (the message says why); 2 on a bad command line.
-"""
+""" % MAX_TREE_NODES
 
 
 FIT_HELP = """\
@@ -299,8 +301,8 @@ def run_fit(args) -> int:
     try:
         if not os.path.isfile(args.points):
             raise _InputError(f"{args.points}: no such file")
-        if not 1 <= args.drafts <= 32:
-            raise _InputError(f"--drafts must be in [1, 32], got {args.drafts}")
+        if not 1 <= args.drafts <= MAX_DRAFTS:
+            raise _InputError(f"--drafts must be in [1, {MAX_DRAFTS}], got {args.drafts}")
         prompt = _len_range("--prompt-len", args.prompt_len)
         output = _len_range("--output-len", args.output_len)
         if output[0] < 2:

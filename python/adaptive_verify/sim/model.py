@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
 from ..cost import CostTable
+from ..planner import MAX_DRAFTS
 from .overhead import DEFAULT_OVERHEAD, Overhead, overhead_preset
 
 __all__ = ["Acceptance", "Drafter", "Priority", "Workload", "Profile", "load_profile_file"]
@@ -125,8 +126,8 @@ class Drafter:
 
     def __post_init__(self):
         k = self.num_drafts
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 32:  # the planner's limit
-            raise ValueError(f"drafter.num_drafts must be an int in [1, 32], got {k!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFTS:  # the planner's limit
+            raise ValueError(f"drafter.num_drafts must be an int in [1, {MAX_DRAFTS}], got {k!r}")
         if self.kind not in ("block", "chain"):
             raise ValueError(f"drafter.kind must be 'block' or 'chain', got {self.kind!r}")
 
