@@ -216,7 +216,7 @@ def test_tree_sample_fields_by_name(monkeypatch):
     ids = torch.arange(T, dtype=torch.int64)
     temperature, seeds = torch.full((R,), 0.5), torch.arange(R, dtype=torch.int64) + 7
     top_k, top_p, min_p = torch.tensor([1, 0], dtype=torch.int32), torch.full((R,), 0.5), torch.zeros(R)
-    p, (tokens, emitted, offsets) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.TreeSampleParams,
+    p, (tokens, emitted, offsets) = _captured(monkeypatch, "adaptive_verify.sampling_tree", _binding.TreeSampleParams,
                                               lambda: av.tree_rejection_sample(
                                                   logits, qsl, parent, ids, W, temperature=temperature, seeds=seeds,
                                                   offset=41, top_k=top_k, top_p=top_p, min_p=min_p))
@@ -227,7 +227,7 @@ def test_tree_sample_fields_by_name(monkeypatch):
         max_query_len=W, top_k=top_k.data_ptr(), top_p=top_p.data_ptr(), min_p=min_p.data_ptr(),
         output_tokens=tokens.data_ptr(), num_emitted=emitted.data_ptr(), accepted_offsets=offsets.data_ptr(),
         logprobs=None, error_counts=av.errors.error_buffer("cpu").data_ptr())
-    p, (_, _, _, lps) = _captured(monkeypatch, "adaptive_verify.sampling", _binding.TreeSampleParams,
+    p, (_, _, _, lps) = _captured(monkeypatch, "adaptive_verify.sampling_tree", _binding.TreeSampleParams,
                                   lambda: av.tree_rejection_sample(logits, qsl, parent, ids, W, logprobs=True))
     f = _fields(p, _binding.TreeSampleParams)
     assert (f["logprobs"], f["temperature"], f["seeds"], f["input_ids_int64"]) == (lps.data_ptr(), None, None, 1)

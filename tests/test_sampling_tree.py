@@ -27,7 +27,7 @@ import test_sampling_nonfinite as nonfinite
 from adaptive_verify import reference as ref
 from test_planner_tree import gen_parents
 
-sampling_module = importlib.import_module("adaptive_verify.sampling")
+sampling_module = importlib.import_module("adaptive_verify.sampling_tree")
 ALPHA = 1e-3
 
 

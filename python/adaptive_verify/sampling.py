@@ -37,6 +37,10 @@ requests ignore them (the argmax is always kept); top_k = 1 at any temperature g
 untruncated (T = 1 for greedy requests: the raw logits), -inf past num_emitted. Calls with sampling
 parameters or logprobs run the "v1" CUDA kernel whatever ``cuda_kernel`` says.
 
+``SamplingParams`` (sampling_params.py) holds the per-request parameters, these three with temperature and seeds,
+in one object: each sampler takes it as ``params=`` in place of the five keywords. The draft-tree sampler,
+``tree_rejection_sample``, lives in sampling_tree.py and is imported from here like the others.
+
 Safe handling of values that cannot be checked without a host sync (counted in ``error_counts()``):
 draft ids outside [0, V) are rejected and never used as an index (``draft_id_out_of_range``); q_len > K + 1
 is clamped to K drafts and q_len < 0 or rows past T make a padding row (``query_len_out_of_range``). Non-finite
@@ -56,10 +60,19 @@ import torch
 from torch import Tensor
 
 from . import errors
-from ._binding import RejectionParams, SampleParams, TreeSampleParams
+from ._binding import RejectionParams, SampleParams
 from ._callcache import CallCache
 from ._ext import _C, check_status
 from ._validate import DTYPE_CODES, check_tensor, kernel_choice, logits_shape, ptr, stream_of
+# The ops below look these names up here at call time (a test replaces _truncation to reach a kernel's own
+# handling of bad values); the tree sampler and the limits are re-exported, so adaptive_verify.sampling stays the
+# one place to import the samplers from.
+from .sampling_params import (MAX_VOCAB_TOP_P, SamplingParams, _merge, _offset, _per_request, _SamplerCall, _seeds,
+                              _Truncation, _truncation)  # noqa: F401
+from .sampling_tree import MAX_TREE_TOKENS, tree_rejection_sample
+
+__all__ = ["CUDA_KERNEL", "MAX_TREE_TOKENS", "MAX_VOCAB_TOP_P", "SAMPLER_KERNELS", "SamplingParams", "rejection_sample",
+           "sample", "tree_rejection_sample"]
 
 # CUDA sampler kernels (sampling/params.h SamplerKernel): "v1" (the default, validated on an H200) one block
 # per request walking whole rows (kernel.cuh); "splitv" (the candidate, not yet run on a GPU) rows split into
@@ -85,71 +98,13 @@ def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_req
     return alloc(max(nbytes, 16), dtype=torch.uint8, device=device), nbytes
 
 
-def _offset(offset, device):
-    """(host offset, 0-d int64 device tensor or None)."""
-    if isinstance(offset, torch.Tensor):
-        check_tensor("offset", offset, dtypes=(torch.int64,), device=device, shape=(), inner_contiguous=False)
-        return 0, offset
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"offset must be an int or a 0-d int64 tensor, got {type(offset).__name__}")
-    if not 0 <= offset < 2**64:
-        raise ValueError(f"offset must be in [0, 2^64), got {offset}")
-    return offset, None
-
-
-def _seeds(seeds, temperature, n, device):
-    """seeds [n] int64, or for unseeded requests (seeds None) fresh ones from torch's default generator of
-    ``device``, as engines seed unseeded requests, so that two identical unseeded requests draw independent
-    streams (one small randint op, drawn only when some request samples: temperature given). Graph-safe: a
-    captured call draws new seeds at every replay through torch's graph-aware generator."""
-    if seeds is not None:
-        return _per_request("seeds", seeds, n, device, torch.int64)
-    if temperature is None or n == 0:
-        return None  # every request greedy: no random numbers are used
-    return torch.randint(-2**63, 2**63 - 1, (n,), dtype=torch.int64, device=device)
-
-
-def _per_request(name, t, n, device, dtype):
-    if t is None:
-        return None
-    check_tensor(name, t, dtypes=(dtype,), device=device, shape=(n,), inner_contiguous=False)
-    return t
-
-
-#: Largest vocabulary with top_p: the fixed-point mass of a row (< V * 2^32) must stay exact in a double.
-MAX_VOCAB_TOP_P = 1 << 21
-
-
-class _Truncation:
-    """Validated per-request sampling parameters (tensors on the device, or None)."""
-
-    __slots__ = ("top_k", "top_p", "min_p")
-
-    def __init__(self, top_k, top_p, min_p):
-        self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
-
-    def any(self) -> bool:
-        return self.top_k is not None or self.top_p is not None or self.min_p is not None
-
-
-def _truncation(top_k, top_p, min_p, n: int, V: int, device) -> _Truncation:
-    if isinstance(top_k, torch.Tensor) and top_k.dtype == torch.int64:
-        top_k = top_k.clamp(-1, 2**31 - 1).to(torch.int32)  # clamp first: no wrap-around into range
-    top_k = _per_request("top_k", top_k, n, device, torch.int32)
-    top_p = _per_request("top_p", top_p, n, device, torch.float32)
-    min_p = _per_request("min_p", min_p, n, device, torch.float32)
-    if top_p is not None and V > MAX_VOCAB_TOP_P:
-        raise ValueError(f"top_p needs a vocabulary of at most {MAX_VOCAB_TOP_P} tokens, got V = {V}")
-    # Values are checked by the CPU kernel (ValueError naming the argument) and counted by the CUDA kernels.
-    return _Truncation(top_k, top_p, min_p)
-
-
 def rejection_sample(
     target_logits: torch.Tensor,
     query_start_loc: torch.Tensor,
     draft_tokens: torch.Tensor,
     *,
     draft_probs: Optional[torch.Tensor] = None,
+    params: Optional[SamplingParams] = None,
     temperature: Optional[torch.Tensor] = None,
     seeds: Optional[torch.Tensor] = None,
     offset: Union[int, torch.Tensor] = 0,
@@ -169,6 +124,9 @@ def rejection_sample(
         draft_tokens: [R, K] int32 or int64 (last dim contiguous).
         draft_probs: [R, K, V] float32, the distribution each draft was sampled from, or None for one-hot
             drafts.
+        params: :class:`SamplingParams`, the five per-request parameters below (temperature, top_k, top_p, min_p,
+            seeds) in one object, in place of their keywords. A field it leaves None may still come as a keyword; a
+            field given both ways raises ValueError naming both. Errors name a field by its name (``top_k``).
         temperature: [R] float32; 0 = greedy; None = every request greedy.
         seeds: [R] int64, one per request: seeded requests are reproducible and batch-invariant. None: the
             requests are unseeded and each draws an independent stream (seeds from torch's default
@@ -186,6 +144,8 @@ def rejection_sample(
         output_tokens [R, K + 1] int32 (accepted drafts then the recovered/bonus token, -1 padded) and
         num_emitted [R] int32, then logprobs [R, K + 1] float32 when ``logprobs``.
     """
+    if params is not None:  # the call then holds (and is remembered by) the tensors params holds
+        temperature, seeds, top_k, top_p, min_p = _merge(params, temperature, seeds, top_k, top_p, min_p)
     compiling = torch.compiler.is_compiling()
     key, seeds_arg = None, seeds
     if out is not None and not compiling:
@@ -241,7 +201,8 @@ def rejection_sample(
         tensors = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, offset_t, top_k, top_p,
                    min_p, seeds_arg, *out)
         _REJECTION_CALLS.put(key, (*tensors, offset), tensors,
-                             _SamplerCall(_C.rejection_sample, p, device, "rejection_sample", fresh, R))
+                             _SamplerCall(_C.rejection_sample, p, device, "rejection_sample", fresh, R,
+                                          _MESSAGES))
     return tuple(out)
 
 
@@ -256,31 +217,6 @@ def _rejection_key(target_logits, query_start_loc, draft_tokens, draft_probs, te
     return ("rejection", id(target_logits), id(query_start_loc), id(draft_tokens), id(draft_probs), id(temperature),
             id(seeds), offset_id, id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, out),
             type(cuda_kernel), cuda_kernel, CUDA_KERNEL)
-
-
-class _SamplerCall:
-    """A validated sampler call: its filled struct; per call only the host offset and, for unseeded requests,
-    fresh seeds change."""
-
-    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "fresh", "n", "messages")
-
-    def __init__(self, fn, params, device, op, fresh, n, messages=None):
-        self.fn, self.params, self.device, self.op, self.fresh, self.n = fn, params, device, op, fresh, n
-        self.messages = messages
-        self.addr, self.on_cuda = ctypes.addressof(params), device.type == "cuda"
-
-    def run(self, seeds, temperature, offset) -> None:
-        p = self.params
-        if not isinstance(offset, torch.Tensor):
-            p.offset = _offset(offset, self.device)[0]
-        fresh = None
-        if self.fresh:  # unseeded requests: a fresh seed each call, as on the validating path
-            fresh = _seeds(None, temperature, self.n, self.device)
-            p.seeds = fresh.data_ptr()
-        status = self.fn(self.addr, self.on_cuda, stream_of(self.device) if self.on_cuda else 0)
-        if status:
-            check_status(status, self.op, self.device, self.messages or _MESSAGES)
-        del fresh  # (CUDA: the caching allocator reuses it only after this stream's kernel)
 
 
 _REJECTION_CALLS = CallCache()
@@ -347,6 +283,7 @@ def sample(
     seeds: Optional[torch.Tensor] = None,
     offset: Union[int, torch.Tensor] = 0,
     *,
+    params: Optional[SamplingParams] = None,
     top_k: Optional[torch.Tensor] = None,
     top_p: Optional[torch.Tensor] = None,
     min_p: Optional[torch.Tensor] = None,
@@ -358,8 +295,11 @@ def sample(
     temperature is 0 (or None), else an exponential race over the row's kept tokens on the same generator as
     rejection_sample (its own stream, so the two never share random numbers). ``seeds`` as in
     :func:`rejection_sample` (None: unseeded, an independent stream per row); ``top_k``, ``top_p``, ``min_p``
-    [N] and ``logprobs`` as there. Returns tokens [N] int32, or (tokens, logprobs [N] float32) with
+    [N], ``params`` (a :class:`SamplingParams` of [N] tensors in place of those keywords, temperature and seeds
+    included) and ``logprobs`` as there. Returns tokens [N] int32, or (tokens, logprobs [N] float32) with
     ``logprobs``; ``out`` is tokens, or the pair with ``logprobs``."""
+    if params is not None:
+        temperature, seeds, top_k, top_p, min_p = _merge(params, temperature, seeds, top_k, top_p, min_p)
     compiling = torch.compiler.is_compiling()
     key, seeds_arg = None, seeds
     if out is not None and not compiling:
@@ -405,7 +345,8 @@ def sample(
     if key is not None and ws is None and trunc.top_k is top_k:
         fresh = seeds_arg is None and seeds is not None
         tensors = (logits, temperature, offset_t, top_k, top_p, min_p, seeds_arg, tokens, lp)
-        _SAMPLE_CALLS.put(key, (*tensors, offset, out), tensors, _SamplerCall(_C.sample, p, device, "sample", fresh, N))
+        _SAMPLE_CALLS.put(key, (*tensors, offset, out), tensors,
+                          _SamplerCall(_C.sample, p, device, "sample", fresh, N, _MESSAGES))
     return (tokens, lp) if logprobs else tokens
 
 
@@ -438,177 +379,5 @@ def _sample_into(logits: Tensor, temperature: Optional[Tensor], seeds: Optional[
 
 
 @_sample_into.register_fake
-def _(*args, **kwargs):
-    return None
-
-
-# ----------------------------------------------------------------------------------------------------
-# draft trees (docs/design.md, "Draft trees", Sampling)
-# ----------------------------------------------------------------------------------------------------
-
-#: Most tokens of one request's verified tree (the anchor and 63 nodes: sampling/tree.h kMaxTreeTokens).
-MAX_TREE_TOKENS = 64
-
-
-def tree_rejection_sample(
-    target_logits: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    token_parent: torch.Tensor,
-    input_ids: torch.Tensor,
-    max_query_len: int,
-    *,
-    temperature: Optional[torch.Tensor] = None,
-    seeds: Optional[torch.Tensor] = None,
-    offset: Union[int, torch.Tensor] = 0,
-    top_k: Optional[torch.Tensor] = None,
-    top_p: Optional[torch.Tensor] = None,
-    min_p: Optional[torch.Tensor] = None,
-    logprobs: bool = False,
-    out: Optional[tuple] = None,
-) -> tuple:
-    """Samples each request's verified draft tree one-hot ("sample and match"), losslessly.
-
-    The tokens are :func:`adaptive_verify.plan_tree_verification`'s: request r's block starts at
-    query_start_loc[r] with the anchor (offset 0), then its verified nodes, parents before children. From the anchor:
-    draw y from the current token's row of the (truncated) target, softmax(logits / T) (its argmax at T = 0); if a
-    child of the current token carries y (input_ids), move to that child and repeat; else emit y and stop. So each
-    emitted token follows the target given the tokens before it, whichever nodes were drafted or verified. A draw is
-    keyed by (seed, offset, depth) on rejection_sample's stream, so a chain (token_parent = offset - 1) gives exactly
-    :func:`rejection_sample`'s tokens with ``draft_probs=None``. Only the accepted path's rows are read.
-
-    Args:
-        target_logits: [T, V] bf16, fp16 or fp32 (last dim contiguous); row t judges token t.
-        query_start_loc: [R + 1] int32 (the tree plan's); q_len 0 marks a padding row.
-        token_parent: [T] int32, the plan's: offset of each token's parent within its request (the anchor's entry is
-            not read).
-        input_ids: [T] int32 or int64, the plan's: each token's id (the anchor's is not read).
-        max_query_len: int in [1, 64], at least every request's q_len: the outputs' width.
-        temperature, seeds, offset, top_k, top_p, min_p, logprobs: as in :func:`rejection_sample` (seeds None:
-            unseeded requests, each an independent stream from torch's default generator).
-        out: (output_tokens, num_emitted, accepted_offsets[, logprobs]) of the shapes below, int32 (logprobs
-            float32) contiguous, to write into.
-    Returns:
-        output_tokens [R, max_query_len] int32: the accepted nodes' ids then the last draw (recovered, or the bonus
-            after a leaf), -1 padded;
-        num_emitted [R] int32 (0 for padding rows);
-        accepted_offsets [R, max_query_len] int32: entry d the offset of the path's token at depth d (entry 0 the
-            anchor's 0, then the accepted nodes), num_emitted[r] entries, -1 padded. With num_accepted =
-            (num_emitted - 1).clamp(min=0) it is :func:`commit_tree_kv`'s input as it stands;
-        then with ``logprobs`` logprobs [R, max_query_len] float32: each emitted token's log-probability under the
-            untruncated softmax(logits / T) of the row it was drawn from (T = 1 for greedy requests), -inf past
-            num_emitted (one more pass over each row read).
-
-    Bad values (module docstring for the shared ones): the CPU raises ValueError for a q_len above max_query_len and
-    for a token at offset i >= 1 whose parent is not in [0, i); on CUDA that request's tokens past max_query_len
-    are left out (``query_len_out_of_range``) and such a token is never entered (``token_parent_out_of_range``).
-    An id outside [0, V) is never matched (``draft_id_out_of_range``, on both). Two children of one token with the
-    same id (a planned tree has none): the first is followed.
-    """
-    compiling = torch.compiler.is_compiling()
-    key, seeds_arg = None, seeds
-    if out is not None and not compiling and isinstance(out, (tuple, list)):
-        key = ("tree", id(target_logits), id(query_start_loc), id(token_parent), id(input_ids), type(max_query_len),
-               max_query_len, id(temperature), id(seeds), id(offset) if isinstance(offset, torch.Tensor) else None,
-               id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, out))
-        call_ = _TREE_CALLS.get(key)
-        if call_ is not None:
-            call_.run(seeds, temperature, offset)
-            return tuple(out)
-    device, T, V = logits_shape("target_logits", target_logits)
-    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
-        raise TypeError(f"max_query_len must be an int, got {type(max_query_len).__name__}")
-    if not 1 <= max_query_len <= MAX_TREE_TOKENS:
-        raise ValueError(f"max_query_len must be in [1, {MAX_TREE_TOKENS}] (the anchor and at most 63 nodes), got "
-                         f"{max_query_len}")
-    check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, ndim=1,
-                 inner_contiguous=False)
-    R = query_start_loc.shape[0] - 1
-    if R < 0:
-        raise ValueError("query_start_loc must have R + 1 >= 1 entries, got shape (0,)")
-    check_tensor("token_parent", token_parent, dtypes=(torch.int32,), device=device, shape=(T,),
-                 inner_contiguous=False)
-    check_tensor("input_ids", input_ids, dtypes=(torch.int32, torch.int64), device=device, shape=(T,),
-                 inner_contiguous=False)
-    temperature = _per_request("temperature", temperature, R, device, torch.float32)
-    trunc = _truncation(top_k, top_p, min_p, R, V, device)
-    if not isinstance(logprobs, bool):
-        raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
-    seeds = _seeds(seeds, temperature, R, device)
-    host_offset, offset_t = _offset(offset, device)
-    W = max_query_len
-    fields = (("output_tokens", (R, W), torch.int32), ("num_emitted", (R,), torch.int32),
-              ("accepted_offsets", (R, W), torch.int32)) + ((("logprobs", (R, W), torch.float32),) if logprobs else ())
-    if out is None:
-        out = tuple(torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in fields)
-    else:
-        if not isinstance(out, (tuple, list)) or len(out) != len(fields):
-            raise TypeError("out must be a tuple (output_tokens, num_emitted, accepted_offsets"
-                            + (", logprobs)" if logprobs else ")"))
-        for i, (name, shape, dtype) in enumerate(fields):
-            check_tensor(f"out[{i}] ({name})", out[i], dtypes=(dtype,), device=device, shape=shape,
-                         inner_contiguous=False)
-    err = errors.error_buffer(device)
-    args = (target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset_t, trunc.top_k,
-            trunc.top_p, trunc.min_p, out[0], out[1], out[2], out[3] if logprobs else None, err, host_offset, W)
-    if compiling:
-        _tree_rejection_sample_into(*args)
-        return tuple(out)
-    p = _tree_params(*args)
-    _run_tree(p, device)
-    if key is not None and trunc.top_k is top_k:  # the struct holds the caller's own tensors (no int64 top_k copy)
-        fresh = seeds_arg is None and seeds is not None
-        tensors = (target_logits, query_start_loc, token_parent, input_ids, temperature, offset_t, top_k, top_p,
-                   min_p, seeds_arg, *out)
-        _TREE_CALLS.put(key, (*tensors, offset), tensors,
-                        _SamplerCall(_C.tree_rejection_sample, p, device, "tree_rejection_sample", fresh, R,
-                                     _TREE_MESSAGES))
-    return tuple(out)
-
-
-_TREE_CALLS = CallCache()
-_TREE_MESSAGES = {_C.STATUS_QUERY_LEN: "query_start_loc must be non-decreasing within [0, T], with at most "
-                                       "max_query_len tokens per request"}
-
-
-def _run_tree(p, device) -> None:
-    on_cuda = device.type == "cuda"
-    status = _C.tree_rejection_sample(ctypes.addressof(p), on_cuda, stream_of(device) if on_cuda else 0)
-    if status:
-        check_status(status, "tree_rejection_sample", device, _TREE_MESSAGES)
-
-
-def _tree_params(target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset_t, top_k,
-                 top_p, min_p, output_tokens, num_emitted, accepted_offsets, logprobs, err, host_offset,
-                 max_query_len):
-    """The struct of one tree_rejection_sample launch."""
-    p = TreeSampleParams()
-    p.num_tokens, p.vocab = target_logits.shape
-    p.logits, p.logits_stride = target_logits.data_ptr(), target_logits.stride(0)
-    p.dtype = DTYPE_CODES[target_logits.dtype]
-    p.query_start_loc, p.num_reqs = query_start_loc.data_ptr(), query_start_loc.shape[0] - 1
-    p.token_parent, p.input_ids = token_parent.data_ptr(), input_ids.data_ptr()
-    p.input_ids_int64 = int(input_ids.dtype == torch.int64)
-    p.temperature, p.seeds, p.offset, p.offset_ptr = ptr(temperature), ptr(seeds), host_offset, ptr(offset_t)
-    p.max_query_len = max_query_len
-    p.top_k, p.top_p, p.min_p = ptr(top_k), ptr(top_p), ptr(min_p)
-    p.output_tokens, p.num_emitted = output_tokens.data_ptr(), num_emitted.data_ptr()
-    p.accepted_offsets, p.logprobs, p.error_counts = accepted_offsets.data_ptr(), ptr(logprobs), err.data_ptr()
-    return p
-
-
-@torch.library.custom_op("adaptive_verify::tree_rejection_sample_into",
-                         mutates_args=("output_tokens", "num_emitted", "accepted_offsets", "logprobs", "error_counts"))
-def _tree_rejection_sample_into(target_logits: Tensor, query_start_loc: Tensor, token_parent: Tensor,
-                                input_ids: Tensor, temperature: Optional[Tensor], seeds: Optional[Tensor],
-                                offset: Optional[Tensor], top_k: Optional[Tensor], top_p: Optional[Tensor],
-                                min_p: Optional[Tensor], output_tokens: Tensor, num_emitted: Tensor,
-                                accepted_offsets: Tensor, logprobs: Optional[Tensor], error_counts: Tensor,
-                                host_offset: int, max_query_len: int) -> None:
-    _run_tree(_tree_params(target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset, top_k,
-                           top_p, min_p, output_tokens, num_emitted, accepted_offsets, logprobs, error_counts,
-                           host_offset, max_query_len), target_logits.device)
-
-
-@_tree_rejection_sample_into.register_fake
 def _(*args, **kwargs):
     return None
