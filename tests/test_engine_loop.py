@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-import adaptive_verify as av
 from adaptive_verify.engine import load_pretrained
 from adaptive_verify.engine.generate import generate
 import token_stats
@@ -105,7 +104,6 @@ def test_verifier_metrics_are_reported(models):
     assert m["steps"] == r.figures["steps"]
     assert 0.0 < m["acceptance_rate"] <= 1.0 and np.isfinite(m["ece"])
     assert m["verified_per_step"] > 0 and sum(m["graph_use"].values()) == m["steps"]
-    assert av.AdaptiveVerifier is not None
 
 
 def test_demo_command(capsys):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import adaptive_verify as av
-from adaptive_verify import cli, planner
+from adaptive_verify import cli
 from adaptive_verify.sim import (Profile, get_profile, parse_policy, pareto_frontier, profile_dict, simulate, sweep)
 
 
@@ -28,18 +28,61 @@ def default_sweep():
     return sweep()  # the README's main job: bundled default profile, default settings
 
 
-def test_simulator_calls_the_library_planner(monkeypatch):
-    prof = get_profile("dsv4-pro-8xb300")
-    honest = simulate(prof, parse_policy("greedy", 7), 16, steps=60, seed=3)
-    real = planner.plan_verification
+class _Recording(av.AdaptiveVerifier):
+    """The verifier, recording the per-step calls the simulator makes (and optionally verifying nothing)."""
+    calls: list = []
+    zero = False
 
-    def zero_budget(survival, drafts, cost_table=None, **kw):  # a deliberately wrong planner: verify nothing
-        kw.update(mode="fixed", budget=0)
-        return real(survival, drafts, cost_table, **kw)
+    def add_request(self, req_indices):
+        type(self).calls.append("add_request")
+        return super().add_request(req_indices)
 
-    monkeypatch.setattr(planner, "plan_verification", zero_budget)
-    broken = simulate(prof, parse_policy("greedy", 7), 16, steps=60, seed=3)
-    assert honest["verified_per_step"] > 2.0
+    def plan_budget(self, *a, **kw):
+        type(self).calls.append("plan_budget")
+        budget, padded = super().plan_budget(*a, **kw)
+        return (0, padded) if type(self).zero else (budget, padded)
+
+    def record_confidence(self, *a, **kw):
+        type(self).calls.append("record_confidence")
+        return super().record_confidence(*a, **kw)
+
+    def plan(self, *a, **kw):
+        type(self).calls.append("plan")
+        return super().plan(*a, **kw)
+
+    def observe(self, *a, **kw):
+        type(self).calls.append("observe")
+        return super().observe(*a, **kw)
+
+
+@pytest.mark.parametrize("policy", ["lagged", "tree-lagged"])
+def test_simulator_runs_the_engine_per_step_path(monkeypatch, policy):
+    """Adaptive policies go through AdaptiveVerifier with an engine's calls in an engine's order, and what it
+    decides is what the simulator verifies (a verifier whose budget is 0 makes every step verify nothing)."""
+    from adaptive_verify.sim import engine as sim_engine
+
+    prof = get_profile("llama3-70b-8xh200")
+    honest = simulate(prof, parse_policy(policy, 4), 16, steps=60, seed=3)
+    monkeypatch.setattr(sim_engine, "AdaptiveVerifier", _Recording)
+    _Recording.calls = []
+    same = simulate(prof, parse_policy(policy, 4), 16, steps=60, seed=3)
+    nan = [k for k, x in honest.items() if x != x]  # NaN is never equal to itself
+    assert {k: x for k, x in same.items() if k not in nan} == {k: x for k, x in honest.items() if k not in nan}
+    assert all(same[k] != same[k] for k in nan)  # recording changes nothing
+    calls = _Recording.calls
+    steps = [i for i, c in enumerate(calls) if c == "plan_budget"]
+    assert len(steps) >= 100  # one per step with decodes (warmup 100 + 60 measured, a few without decodes)
+    for i in steps:  # each step: budget on the host, confidences recorded, then the plan
+        assert calls[i + 1:i + 3] == ["record_confidence", "plan"], calls[i - 2:i + 4]
+    assert "add_request" in calls  # finished requests are replaced by new ones in their slots
+    if policy == "lagged":
+        assert calls.count("observe") == 60  # the measured steps' outcomes feed the head statistics
+    _Recording.calls, _Recording.zero = [], True
+    try:
+        broken = simulate(prof, parse_policy(policy, 4), 16, steps=60, seed=3)
+    finally:
+        _Recording.zero = False
+    assert honest["verified_per_step"] > 1.0
     assert broken["verified_per_step"] == 0.0 and broken["emitted_per_step"] == 1.0
     assert broken["tokens_per_s"] < 0.8 * honest["tokens_per_s"]
 

@@ -199,11 +199,12 @@ def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_all
         out = real_plan(survival, parents, sizes, cost_table, **kw)
         calls["plan"] += 1
         assert torch.all(out.verify_lens <= sizes)  # no request verifies more nodes than it drafted
-        assert int(out.verify_lens.sum()) + survival.shape[0] <= kw["capacity"]  # nor past the step's capacity
+        assert int(out.verify_lens.sum()) + parents.shape[0] <= kw["capacity"]  # nor past the step's capacity
         return out
 
     def budget(survival, drafts, cost_table, **kw):
-        assert kw.get("parents") is not None  # tree-lagged prices the previous trees as trees
+        # tree-lagged (the verifier's tree step) prices each slot's last recorded node survivals, sorted, as a chain
+        assert kw.get("parents") is not None
         calls["budget"] += 1
         return real_budget(survival, drafts, cost_table, **kw)
 

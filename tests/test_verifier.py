@@ -511,3 +511,84 @@ def test_a_new_slot_after_the_snapshot_reads_as_the_prior():
     v.plan_budget(4, [K] * 4)
     v.record_confidence(conf)  # the slot's first confidences arrive
     assert np.allclose(v.stale_confidence([0, 1, 2, 3]), 0.9)
+
+
+def test_weighted_lagged_budget_is_the_weighted_argmax_on_the_stale_confidences():
+    """plan_budget(weights=) (host priorities): the budget is choose_budget's weighted argmax on each slot's last
+    confidences, priced at this step; weights that favour the confident requests buy a budget no smaller than
+    weights that favour the doubtful ones, and unit weights are the unweighted budget."""
+    ct = table()
+    rng = np.random.default_rng(11)
+    for trial in range(6):
+        v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+        R, extra = 7, int(rng.integers(0, 40))
+        conf, drafts = step_inputs(rng, R)
+        v.plan_budget(R, drafts)
+        v.record_confidence(conf)  # the next step ranks these
+        w = rng.uniform(0.2, 5.0, R).astype(np.float32)
+        for weights in (w, w.tolist(), torch.from_numpy(w)):  # any host form
+            got, _ = v.plan_budget(R, drafts, extra, weights=weights)
+            d = torch.from_numpy(drafts.astype(np.int32))
+            tab = ct.shifted(extra) if extra else ct
+            want = int(av.choose_budget(av.prefix_survival(conf, d), d, tab, mode="global", capacity=256 - extra,
+                                        weights=torch.from_numpy(w)))
+            assert got == min(want, int(drafts.sum()), 256 - R - extra), trial
+        ones, _ = v.plan_budget(R, drafts, extra, weights=np.ones(R))
+        assert ones == v.plan_budget(R, drafts, extra)[0]
+    with pytest.raises(ValueError, match="weights"):
+        v.plan_budget(R, drafts, weights=np.ones(R + 1))
+    with pytest.raises(TypeError, match="weights"):
+        v.plan_budget(R, drafts, weights=["a"] * R)
+    with pytest.raises(ValueError, match="weights"):  # the kernel refuses an unusable weight, naming it
+        v.plan_budget(R, drafts, weights=[float("nan")] + [1.0] * (R - 1))
+
+
+def test_max_step_ms_may_change_between_steps():
+    """verifier.max_step_ms is the step-time target the next plan_budget and plan read (an SLO that moves): a
+    tighter target never raises the budget, removing it restores the untargeted budget, and a bad value is
+    refused naming it."""
+    ct = table()
+    v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16, mode="all")
+    drafts = np.full(12, K)
+    free, _ = v.plan_budget(12, drafts)
+    budgets = []
+    for ms in (9.0, 6.0, 5.0, 4.6):
+        v.max_step_ms = ms
+        b, _ = v.plan_budget(12, drafts)
+        assert ct.fixed_cost(12) + ct.verify_cost(12 + b) <= ms + 1e-9 or b == 0
+        budgets.append(b)
+    assert budgets == sorted(budgets, reverse=True) and budgets[0] > budgets[-1]
+    v.max_step_ms = None
+    assert v.plan_budget(12, drafts)[0] == free
+    for bad in (0.0, -1.0, float("nan"), "5"):
+        with pytest.raises((ValueError, TypeError), match="max_step_ms"):
+            v.max_step_ms = bad
+
+
+def test_lagged_budget_is_the_one_decision_plan_budget_makes():
+    """av.lagged_budget (what the vLLM adapter calls) is plan_budget's lagged decision: on the same stale
+    confidences, drafts, prompt tokens and weights they agree; "fixed" prompt pricing is choose_budget with the
+    prompt as extra_tokens, "marginal" the shifted table within the capacity the prompt leaves."""
+    ct = table()
+    rng = np.random.default_rng(5)
+    for trial in range(8):
+        R, extra = int(rng.integers(1, 13)), int(rng.integers(0, 60))
+        v = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+        conf, drafts = step_inputs(rng, R)
+        v.plan_budget(R, drafts)
+        v.record_confidence(conf)
+        conf2, drafts2 = step_inputs(rng, R)  # this step's drafts; the budget ranks last step's confidences
+        w = rng.uniform(0.5, 3.0, R).astype(np.float32) if trial % 2 else None
+        got, _ = v.plan_budget(R, drafts2, extra, weights=w)
+        d = torch.from_numpy(drafts2.astype(np.int32))
+        wt = None if w is None else torch.from_numpy(w)
+        assert got == av.lagged_budget(conf, d, ct, prompt_tokens=extra, weights=wt), trial
+        fixed = av.lagged_budget(conf, d, ct, prompt_tokens=extra, prompt_pricing="fixed", weights=wt)
+        assert fixed == int(av.choose_budget(av.prefix_survival(conf, d), d, ct, mode="global", extra_tokens=extra,
+                                             weights=wt)), trial
+    with pytest.raises(ValueError, match="prompt_pricing"):
+        av.lagged_budget(conf, d, ct, prompt_pricing="extra")
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        av.lagged_budget(conf, d, ct, prompt_tokens=-1)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        av.lagged_budget(conf, d, ct, prompt_tokens=300)  # past the table's max_tokens (256)

@@ -77,10 +77,10 @@ def test_duplicate_slots_are_found_across_the_stamp_wrap_and_after_an_error():
     with pytest.raises(ValueError, match="^req_indices must be distinct"):
         v.plan_budget(3, [1, 1, 1], req_indices=[4, 5, 4])
     v.plan_budget(3, [1, 1, 1], req_indices=[4, 5, 6])  # slots 4 and 5 carry the failed call's stamp: not seen now
-    v._stamp = 0xFFFFFFFF - 1
+    v.slots._stamp = 0xFFFFFFFF - 1
     v.plan_budget(2, [1, 1], req_indices=[0, 1])  # the last stamp
     v.plan_budget(2, [1, 1], req_indices=[0, 1])  # wraps to 1: marks cleared, so 0 and 1 are not seen
-    assert v._stamp == 1
+    assert v.slots._stamp == 1
     with pytest.raises(ValueError, match="^req_indices must be distinct"):
         v.plan_budget(2, [1, 1], req_indices=[7, 7])
     with pytest.raises(ValueError, match="^req_indices must lie"):
@@ -92,22 +92,22 @@ def test_duplicate_slots_are_found_across_the_stamp_wrap_and_after_an_error():
 
 def test_slot_inputs_refuses_arrays_it_cannot_read_raw():
     v = AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16)
-    v._slot_params.num_reqs = 2
+    v.slots._params.num_reqs = 2
     for drafts in (np.zeros(2, dtype=np.int32), np.zeros(4, dtype=np.int64)[::2], np.zeros(3, dtype=np.int64)):
         with pytest.raises(ValueError, match="drafts must be a contiguous 1-D int64 array"):
-            _C.slot_inputs(v._slot_addr, drafts, None)
+            _C.slot_inputs(v.slots._addr, drafts, None)
 
 
 def test_shifted_costs_equal_the_float64_formula_rounded_once():
     """_C.shifted_costs (ShiftedCurve.dense32) is the view's float64 n -> base(n + t) - base(t) + base(0), rounded to
     float32 once: bit for bit what the numpy formula gives."""
     ct = av.CostTable.from_points({1: 1e-3, 7: 2.5, 100: 3.25, 4096: 77.7}, draft_ms=0.1, graph_sizes=[2, 8, 64])
-    base = ct._curve
+    base = ct.verify_curve
     for t in (1, 2, 7, 63, 64, 65, 1000, 4000):
         view = ct.shifted(t)
         n = 3000
         expect = (base.dense(t + n)[t:] - base.cost(t) + base.cost(0)).astype(np.float32)
-        got = view._curve.dense32(n)
+        got = view.verify_curve.dense32(n)
         assert np.array_equal(got.view(np.uint32), expect.view(np.uint32)), t
         assert np.array_equal(view.verify_array(n - 1).numpy().view(np.uint32), expect.view(np.uint32)), t
     out = np.empty(4, dtype=np.float32)

@@ -12,9 +12,9 @@ from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
-from .planner import (TreeVerifyPlan, VerifyPlan, choose_budget, plan_tree_verification, plan_verification,
-                      prefix_survival, tree_survival)
-from .sampling import rejection_sample, sample, tree_rejection_sample
+from .planner import (TreeVerifyPlan, VerifyPlan, choose_budget, lagged_budget, plan_tree_verification,
+                      plan_verification, prefix_survival, tree_survival)
+from .sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
 from .verifier import AdaptiveVerifier
 
@@ -26,6 +26,7 @@ __all__ = [
     "CostTable",
     "MarginEstimator",
     "OnlineSTS",
+    "SamplingParams",
     "TreeVerifyPlan",
     "VerifyPlan",
     "build_info",
@@ -38,6 +39,7 @@ __all__ = [
     "draft_margin",
     "error_counts",
     "fit_sts",
+    "lagged_budget",
     "load_temperatures",
     "plan_tree_verification",
     "plan_verification",

@@ -29,6 +29,7 @@ persistent buffer) simply take the validating path every time: they pay the old 
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 from typing import Any, Optional
 
@@ -135,3 +136,47 @@ def scalar_key(value) -> tuple:
     if isinstance(value, torch.Tensor):
         return (torch.Tensor, id(value))
     return (type(value), value)
+
+
+class DrivenCalls:
+    """Planner calls the verifier launches itself, step after step: the op's remembered call (planner/ops.py _Call) for
+    the verifier's own persistent buffers and the caller's tensors. Entries are keyed by the caller's tensors as
+    kernel arguments (_callcache.tensor_key), not by their objects: an engine that passes new slices of its
+    persistent buffers each step (vLLM's ``positions[:num_tokens]``) still repeats the same kernel arguments, and
+    the op's own remembered path, keyed by objects, would validate everything again for it. Each entry holds the
+    tensors it was made with. The verifier's own buffers are the op call's and never change layout. Entries are
+    few (one per plan-buffer set, R and caller layout): an LRU of ``size`` entries (AdaptiveVerifier:
+    PLAN_CACHE_SIZE)."""
+
+    __slots__ = ("_entries", "size")
+
+    def __init__(self, size: int = 64):
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self.size = size
+
+    def run(self, key: tuple, table, step: tuple):
+        """The call's result after launching it, or None when nothing is remembered for key (the caller then takes
+        the op's own path). ``step``: ops.step_key of this step's per-step arguments (re-derived when they differ
+        from the remembered call's)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        call = entry[1]
+        if call.step != step and not call.restep(step, table):
+            return None
+        call.run()
+        return call.result
+
+    def call(self, key: tuple):
+        """The remembered call for key, or None (not launched)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
+    def remember(self, key: tuple, caller: tuple, call) -> None:
+        if call is None:  # the op did not remember it (e.g. an argument was converted): nothing to drive
+            self._entries.pop(key, None)
+            return
+        self._entries[key] = (caller, call)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import ctypes
 import itertools
 from collections import Counter
 from collections.abc import Iterable
@@ -59,17 +58,16 @@ import numpy as np
 import torch
 
 from . import planner, verifier_tree
-from ._binding import SlotParams
-from ._callcache import tensor_key
-from ._ext import _C
+from ._callcache import DrivenCalls, tensor_key
 from ._checks import check_bool, check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
 from .planner import MAX_DRAFTS, TreeVerifyPlan, VerifyPlan
 from .planner.args import step_cap_of
-from .planner.ops import _choose_budget as choose_budget_call, plan_call, step_key
+from .planner.ops import plan_call, step_key
 from ._validate import device_arg
 from .stats import AcceptanceStats
+from .verifier_slots import SlotTable, host_floats, host_ints
 
 __all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
 
@@ -84,75 +82,8 @@ VIEW_CACHE_SIZE = 1024
 MAX_REQ_SLOTS = 1 << 20
 #: The plan-buffer key of eager steps (above the largest graph size): one buffer set per R, views per size.
 EAGER = -1
-SLOT_DRAFTS_OUT_OF_RANGE, SLOT_INDEX_OUT_OF_RANGE, SLOT_INDEX_REPEATED = _C.SLOT_STATUS
 #: Most CUDA-graph sizes (engines capture tens; the bound keeps a mistyped range from being walked per step).
 MAX_GRAPH_SIZES = 1 << 16
-
-
-def _host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
-    """[n] int64 numpy array from a list, numpy array or CPU tensor (a CUDA tensor would need a sync)."""
-    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1 and values.flags.c_contiguous:
-        if n is not None and values.shape[0] != n:  # the per-step case: no copy
-            raise ValueError(f"{name} must have num_reqs = {n} entries, got {values.shape[0]}")
-        return values
-    if isinstance(values, torch.Tensor):
-        if values.device.type != "cpu":
-            raise ValueError(f"{name} must be on the host (a list, numpy array or CPU tensor), got {values.device}")
-        if values.is_floating_point() or values.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integers, got {values.dtype}")
-        values = values.numpy()
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from e
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr.astype(np.int64, copy=False).reshape(-1))  # _C.slot_inputs reads it raw
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
-    return arr
-
-
-class _Driven:
-    """Planner calls the verifier launches itself, step after step: the op's remembered call (planner/ops.py _Call) for
-    the verifier's own persistent buffers and the caller's tensors. Entries are keyed by the caller's tensors as
-    kernel arguments (_callcache.tensor_key), not by their objects: an engine that passes new slices of its
-    persistent buffers each step (vLLM's ``positions[:num_tokens]``) still repeats the same kernel arguments, and
-    the op's own remembered path, keyed by objects, would validate everything again for it. Each entry holds the
-    tensors it was made with. The verifier's own buffers are the op call's and never change layout. Entries are
-    few (one per plan-buffer set, R and caller layout): an LRU of PLAN_CACHE_SIZE."""
-
-    __slots__ = ("_entries",)
-
-    def __init__(self):
-        self._entries: collections.OrderedDict = collections.OrderedDict()
-
-    def run(self, key: tuple, table, step: tuple):
-        """The call's result after launching it, or None when nothing is remembered for key (the caller then takes
-        the op's own path). ``step``: ops.step_key of this step's per-step arguments (re-derived when they differ
-        from the remembered call's)."""
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        call = entry[1]
-        if call.step != step and not call.restep(step, table):
-            return None
-        call.run()
-        return call.result
-
-    def call(self, key: tuple):
-        """The remembered call for key, or None (not launched)."""
-        entry = self._entries.get(key)
-        return None if entry is None else entry[1]
-
-    def remember(self, key: tuple, caller: tuple, call) -> None:
-        if call is None:  # the op did not remember it (e.g. an argument was converted): nothing to drive
-            self._entries.pop(key, None)
-            return
-        self._entries[key] = (caller, call)
-        self._entries.move_to_end(key)
-        while len(self._entries) > PLAN_CACHE_SIZE:
-            self._entries.popitem(last=False)
 
 
 class AdaptiveVerifier:
@@ -200,7 +131,7 @@ class AdaptiveVerifier:
         self.block_size = check_int("block_size", block_size, lo=1, hi=planner.INT32_MAX)
         self.min_verify = check_int("min_verify", min_verify, lo=0, hi=self.max_drafts)
         self.prior = check_real("prior", prior, lo=0.0, hi=1.0)
-        self.max_step_ms = None if max_step_ms is None else check_real("max_step_ms", max_step_ms, lo=0.0, lo_open=True)
+        self.max_step_ms = max_step_ms  # (the property checks it)
         check_bool("online_calibration", online_calibration)
         check_int("refresh_every", refresh_every, lo=1)
         self.mode = mode
@@ -220,27 +151,8 @@ class AdaptiveVerifier:
         self.capacity = cost_table.max_tokens if cost_table.max_tokens is not None else \
             self.max_reqs * (1 + self.max_drafts)
         K = self.max_drafts
-        # Confidences per persistent request slot: [max_reqs, K] on the device (written by record_confidence
-        # in stream order), copied whole into one of two pinned host snapshots each step. _gen[i] counts the
-        # requests that took slot i; a snapshot remembers the generations it saw, so a slot re-used after the
-        # copy was enqueued reads as new (prior) rather than as its previous request's confidences.
-        pin = self.device.type == "cuda"
-        self._conf_dev = torch.full((self.max_reqs, K), self.prior, dtype=torch.float32, device=self.device)
-        self._conf_table_ptr = self._conf_dev.data_ptr()  # record_confidence's CPU scatter writes here (_C.record_rows)
-        self._snap = torch.full((2, self.max_reqs, K), self.prior, dtype=torch.float32, pin_memory=pin)
-        self._snap_np = self._snap.numpy()
-        self._snap_ptrs = [self._snap[0].data_ptr(), self._snap[1].data_ptr()]
-        self._stamp = 0  # _C.slot_inputs' last stamp
-        self._gen = np.zeros(self.max_reqs, dtype=np.int64)
-        self._snap_gen = [self._gen.copy(), self._gen.copy()]
-        self._adds = 0  # add_request calls so far: a snapshot taken at the same count has no new slot
-        self._snap_adds = [0, 0]
-        self._snap_events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
-        self._idx_pinned = torch.zeros(2, self.max_reqs, dtype=torch.int64, pin_memory=pin)
-        self._slot = 0  # the snapshot slot the next record_confidence writes
-        self._recorded = False
-        self._pending_idx: Optional[np.ndarray] = None  # req_indices of the step being planned
-        self._arange = np.arange(self.max_reqs, dtype=np.int64)
+        # The lagged budget's per-slot confidences (verifier_slots.py: request identity across steps).
+        self.slots = SlotTable(self.max_reqs, K, self.prior, self.min_verify, self.device)
         self._plans: collections.OrderedDict[tuple, VerifyPlan] = collections.OrderedDict()
         self._plans_pinned: dict[tuple, VerifyPlan] = {}
         # The host budget of plan() as a persistent 0-d tensor on the plan's device (written in place each step).
@@ -252,24 +164,7 @@ class AdaptiveVerifier:
         self._views_of: dict[int, set] = {}
         self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
         self._survival_views: dict[tuple, torch.Tensor] = {}
-        # The lagged budget's host inputs, persistent so that choose_budget sees the same tensors each step
-        # (its remembered call: microseconds of host time): [R, K] stale confidences and [R] drafts per R.
-        self._lag_conf = torch.empty(self.max_reqs * K, dtype=torch.float32)
-        self._lag_drafts = torch.empty(self.max_reqs, dtype=torch.int32)
-        self._lag_budget = torch.empty((), dtype=torch.int32)
-        self._lag_budget_np = self._lag_budget.numpy()  # read back without a torch call
-        self._lag_ptrs = (self._lag_conf.data_ptr(), self._lag_drafts.data_ptr())
-        self._lag_views: dict[int, tuple] = {}
-        self._driven = _Driven()
-        # plan_budget's checks, draft sums and stale-confidence gather: one extension call (_C.slot_inputs; numpy would
-        # take a call per check). Its persistent fields are set once; marks is its scratch for distinct slots.
-        self._marks = np.zeros(self.max_reqs, dtype=np.uint32)
-        self._sums = np.zeros(2, dtype=np.int64)
-        self._zeros = np.zeros(self.max_reqs, dtype=np.int64)  # drafts of a check of req_indices alone
-        sp = self._slot_params = SlotParams()
-        sp.max_reqs, sp.max_drafts, sp.min_verify, sp.prior = self.max_reqs, K, self.min_verify, self.prior
-        sp.gen, sp.marks, sp.sums = self._gen.ctypes.data, self._marks.ctypes.data, self._sums.ctypes.data
-        self._slot_addr = ctypes.addressof(sp)
+        self._driven = DrivenCalls(PLAN_CACHE_SIZE)
         self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
         self.stats = AcceptanceStats(K, device=self.device)
@@ -302,6 +197,18 @@ class AdaptiveVerifier:
         self._last_plan = plan
 
     @property
+    def max_step_ms(self) -> Optional[float]:
+        """The step-time target in milliseconds (None: none). An engine may change it between steps (an SLO that
+        follows the load; the simulator's ``slo<ms>`` policies set the target less the adaptive overhead of each
+        step's R): the next plan_budget and plan read it. A captured CUDA graph keeps the value it was captured
+        with, as every host value of a captured plan()."""
+        return self._max_step_ms
+
+    @max_step_ms.setter
+    def max_step_ms(self, value: Optional[float]) -> None:
+        self._max_step_ms = None if value is None else check_real("max_step_ms", value, lo=0.0, lo_open=True)
+
+    @property
     def temperatures(self) -> Optional[torch.Tensor]:
         """[K] float32 temperatures of the online calibration (None without it)."""
         return self.sts.temperatures if self.sts is not None else None
@@ -329,68 +236,16 @@ class AdaptiveVerifier:
         i = bisect.bisect_left(self.graph_sizes, n)
         return self.graph_sizes[i] if i < len(self.graph_sizes) else n
 
-    def _slot_inputs(self, drafts: np.ndarray, idx: Optional[np.ndarray], R: int, limit: int, limit_name: str,
-                     gather: bool) -> tuple[int, int]:
-        """_C.slot_inputs on this step's host arrays: checks drafts (values in [0, limit], named limit_name) and idx
-        (slots in [0, max_reqs), distinct; None: the row numbers), and with ``gather`` writes the lagged
-        budget's inputs (each slot's last recorded confidences, the prior for a slot with no history, and the
-        drafts as int32) into _lag_conf / _lag_drafts. Returns (sum of drafts, sum of min(drafts,
-        min_verify))."""
-        sp = self._slot_params
-        sp.num_reqs, sp.draft_limit = R, limit
-        self._stamp = stamp = self._stamp + 1 if self._stamp < 0xFFFFFFFF else 1
-        if stamp == 1:
-            self._marks.fill(0)  # a fresh stamp cycle: no slot looks seen
-        sp.stamp = stamp
-        if gather:
-            sp.conf_out, sp.drafts_out = self._lag_ptrs
-            if self._recorded:
-                prev = 1 - self._slot  # the snapshot the last record_confidence wrote
-                if self._snap_events[prev] is not None:
-                    self._snap_events[prev].synchronize()  # long done in a running engine
-                sp.snapshot = self._snap_ptrs[prev]
-                # A slot took a new request since that snapshot: compare generations (else no slot can differ).
-                sp.snapshot_gen = self._snap_gen[prev].ctypes.data if self._snap_adds[prev] != self._adds else None
-            else:
-                sp.snapshot = sp.snapshot_gen = None
-        else:
-            sp.conf_out = sp.drafts_out = None
-        status = _C.slot_inputs(self._slot_addr, drafts, idx)
-        if status:
-            if status == SLOT_DRAFTS_OUT_OF_RANGE:
-                what = " (tree sizes)" if limit_name == "max_nodes" else ""
-                raise ValueError(f"drafts_host{what} values must be in [0, {limit_name} = {limit}]")
-            if status == SLOT_INDEX_OUT_OF_RANGE:
-                raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got "
-                                 f"{idx.min()}..{idx.max()}")
-            if status == SLOT_INDEX_REPEATED:
-                raise ValueError("req_indices must be distinct (one persistent slot per request)")
-            raise RuntimeError(f"adaptive_verify._C.slot_inputs returned status {status}")
-        return int(self._sums[0]), int(self._sums[1])
-
-    def _indices(self, req_indices, R: int) -> np.ndarray:
-        """[R] int64 slots from the caller's req_indices (None: the row numbers), checked in range and distinct."""
-        if req_indices is None:
-            return self._arange[:R]
-        idx = _host_ints("req_indices", req_indices, R)
-        self._slot_inputs(self._zeros[:R], idx, R, 0, "max_drafts", False)
-        return idx
-
     def add_request(self, req_indices) -> None:
         """Slots ``req_indices`` (an int or ints in [0, max_reqs)) now hold new requests: they enter the
         lagged budget with the prior until their first confidences are recorded. Call when the engine assigns
         a slot (vLLM: ``add_request``); an in-flight snapshot of the slot's previous request is ignored."""
-        idx = _host_ints("req_indices", [req_indices] if isinstance(req_indices, int) else req_indices, None)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.max_reqs):
-            raise ValueError(f"req_indices must lie in [0, max_reqs = {self.max_reqs}), got {idx.tolist()}")
-        self._gen[idx] += 1
-        self._adds += 1
-        self._conf_dev[torch.from_numpy(idx).to(self.device)] = self.prior
+        idx = self.slots.add(req_indices)
         if self._tree is not None:
             self._tree.reset_slots(idx)
 
     def plan_budget(self, num_reqs: int, drafts_host, extra_tokens: int = 0, *,
-                    req_indices=None, tree: bool = False) -> tuple[int, int]:
+                    req_indices=None, tree: bool = False, weights=None) -> tuple[int, int]:
         """(budget, padded_tokens) of this step, on the host with no device synchronisation.
 
         num_reqs: R. drafts_host: [R] ints (a list, numpy array or CPU tensor), drafts per request this
@@ -399,32 +254,39 @@ class AdaptiveVerifier:
         request's persistent slot in [0, max_reqs), distinct (default: the row number).
         tree: this step drafts trees (needs max_nodes): drafts_host are the tree sizes, in [0, max_nodes], and the
         budget is a node count (lagged: priced from each slot's last recorded node survivals, verifier_tree.py).
+        weights: [R] host floats, request priorities (as ``plan(weights=)``'s, which rank the allocation): the lagged
+        budget is then the argmax of the weighted Theta, so a step with high-priority requests may verify more.
+        Priorities are host knowledge (the scheduler's), so they cost no sync; None weighs every request 1. Ignored by
+        the live modes, which weigh on the device (plan).
         """
         tree_state = verifier_tree.state(self) if tree else None
         R = check_int("num_reqs", num_reqs, lo=0)
         if R > self.max_reqs:
             raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
         extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
-        drafts = _host_ints("drafts_host", drafts_host, R)
+        drafts = host_ints("drafts_host", drafts_host, R)
+        if weights is not None:
+            weights = host_floats("weights", weights, R)
         if R + extra_tokens > self.capacity:
             raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {self.capacity}")
-        idx = None if req_indices is None else _host_ints("req_indices", req_indices, R)
+        idx = None if req_indices is None else host_ints("req_indices", req_indices, R)
         # One pass: drafts and req_indices checked, their sums, and for the lagged chain budget its inputs gathered.
         lag = self.mode == "lagged" and R > 0 and tree_state is None
         limit, name = (self.max_drafts, "max_drafts") if tree_state is None else (tree_state.N, "max_nodes")
-        drafts_sum, forced_sum = self._slot_inputs(drafts, idx, R, limit, name, lag)
+        drafts_sum, forced_sum = self.slots.inputs(drafts, idx, R, limit, name, lag)
         if idx is None:
-            idx = self._arange[:R]
-        self._pending_idx = idx
+            idx = self.slots.arange[:R]
+        self.slots.pending_idx = idx
         b_min, b_max = self._bounds(R, drafts_sum, forced_sum, extra_tokens)
         if self.mode == "off":
             budget = b_min
         elif self.mode != "lagged" or R == 0:
             budget = b_max
         elif tree_state is None:
-            budget = self._lagged_budget(R, extra_tokens, b_min, b_max)
+            budget = min(max(self.slots.lagged_budget(R, extra_tokens, weights, self.cost_table, self.capacity,
+                                                      self.min_verify, self.max_step_ms), b_min), b_max)
         else:  # a node count, from each slot's last recorded node survivals
-            budget = verifier_tree.lagged_budget(self, tree_state, idx, drafts, extra_tokens, b_min, b_max)
+            budget = verifier_tree.lagged_budget(self, tree_state, idx, drafts, extra_tokens, b_min, b_max, weights)
         padded = self.padded_tokens(R + extra_tokens + budget)
         self._budget_count += 1
         self._budget_sum += budget
@@ -436,44 +298,7 @@ class AdaptiveVerifier:
         """[R, max_drafts] float32: the confidences the lagged budget ranks for requests in slots
         ``req_indices`` (host ints): each one's last recorded confidences, or the prior for a slot with no
         history. Waits for the last snapshot's copy (long done in a running engine)."""
-        idx = _host_ints("req_indices", req_indices, None)
-        R = idx.shape[0]
-        if R > self.max_reqs:
-            raise ValueError(f"req_indices has {R} entries, more than max_reqs = {self.max_reqs}")
-        self._slot_inputs(self._zeros[:R], idx, R, 0, "max_drafts", True)  # the lagged budget's own gather
-        return self._lag_inputs(R)[2].copy()
-
-    def _lag_inputs(self, R: int) -> tuple:
-        """([R, K] stale confidences, [R] drafts): views of the lagged budget's persistent inputs, with numpy twins."""
-        views = self._lag_views.get(R)
-        if views is None:
-            K = self.max_drafts
-            conf, drafts = self._lag_conf[:R * K].view(R, K), self._lag_drafts[:R]
-            views = self._lag_views[R] = (conf, drafts, conf.numpy(), drafts.numpy())
-        return views
-
-    def _lagged_budget(self, R: int, extra_tokens: int, b_min: int, b_max: int) -> int:
-        """argmax Theta ("global") over the inputs _slot_inputs gathered, priced at this step, clamped."""
-        capacity = self.capacity - extra_tokens
-        # Every tensor of this call is the verifier's own (views of _lag_conf, _lag_drafts, _lag_budget), so its
-        # remembered call needs no signature check: only the step (table, capacity) is re-derived. A new prompt chunk
-        # moves the call onto its shifted costs in place (_Call.reshift: no CostTable view, no resolve_step), once the
-        # call reads shifted costs at all; anything else goes through the view and restep.
-        key = ("lag", R)
-        call = self._driven.call(key)
-        if extra_tokens and call is not None and (call.step == ("reshift", extra_tokens, capacity) or
-                                                  call.reshift(self.cost_table, extra_tokens, capacity)):
-            call.run()
-        else:
-            table = self.cost_table.shifted(extra_tokens) if extra_tokens else self.cost_table
-            if self._driven.run(key, table, step_key(table, capacity, None, 0, 0, 0, self.max_step_ms, None)) is None:
-                conf, d = self._lag_inputs(R)[:2]
-                _, call = choose_budget_call(None, d, table, mode="global", min_verify=self.min_verify,
-                                             max_verify=None, extra_tokens=0, extra_emitting=0, capacity=capacity,
-                                             draft_tokens=None, conf=conf, out=self._lag_budget, weights=None,
-                                             max_step_ms=self.max_step_ms, parents=None)
-                self._driven.remember(key, (), call)
-        return min(max(int(self._lag_budget_np), b_min), b_max)
+        return self.slots.stale(req_indices)
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None, *, parents: Optional[torch.Tensor] = None,
                           tree_sizes: Optional[torch.Tensor] = None) -> None:
@@ -486,27 +311,7 @@ class AdaptiveVerifier:
         if parents is not None:
             return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
         R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
-        slot = self._slot
-        if self.device.type == "cpu":
-            # CPU tables: one extension call scatters the rows and copies the table into this step's snapshot (a numpy
-            # scatter and a torch copy cost tens of microseconds per step; torch's index_put several times that).
-            idx = self._host_slots(req_indices, R)
-            status = _C.record_rows(self._conf_table_ptr, self._snap_ptrs[slot], self.max_reqs, self.max_drafts, idx,
-                                    conf.data_ptr(), *conf.stride(), Kc)
-            if status:  # idx was checked (_host_slots); this is a bug, not an input error
-                raise RuntimeError(f"adaptive_verify._C.record_rows returned status {status}")
-        else:
-            idx_dev = self._slot_indices(req_indices, R, self._idx_pinned[slot], self._snap_events[slot])
-            if R:
-                self._conf_dev[idx_dev, :Kc] = conf
-                if Kc < self.max_drafts:
-                    self._conf_dev[idx_dev, Kc:] = 0.0
-            self._snapshot(self._conf_dev, self._snap[slot], self._snap_events[slot])
-        if self._snap_adds[slot] != self._adds:
-            self._snap_gen[slot] = self._gen.copy()
-            self._snap_adds[slot] = self._adds
-        self._slot = 1 - slot
-        self._recorded = True
+        self.slots.record(conf, req_indices, R, Kc)
         self._last_conf = conf
 
     def _step_buffers(self, R: int, budget, extra_tokens, padded_tokens, wants: tuple, per_request: int, kind: type):
@@ -555,15 +360,6 @@ class AdaptiveVerifier:
             budget = self._budget_in
         return out, budget, padded_tokens, extra_tokens
 
-    def _snapshot(self, table: torch.Tensor, snap: torch.Tensor, event) -> None:
-        """Copies the device slot table into its pinned host snapshot: asynchronously on CUDA, ``event`` marking the
-        copy (the snapshot is read by nobody now: its previous copy was waited for by plan_budget)."""
-        if event is not None:
-            snap.copy_(table, non_blocking=True)
-            event.record(torch.cuda.current_stream(self.device))
-        else:
-            snap.copy_(table)
-
     def _check_conf(self, conf, columns: str, limit_name: str, limit: int) -> tuple[int, int]:
         """(R, columns) of record_confidence's conf: float32 [R, <= limit] on the verifier's device."""
         if not isinstance(conf, torch.Tensor):
@@ -579,31 +375,6 @@ class AdaptiveVerifier:
             raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, {limit_name}] = "
                              f"[{self.max_reqs}, {limit}]")
         return R, n
-
-    def _slot_indices(self, req_indices, R: int, staging: torch.Tensor, event) -> torch.Tensor:
-        """[R] int64 on the device: the persistent slots of record_confidence's rows. req_indices: host ints (checked,
-        staged through ``staging``, a pinned [max_reqs] buffer whose previous copy ``event`` marks), an int32/int64
-        CUDA tensor (used as it is: generations are then the engine's business, through add_request), or None
-        (plan_budget's of this step when it had R requests, else the row numbers)."""
-        if isinstance(req_indices, torch.Tensor) and req_indices.device == self.device and req_indices.dim() == 1 \
-                and self.device.type == "cuda":
-            if req_indices.shape[0] != R or req_indices.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"req_indices must be an int32/int64 tensor of shape [{R}]")
-            return req_indices.long()
-        host_idx = self._host_slots(req_indices, R)
-        if event is not None:
-            event.synchronize()  # this staging slot's copy of two steps ago is done
-        staged = staging[:R]
-        staged.numpy()[:] = host_idx
-        return staged.to(self.device, non_blocking=True) if self.device.type == "cuda" else staged
-
-    def _host_slots(self, req_indices, R: int) -> np.ndarray:
-        """[R] int64 host slots of record_confidence's rows: req_indices (host ints, checked), or with None
-        plan_budget's of this step when it had R requests, else the row numbers."""
-        if req_indices is None:
-            return self._pending_idx if self._pending_idx is not None and len(self._pending_idx) == R else \
-                self._arange[:R]
-        return self._indices(req_indices, R)
 
     def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
         """Buffers for key = (plan kind, R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""

@@ -69,7 +69,7 @@ class TreeState:
         if pin:
             self.snap = self.snap.pin_memory()
         self.snap_np = self.snap.numpy()
-        self.snap_gen = [v._gen.copy(), v._gen.copy()]
+        self.snap_gen = [v.slots.gen.copy(), v.slots.gen.copy()]
         self.events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self.idx_pinned = torch.zeros(2, v.max_reqs, dtype=torch.int64, pin_memory=pin)
         self.slot = 0
@@ -117,13 +117,13 @@ def stale_survival(v, idx: np.ndarray, out: Optional[np.ndarray] = None) -> np.n
     if t.events[prev] is not None:
         t.events[prev].synchronize()
     np.take(t.snap_np[prev], idx, axis=0, out=out)
-    new = t.snap_gen[prev][idx] != v._gen[idx]
+    new = t.snap_gen[prev][idx] != v.slots.gen[idx]
     if new.any():
         out[new] = t.prior_row
     return out
 
 
-def lagged_budget(v, t: TreeState, idx, sizes, extra_tokens, b_min, b_max) -> int:
+def lagged_budget(v, t: TreeState, idx, sizes, extra_tokens, b_min, b_max, weights=None) -> int:
     """AdaptiveVerifier.plan_budget(..., tree=True)'s lagged budget: a node count (module docstring)."""
     R = idx.shape[0]
     views = t.lag_views.get(R)
@@ -135,7 +135,8 @@ def lagged_budget(v, t: TreeState, idx, sizes, extra_tokens, b_min, b_max) -> in
     np.copyto(d_np, sizes, casting="unsafe")
     table = v.cost_table.shifted(extra_tokens) if extra_tokens else v.cost_table
     planner.choose_budget(surv, d, table, mode="global", min_verify=v.min_verify, capacity=v.capacity - extra_tokens,
-                          out=t.lag_budget, max_step_ms=v.max_step_ms, parents=parents)
+                          out=t.lag_budget, max_step_ms=v.max_step_ms, parents=parents,
+                          weights=None if weights is None else torch.from_numpy(weights))
     return min(max(int(t.lag_budget), b_min), b_max)
 
 
@@ -160,14 +161,14 @@ def record_confidence(v, conf: torch.Tensor, req_indices, parents: torch.Tensor,
     t = state(v)
     R, n = _check_tree(v, t, conf, parents, tree_sizes)
     slot = t.slot
-    idx_dev = v._slot_indices(req_indices, R, t.idx_pinned[slot], t.events[slot])
+    idx_dev = v.slots.slot_indices(req_indices, R, t.idx_pinned[slot], t.events[slot])
     if R and n:
         surv = planner.tree_survival(conf, parents, tree_sizes, out=t.view("record", R, n))  # [R, n], 0 past sizes
         t.surv_dev[idx_dev, :n] = surv.sort(dim=1, descending=True).values
     if R and n < t.N:
         t.surv_dev[idx_dev, n:] = 0.0
-    v._snapshot(t.surv_dev, t.snap[slot], t.events[slot])
-    t.snap_gen[slot] = v._gen.copy()
+    v.slots.snapshot(t.surv_dev, t.snap[slot], t.events[slot])
+    t.snap_gen[slot] = v.slots.gen.copy()
     t.slot = 1 - slot
     t.recorded = True
     t.last_conf = conf

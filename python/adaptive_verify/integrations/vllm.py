@@ -29,6 +29,8 @@ import torch
 if TYPE_CHECKING:  # imported where used: the adapters load no more than they need
     from ..cost import CostTable
 
+# Our K limit, the extension's (vLLM 0.33.0's MAX_SPEC_LEN is 128, older versions' 32).
+from ..planner import MAX_DRAFTS
 from . import _check_int, _check_tensor, _host_verify_lens, _num_reqs, _plan_field, _relative_starts
 
 __all__ = [
@@ -56,7 +58,6 @@ TESTED_VLLM_VERSION = "0.33.0"
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's padding in the rejection sampler's output, and ours
 PAD_SLOT_ID = -1  # vLLM's slot of a padding token, and ours (the planner writes -1)
-MAX_DRAFTS = 32  # our K limit (vLLM 0.33.0's MAX_SPEC_LEN is 128, older versions' 32)
 
 SPEC_DECODE_FIELDS = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "cu_num_sampled_tokens",
                       "target_logits_indices", "bonus_logits_indices", "logits_indices")
@@ -394,8 +395,9 @@ class _Patch:
 def _patched_get_num_tokens(self, num_tokens_per_req: dict, draft_tokens: dict) -> int:
     """vLLM's ``get_num_tokens`` contract (token count of the step once the draft budget is chosen; the budget
     stashed in ``_batch_budget`` for ``compact_batch`` / ``reallocate_drafts``), with the budget chosen by
-    :func:`adaptive_verify.choose_budget` ("global" on the stale confidences: the lagged mode)."""
-    from ..planner import choose_budget, prefix_survival
+    :func:`adaptive_verify.planner.lagged_budget` (the lagged mode, as AdaptiveVerifier decides it) with
+    ``prompt_pricing="fixed"``, vLLM's."""
+    from ..planner import lagged_budget
 
     if self.cost_tables is None:
         raise RuntimeError("manager.cost_tables is None: vLLM sets it by profiling (set_cost_curves) first")
@@ -412,8 +414,9 @@ def _patched_get_num_tokens(self, num_tokens_per_req: dict, draft_tokens: dict) 
         stale = np.ascontiguousarray(self._stale_confidences[self._stale_idx].np[slots], dtype=np.float32)
         d = torch.from_numpy(drafts)
         kw = budget_kwargs(R, int(non_draft.sum()), self._max_total_logits, self.num_bonus_tokens, table.max_tokens)
-        survival = prefix_survival(torch.from_numpy(stale), d)
-        budget = int(choose_budget(survival, d, table, mode="global", **kw))
+        # The library's one lagged budget, with vLLM's pricing of the non-draft tokens (a fixed part of the step).
+        budget = lagged_budget(torch.from_numpy(stale), d, table, prompt_tokens=kw["extra_tokens"],
+                               prompt_pricing="fixed", capacity=kw["capacity"])
     self._batch_budget = (
         {r: int(n) for r, n in zip(req_ids, drafts)},
         {r: int(n) for r, n in zip(req_ids, non_draft)},

@@ -44,6 +44,7 @@ csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel and the CUD
 """
 from .args import MODES, PlanArgs, resolve_plan_args
 from .ops import VERIFICATIONS, choose_budget, plan_verification
+from .lagged import PROMPT_PRICING, lagged_budget
 from .survival import prefix_survival, tree_survival
 from .tree_ops import plan_tree_verification
 from .tree_plan import MAX_TREE_NODES, MAX_TREE_REQS, TreeVerifyPlan
@@ -52,5 +53,5 @@ from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX
 
 __all__ = ["INT32_MAX", "MAX_CONTEXT_LEN", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS",
-           "MODES", "PlanArgs", "TreeVerifyPlan", "VERIFICATIONS", "VerifyPlan", "choose_budget",
+           "MODES", "PROMPT_PRICING", "PlanArgs", "TreeVerifyPlan", "VERIFICATIONS", "VerifyPlan", "choose_budget", "lagged_budget",
            "plan_tree_verification", "plan_verification", "prefix_survival", "resolve_plan_args", "tree_survival"]

@@ -5,27 +5,29 @@ system, each either prefilling or decoding):
 
 1. Every decoding request drafts (the drafter's step cost is paid), its confidences come from the head of
    :class:`~adaptive_verify.sim.model.Acceptance`, and the policy picks how many drafts it verifies:
-   ``none`` 0, ``k<j>`` min(j, drafts), ``greedy``/``global`` the library's planner
-   (:func:`adaptive_verify.plan_verification`, its C++ CPU kernel), ``lagged`` the planner's global
-   budget (:func:`adaptive_verify.choose_budget`) on each request's confidences of its previous step (1.0
-   for a new request), priced at this step's requests and capacity, then ``mode="fixed"``; ``slo<ms>`` is
-   lagged with a latency target: both planner calls get ``max_step_ms``, the target less the adaptive
-   overhead (which the cost table does not hold), so no step is charged more than <ms> unless its
-   decodes and prompt chunks alone, verifying nothing, already cost more. With priority classes
-   (``workload.priority``) every adaptive call passes each request's weight (``weights=``). Draft-tree
-   policies (:mod:`adaptive_verify.sim.tree`: each request drafts an EAGLE-2-shaped tree whose top-1 path is
-   the chain above): ``eagle2-<N>`` verifies each request's N best nodes by path confidence, ``tree`` the
-   tree planner's global budget (:func:`adaptive_verify.plan_tree_verification`) on this step's node
-   survivals, ``tree-lagged`` the global budget (``choose_budget(parents=...)``) on each request's previous
-   tree, priced at this step, then ``mode="fixed"``. A verified node costs a token; drafting a tree costs
+   ``none`` 0, ``k<j>`` min(j, drafts). Every adaptive policy runs an :class:`~adaptive_verify.AdaptiveVerifier`
+   (CPU tensors, its C++ kernels), with exactly the calls an engine makes each step: ``add_request`` when a
+   slot takes a new request, ``plan_budget`` (host), ``record_confidence``, ``plan``, ``observe``. So the
+   simulator measures the per-step path an engine runs, the lagged budget included (one implementation, the
+   verifier's): ``greedy``/``global`` are its live modes, ``lagged`` its default (the budget from each request's
+   confidences of its previous step, the prior 1.0 for a new request, priced at this step, then the live
+   survivals decide who verifies); ``slo<ms>`` is lagged with a latency target: ``verifier.max_step_ms`` is set
+   each step to the target less the adaptive overhead of that step's R (which the cost table does not hold), so
+   no step is charged more than <ms> unless its decodes and prompt chunks alone, verifying nothing, already cost
+   more. With priority classes (``workload.priority``) ``plan_budget`` and ``plan`` get each request's weight
+   (``weights=``). Draft-tree policies
+   (:mod:`adaptive_verify.sim.tree`: each request drafts an EAGLE-2-shaped tree whose top-1 path is the chain
+   above): ``eagle2-<N>`` verifies each request's N best nodes by path confidence; ``tree`` and ``tree-lagged``
+   are the verifier built with ``max_nodes`` in mode "global" (live, lossless for trees) and "lagged" (a node
+   count from each slot's last recorded node survivals, verifier_tree.py). A verified node costs a token; drafting a tree costs
    :func:`~adaptive_verify.sim.tree.tree_draft_ms`; acceptance is the sample-and-match walk down the verified
    nodes.
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
    scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
    longer fits waits this step), then prompt chunks of prefilling requests with what is left, first
    admitted first, at most ``prefill_chunk`` per request. Adaptive: prompt chunks first (within the
-   capacity minus one token per decode), then the planner plans within the capacity they leave
-   (``PREFILL_PLANNING`` says how the planner is told about them).
+   capacity minus one token per decode), then the verifier plans within the capacity they leave, told about
+   them as an engine tells it (``extra_tokens``: the verifier prices drafts on the shifted cost curve).
 3. Verification: a rejection draw per verified draft, stopping at the first rejection; a request emits
    its accepted drafts plus one token (recovered or bonus), never past its output length. A request
    whose prompt finishes prefilling emits its first token.
@@ -45,8 +47,8 @@ Metrics over the measured steps (after ``warmup`` steps from a staggered start):
 - ``emitted_per_step`` and ``verified_per_step``: per scheduled decode request-step;
 - ``mean_step_ms``, ``p99_step_ms`` and ``longest_step_ms``: the step times' mean, 99th percentile (linear
   interpolation) and maximum, what a step-time target (``slo<ms>``) bounds;
-- ``head_auc`` and ``head_ece`` (adaptive policies; NaN otherwise): the confidence head's AUC and
-  expected calibration error on the drafts it was tried on, from :class:`~adaptive_verify.AcceptanceStats`
+- ``head_auc`` and ``head_ece`` (adaptive chain policies; NaN otherwise): the confidence head's AUC and
+  expected calibration error on the drafts it was tried on, from the verifier's statistics (``observe``)
   (so head_noise / head_temperature / head_bias can be set to a target quality);
 - with priority classes, ``tpot_ms_high`` / ``tpot_ms_low`` and ``tokens_per_s_high`` /
   ``tokens_per_s_low``: the same two metrics over each class's requests (the tokens/s add up to
@@ -63,9 +65,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import planner
 from ..planner import MAX_TREE_NODES
-from ..stats import AcceptanceStats
+from ..verifier import AdaptiveVerifier
 from .model import Profile
 from .tree import TreeModel, accepted_depths, draft_trees, tree_draft_ms
 
@@ -75,19 +76,12 @@ ADAPTIVE = ("greedy", "lagged", "global")
 # Draft-tree policies (sim/tree.py): the planner over tree nodes, live ("tree", mode "global": trees are verified
 # one-hot, so it is lossless) or lagged ("tree-lagged"); eagle2-N verifies each request's N best nodes.
 TREE_ADAPTIVE = {"tree": "global", "tree-lagged": "lagged"}
-# How adaptive policies tell the planner about the step's prompt chunks (X tokens):
-# - "shifted" (default): the planner gets the cost curve seen from the step's operating point,
-#   CostTable.shifted(X): cost(n + X) - cost(X) + cost(0), within the capacity X leaves. A draft is then
-#   charged its true marginal time, and the prompt's own time does not enter Theta: in a closed loop every output token
-#   brings its prompt's work along anyway, so the prompt is not a fixed cost a step can amortise.
-# - "extra": X passed as extra_tokens / extra_emitting. Theta then counts the prompt's time as a fixed
-#   cost of the step and verifies any draft whose survival beats the diluted tokens-per-ms.
-# - "capacity": X only shrinks the capacity; drafts are charged the marginal cost at n instead of n + X,
-#   too cheap where the curve steepens.
-# Measured (benchmarks/sim_prefill_planning.py): greedy over no speculation at c=256 on the default
-# profile is +34% shifted, +25% extra, +26% capacity; with a linear cost and ~1k-token prompts, +0.4%,
-# -3.7% and 0%.
-PREFILL_PLANNING = "shifted"
+# The step's prompt chunks (X tokens) reach the verifier as extra_tokens, which prices drafts on the cost curve
+# seen from the step's operating point, CostTable.shifted(X): cost(n + X) - cost(X) + cost(0), within the capacity
+# X leaves. A draft is then charged its true marginal time, and the prompt's own time does not enter Theta: in a
+# closed loop every output token brings its prompt's work along anyway. (Measured when the simulator could choose:
+# greedy over no speculation at c=256 on the default profile was +34% shifted, +25% with X as the planner's
+# extra_tokens, +26% with X only shrinking the capacity.)
 # slo<ms> when the adaptive overhead alone reaches the target: the planner takes only positive targets, and
 # any target below the B_min step's cost gives B_min.
 _SMALLEST_TARGET_MS = 1e-9
@@ -159,24 +153,16 @@ def _logit(p: np.ndarray) -> np.ndarray:
 class _Requests:
     """The requests in the system, one per slot; new ones drawn from their own per-request stream."""
 
-    def __init__(self, profile: Profile, concurrency: int, seed: int, tree_pool: tuple[int, int] = (0, 0)):
+    def __init__(self, profile: Profile, concurrency: int, seed: int):
         self.profile, self.seed = profile, seed
         c = concurrency
-        # tree-lagged: each slot's tree of its last decode step, pool of M nodes (its survivals, parents and size);
-        # a new request's prior is a chain of D nodes surviving 1.0, the chain policies' prior (M, D = tree_pool)
-        M, D = tree_pool
-        self.tree_prior = min(M, D)
-        self.stale_tree_surv = np.zeros((c, M), dtype=np.float32)
-        self.stale_tree_parents = np.full((c, M), -1, dtype=np.int32)
-        self.stale_tree_size = np.zeros(c, dtype=np.int32)
+        self.joined: list[int] = []  # slots that took a new request since the verifier was told (add_request)
         self.prefill_left = np.zeros(c, dtype=np.int64)
         self.generated = np.zeros(c, dtype=np.int64)
         self.target = np.zeros(c, dtype=np.int64)
         self.difficulty = np.zeros(c, dtype=np.float64)
         self.admitted = np.zeros(c, dtype=np.int64)  # admission sequence number (prefill order)
         self.high = np.zeros(c, dtype=np.int64)  # priority class: 1 high, 0 low (always 0 without classes)
-        # lagged policy: each slot's confidences of its last decode step (prior 1.0 for a new request)
-        self.stale_conf = np.ones((c, profile.drafter.num_drafts), dtype=np.float32)
         self.next_id = 0
         for slot in range(c):
             self._admit(slot, staggered=True)
@@ -197,14 +183,7 @@ class _Requests:
         if w.priority is not None:  # its own stream: the draws above are the same with and without classes
             cls = np.random.default_rng([self.seed, 2, self.next_id])
             self.high[slot] = int(cls.random() < w.priority.fraction)
-        self.stale_conf[slot] = 1.0
-        if self.tree_prior:
-            n = self.tree_prior
-            self.stale_tree_surv[slot] = 0.0
-            self.stale_tree_surv[slot, :n] = 1.0
-            self.stale_tree_parents[slot] = -1
-            self.stale_tree_parents[slot, :n] = np.arange(-1, n - 1)
-            self.stale_tree_size[slot] = n
+        self.joined.append(slot)
         self.next_id += 1
 
     def replace_finished(self) -> None:
@@ -305,7 +284,13 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         raise TypeError(f"tree must be a TreeModel or None, got {type(tree).__name__}")
     D = tree.depth(K) if policy.tree else 0  # the trees' deepest level
     M = tree.pool_size(D) if policy.tree else 0  # nodes per request the planner sees
-    reqs = _Requests(profile, concurrency, seed, (M, D) if policy.tree and policy.kind == "adaptive" else (0, 0))
+    reqs = _Requests(profile, concurrency, seed)
+    verifier = None
+    if policy.kind == "adaptive":
+        # The engine's per-step path (module docstring); graph sizes only pad, which the simulator does not price.
+        verifier = AdaptiveVerifier(ct, max_reqs=concurrency, max_drafts=K, block_size=1, mode=policy.mode,
+                                    max_nodes=M if policy.tree else 0)
+    reqs.joined.clear()  # the verifier's slots start at the prior
     noise = np.random.default_rng([seed, 0, concurrency])
     # Tree policies' draws off the main path: their own stream, so the chain's draws (which the main path uses)
     # come in the same order whatever the policy.
@@ -313,11 +298,11 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     kt = tree.top_k
     classes = profile.workload.priority is not None
     metrics, measured = _Metrics(classes), None
-    plan_table = ct
-    head_stats = AcceptanceStats(K)  # the library's own counters: AUC and ECE of the confidences
     for step in range(warmup + steps):
         if step == warmup:
             measured = metrics = _Metrics(classes)
+            if verifier is not None:
+                verifier.stats.reset()  # head_auc / head_ece over the measured steps
         # Per-step draws, fixed shapes whatever the policy (common random numbers).
         eps = noise.normal(0.0, 1.0, (concurrency, K)) * acc.token_sigma
         head = noise.normal(0.0, 1.0, (concurrency, K)) * acc.head_noise
@@ -347,55 +332,45 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
 
         verify = np.zeros(R, dtype=np.int64)
         high = reqs.high[dec]  # [R] priority class of each decode (read before finished requests are replaced)
-        if policy.kind == "adaptive":
+        weights = None
+        if verifier is not None:
             # Prompt chunks are scheduled first, within the capacity left after one token per decode (an
             # engine knows its chunked-prefill tokens before it plans; this keeps drafts from starving
-            # admissions); the planner fills at most what remains. See PREFILL_PLANNING.
+            # admissions); the verifier fills at most what remains.
             prefill_tokens, finished_prefill = _schedule_prefill(reqs, cap - R, profile.workload.prefill_chunk)
-            if PREFILL_PLANNING == "extra":
-                plan_kw = dict(capacity=cap, extra_tokens=prefill_tokens, extra_emitting=len(finished_prefill))
-            elif PREFILL_PLANNING == "capacity":
-                plan_kw = dict(capacity=cap - prefill_tokens)
-            else:
-                plan_kw = dict(capacity=cap - prefill_tokens)
-                if R:  # the prompt chunks leave room for at least one token per decode
-                    plan_table = ct.shifted(prefill_tokens)
+            if reqs.joined:  # slots that took a new request: the lagged budget's prior for them
+                verifier.add_request(reqs.joined)
+                reqs.joined.clear()
             if classes and R:
-                plan_kw["weights"] = torch.from_numpy(
-                    np.where(high == 1, profile.workload.priority.weight, 1.0).astype(np.float32))
+                weights = torch.from_numpy(np.where(high == 1, profile.workload.priority.weight, 1.0)
+                                           .astype(np.float32))
             if policy.max_step_ms is not None and R:
                 # The planner models fixed_cost(R) + verify_cost(tokens); the adaptive overhead is ours to
                 # subtract. A target the overhead alone exceeds leaves no room for any draft: the smallest
                 # positive target then gives B_min, as an unreachable target does.
-                plan_kw["max_step_ms"] = max(policy.max_step_ms - overhead.cost(R), _SMALLEST_TARGET_MS)
+                verifier.max_step_ms = max(policy.max_step_ms - overhead.cost(R), _SMALLEST_TARGET_MS)
         if policy.tree and R:
             trees = draft_trees(tree, D, mu, reqs.difficulty[dec], z, head[dec], uni[dec], eps_t[dec], head_t[dec],
                                 uni_t[dec], depth_lim, acc.head_temperature, acc.head_bias)
-            verify, verified_nodes = _verify_tree(policy, trees, reqs, dec, plan_table, plan_kw if
-                                                  policy.kind == "adaptive" else None)
+            verify, verified_nodes = _verify_tree(policy, trees, verifier, dec, prefill_tokens if verifier is not None else 0,
+                                                  weights)
         elif policy.kind == "fixed":
             verify[:] = drafts
-        elif policy.kind == "adaptive" and R:
+        elif verifier is not None and R:
             conf = _sigmoid(z + head[dec]) if acc.head_temperature == 1.0 and acc.head_bias == 0.0 else \
                 _sigmoid((z + head[dec]) / acc.head_temperature + acc.head_bias)
-            conf_t = torch.from_numpy(conf.astype(np.float32))
-            drafts_t = torch.from_numpy(drafts)
-            survival = planner.prefix_survival(conf_t, drafts_t)
-            if policy.mode == "lagged":
-                # The budget from each request's confidences of its previous step (the prior 1.0, as
-                # vLLM's, for a request with none yet), priced entirely at this step: its requests, drafts,
-                # prompt tokens and capacity. Only the survivals come from the past (lossless); mode="fixed"
-                # then lets this step's live survivals decide who gets the B slots.
-                stale = torch.from_numpy(reqs.stale_conf[dec])
-                budget = planner.choose_budget(planner.prefix_survival(stale, drafts_t), drafts_t, plan_table,
-                                               mode="global", **plan_kw)
-                plan = planner.plan_verification(survival, drafts_t, plan_table, mode="fixed",
-                                                 budget=int(budget), **plan_kw)
-                reqs.stale_conf[dec] = conf
-            else:
-                with warnings.catch_warnings():  # global is simulated on purpose, as the upper bound
+            conf_t = torch.from_numpy(conf.astype(np.float32))  # [R, K]
+            drafts_t = torch.from_numpy(drafts)  # [R] int32
+            # An engine's step (AdaptiveVerifier's docstring): the budget on the host before the drafts exist
+            # (lagged: from each slot's last recorded confidences), this step's confidences recorded for the next
+            # steps, then the plan on the live confidences.
+            budget, _ = verifier.plan_budget(R, drafts, prefill_tokens, req_indices=dec,
+                                             weights=None if weights is None else weights.numpy())
+            verifier.record_confidence(conf_t, req_indices=dec)
+            with warnings.catch_warnings():  # "global" is simulated on purpose, as the upper bound
+                if policy.mode == "global":
                     warnings.filterwarnings("ignore", message=r"plan_verification\(mode='global'\)")
-                    plan = planner.plan_verification(survival, drafts_t, plan_table, mode=policy.mode, **plan_kw)
+                plan = verifier.plan(conf_t, drafts_t, budget=budget, extra_tokens=prefill_tokens, weights=weights)
             verify = plan.verify_lens.numpy()[:R].astype(np.int64)
 
         # Schedule decodes within the capacity, in a rotating order; the rest wait this step.
@@ -432,9 +407,11 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 np.add.at(metrics.class_decode_tokens, reqs.high[rows], emitted)
                 np.add.at(metrics.class_tokens, reqs.high[rows], emitted)
             metrics.verified += int(v.sum())
-            if policy.kind == "adaptive" and not policy.tree and measured is not None:  # the head's quality, as served
-                head_stats.update(conf_t[torch.from_numpy(scheduled)], torch.from_numpy(v.astype(np.int32)),
-                                  torch.from_numpy(accepted.astype(np.int32)))
+            if verifier is not None and not policy.tree and measured is not None:  # the head's quality, as served
+                # (an adaptive plan fits the capacity, so every decode is scheduled: rows back in plan order)
+                acc_rows = np.zeros(R, dtype=np.int32)
+                acc_rows[scheduled] = accepted
+                verifier.observe(plan.verify_lens, torch.from_numpy(acc_rows))
         for slot in finished_prefill:  # the prefill's last chunk samples the first token
             reqs.generated[slot] = 1
             metrics.class_tokens[reqs.high[slot]] += 1
@@ -454,37 +431,29 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         metrics.step_tokens += decode_tokens + prefill_tokens
         reqs.replace_finished()
     out = (measured or metrics).result()
-    report = head_stats.report() if policy.kind == "adaptive" and not policy.tree else None
+    report = verifier.stats.report() if verifier is not None and not policy.tree else None
     out["head_auc"] = float(report["auc_overall"]) if report else float("nan")
     out["head_ece"] = float(report["ece_overall"]) if report else float("nan")
     out.update(policy=policy.name, concurrency=concurrency)
     return out
 
 
-def _verify_tree(policy: Policy, trees, reqs: "_Requests", dec: np.ndarray, plan_table, plan_kw: Optional[dict]):
+def _verify_tree(policy: Policy, trees, verifier: Optional[AdaptiveVerifier], dec: np.ndarray, extra_tokens: int,
+                 weights: Optional[torch.Tensor]):
     """(nodes verified per request [R] int64, which [R, M] bool) for a tree policy: eagle2-<N> the N best nodes
-    (pool ranks 0..N-1), tree the planner's global budget on this step's survivals, tree-lagged the global budget
-    on each request's previous tree (truncated to this step's tree size; the prior for a new request), priced at
-    this step, then ``mode="fixed"`` on this step's survivals (the plan_verification chain policies' rules)."""
+    (pool ranks 0..N-1); tree and tree-lagged the verifier's tree step (its mode: "global" or "lagged"), with the
+    calls an engine makes."""
     R, M = trees.survival.shape
     if policy.kind == "fixed":
         verify = np.minimum(policy.k, trees.sizes).astype(np.int64)
         return verify, np.arange(M)[None, :] < verify[:, None]
-    survival = torch.from_numpy(trees.survival)
-    parents = torch.from_numpy(trees.parents)
-    sizes = torch.from_numpy(trees.sizes)
-    if policy.mode == "lagged":
-        stale_sizes = torch.from_numpy(np.minimum(reqs.stale_tree_size[dec], trees.sizes))
-        budget = planner.choose_budget(torch.from_numpy(reqs.stale_tree_surv[dec]), stale_sizes, plan_table,
-                                       parents=torch.from_numpy(reqs.stale_tree_parents[dec]), mode="global",
-                                       **plan_kw)
-        plan = planner.plan_tree_verification(survival, parents, sizes, plan_table, mode="fixed", budget=int(budget),
-                                              **plan_kw)
-        reqs.stale_tree_surv[dec] = trees.survival
-        reqs.stale_tree_parents[dec] = trees.parents
-        reqs.stale_tree_size[dec] = trees.sizes
-    else:
-        plan = planner.plan_tree_verification(survival, parents, sizes, plan_table, mode=policy.mode, **plan_kw)
+    conf = torch.from_numpy(trees.conf)  # [R, M] conditional per node
+    parents = torch.from_numpy(trees.parents)  # [R, M] int32
+    sizes = torch.from_numpy(trees.sizes)  # [R] int32
+    budget, _ = verifier.plan_budget(R, trees.sizes, extra_tokens, req_indices=dec, tree=True,
+                                     weights=None if weights is None else weights.numpy())
+    verifier.record_confidence(conf, req_indices=dec, parents=parents, tree_sizes=sizes)
+    plan = verifier.plan(conf, sizes, budget=budget, extra_tokens=extra_tokens, weights=weights, parents=parents)
     verify = plan.verify_lens.numpy()[:R].astype(np.int64)
     node = plan.token_node.numpy()
     req = plan.token_req.numpy()

@@ -105,13 +105,16 @@ class TreeModel:
 class DraftTrees:
     """One step's trees, R requests, pool of M nodes in rank order (node index = rank by path confidence).
 
-    survival [R, M] float32 path confidence (0 past sizes); parents [R, M] int32 (-1: the anchor; also past
+    survival [R, M] float32 path confidence (0 past sizes); conf [R, M] float32 each node's own (conditional)
+    confidence, the head's output an engine records (0 past sizes; survival is its float32 product along the path,
+    parent first, as :func:`adaptive_verify.tree_survival` computes it); parents [R, M] int32 (-1: the anchor; also past
     sizes); sizes [R] int32 nodes in the pool; order [R, M] int64 the full tree's index of each pool node. For the
     acceptance walk, per level d (0-based) of the full tree (levels concatenated, level d from level_offset[d]):
     level_parent[d] [R, n_d] int64 the parent's index within level d - 1 (-1 at level 0) and level_matched[d]
     [R, n_d] bool (the target's sample at the parent's context is this node's token)."""
 
     survival: np.ndarray
+    conf: np.ndarray
     parents: np.ndarray
     sizes: np.ndarray
     order: np.ndarray
@@ -183,12 +186,13 @@ def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndar
     conf_o = _head(logit_o, head_t, head_temperature, head_bias).astype(np.float32)
     rank_m = _matched_rank(zm, uni_main[:, :depth], k, share)  # [R, D]
     rank_o = _matched_rank(zo, uni_t, k, share)  # [R, D, k]
-    surv_levels, parent_levels, matched_levels = [], [], []
+    surv_levels, conf_levels, parent_levels, matched_levels = [], [], [], []
     # Level 1: the anchor's context is the main path's (slot 0).
     surv = conf_m[:, 0, 0]  # [R, k] (the anchor survives 1)
     main = np.zeros((R, k), dtype=bool)
     main[:, 0] = True
     surv_levels.append(surv)
+    conf_levels.append(surv)
     parent_levels.append(np.full((R, k), -1, dtype=np.int64))
     matched_levels.append(ranks[None, :] == rank_m[:, 0:1])
     for j in range(1, depth):
@@ -204,6 +208,7 @@ def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndar
         main[:, :, 0] = beam_main
         main = main.reshape(R, k * k)
         surv_levels.append(surv)
+        conf_levels.append(conf.reshape(R, k * k))
         parent_levels.append(np.repeat(beam, k, axis=1))
         matched_levels.append(matched)
     # The pool: the nodes a request may draft, ranked by survival desc; levels are concatenated in depth order, so
@@ -225,7 +230,8 @@ def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndar
     rank[rows, order] = np.arange(M)
     parents = np.where(inside, rank[rows, all_parent[rows, order]], -1).astype(np.int32)
     survival = np.where(inside, all_surv[rows, order], np.float32(0.0))
-    return DraftTrees(survival=survival, parents=parents, sizes=sizes, order=order, level_parent=parent_levels,
+    conf = np.where(inside, np.concatenate(conf_levels, axis=1)[rows, order], np.float32(0.0))
+    return DraftTrees(survival=survival, conf=conf, parents=parents, sizes=sizes, order=order, level_parent=parent_levels,
                       level_matched=matched_levels, level_offset=list(offsets[:-1]))
 
 

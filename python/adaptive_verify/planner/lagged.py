@@ -1,0 +1,68 @@
+"""The lagged budget, written once (docs/design.md, "When is which mode lossless").
+
+The budget of a step is decided on the host before the step's drafts exist: the planner's "global" argmax of Theta
+on each request's survivals of an EARLIER step (its stale confidences), priced entirely at THIS step (its requests,
+their drafts, its prompt tokens, capacity and latency target). It does not look at the current drafts, so
+verification stays lossless; the step's live survivals then decide who verifies (plan_verification(mode="fixed")).
+
+Every caller decides it here: AdaptiveVerifier.plan_budget (its persistent slot table gathers the stale rows; its
+remembered launch re-runs this very call), the simulator's adaptive policies (through AdaptiveVerifier) and the vLLM
+adapter (vLLM keeps the stale table). Two ways of pricing the step's prompt tokens X exist, and a caller names one:
+
+- ``"marginal"`` (AdaptiveVerifier's): drafts are priced on the cost curve seen from the step's operating point,
+  ``cost_table.shifted(X)``, within the capacity X leaves; the prompt's own time is not a cost the drafts share.
+- ``"fixed"`` (vLLM's manager: its differential tests hold the adapter to it): X are the planner's
+  ``extra_tokens``, a fixed part of the step that Theta amortises.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._checks import INT32_MAX, check_int
+from .ops import _choose_budget
+
+__all__ = ["PROMPT_PRICING", "lagged_budget"]
+
+PROMPT_PRICING = ("marginal", "fixed")
+
+
+def lagged_budget_call(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int,
+                       prompt_pricing: str, capacity: Optional[int], min_verify, max_step_ms, weights, out):
+    """(0-d int32 budget tensor, the op's remembered call or None): lagged_budget's work, for AdaptiveVerifier, which
+    re-runs the call on its persistent inputs step after step."""
+    if not isinstance(prompt_pricing, str) or prompt_pricing not in PROMPT_PRICING:
+        raise ValueError(f"prompt_pricing must be one of {PROMPT_PRICING}, got {prompt_pricing!r}")
+    prompt_tokens = check_int("prompt_tokens", prompt_tokens, lo=0, hi=INT32_MAX)
+    if capacity is None:
+        capacity = getattr(cost_table, "max_tokens", None)  # (a wrong cost_table is the planner's to name)
+    if prompt_pricing == "marginal":
+        if capacity is not None:
+            capacity = check_int("capacity", capacity, lo=0, hi=INT32_MAX) - prompt_tokens
+            if capacity < 0:
+                raise ValueError(f"prompt_tokens {prompt_tokens} exceed the capacity {capacity + prompt_tokens}")
+        table = cost_table.shifted(prompt_tokens) if prompt_tokens else cost_table
+        extra = 0
+    else:
+        table, extra = cost_table, prompt_tokens
+    return _choose_budget(None, drafts, table, mode="global", min_verify=min_verify, max_verify=None,
+                          extra_tokens=extra, extra_emitting=0, capacity=capacity, draft_tokens=None, conf=stale_conf,
+                          out=out, weights=weights, max_step_ms=max_step_ms, parents=None)
+
+
+def lagged_budget(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int = 0,
+                  prompt_pricing: str = "marginal", capacity: Optional[int] = None, min_verify: int = 0,
+                  max_step_ms: Optional[float] = None, weights: Optional[torch.Tensor] = None) -> int:
+    """This step's lagged budget B (a host int) from each request's stale confidences (module docstring).
+
+    stale_conf [R, K] float32: each request's confidences of its last recorded step (the caller's prior, e.g. 1.0,
+    for a request with none); drafts [R] int32: THIS step's drafts per request; cost_table: this step's
+    :class:`~adaptive_verify.CostTable`. prompt_tokens: the step's prompt (chunked-prefill) tokens, priced as
+    ``prompt_pricing`` says. capacity: tokens per step (default the table's max_tokens). min_verify, max_step_ms,
+    weights ([R] float32 priorities): as in :func:`adaptive_verify.plan_verification`. Pass B to
+    ``plan_verification(mode="fixed", budget=B)`` with the step's live survivals."""
+    budget, _ = lagged_budget_call(stale_conf, drafts, cost_table, prompt_tokens=prompt_tokens,
+                                   prompt_pricing=prompt_pricing, capacity=capacity, min_verify=min_verify,
+                                   max_step_ms=max_step_ms, weights=weights, out=None)
+    return int(budget)
