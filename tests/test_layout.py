@@ -358,9 +358,24 @@ def test_no_module_is_over_600_lines():
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
-def test_verifier_tree_reads_no_private_slot_state_of_the_verifier():
-    """The tree side uses the slot table's public helpers (verifier_slots.SlotTable), not the verifier's privates
-    for them: generations, staging and snapshots live in one place."""
-    src = (PACKAGE / "verifier_tree.py").read_text()
-    for private in ("v._gen", "v._snapshot", "v._slot_indices", "v._conf_dev", "v._snap"):
-        assert private not in src, private
+def foreign_private_reads(path: Path) -> list[str]:
+    """``x._name`` reads in a module where x is not ``self`` (nor ``cls``): another object's private member."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_foreign_private_reader_finds_them(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("class A:\n    def f(self, v):\n        return self._x + v._gen + v.slots._y + v.__class__\n")
+    assert sorted(x.split(" ")[1] for x in foreign_private_reads(f)) == ["v._gen", "v.slots._y"]
+
+
+@pytest.mark.parametrize("module", ["verifier_tree.py", "verifier_slots.py", "sim/engine.py"])
+def test_verifier_parts_read_no_other_objects_privates(module):
+    """The tree side and the slot table are told what they need (issue 30: no module reaches into another's private
+    members); the simulator drives the verifier through its public calls only."""
+    assert foreign_private_reads(PACKAGE / module) == []

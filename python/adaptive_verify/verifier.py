@@ -67,7 +67,7 @@ from .planner.args import step_cap_of
 from .planner.ops import plan_call, step_key
 from ._validate import device_arg
 from .stats import AcceptanceStats
-from .verifier_slots import SlotTable, host_floats, host_ints
+from .verifier_slots import SlotTable, check_conf, host_floats, host_ints
 
 __all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
 
@@ -167,8 +167,14 @@ class AdaptiveVerifier:
         self._driven = DrivenCalls(PLAN_CACHE_SIZE)
         self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
-        self.stats = AcceptanceStats(K, device=self.device)
-        self.sts = OnlineSTS(K, refresh_every=refresh_every, device=self.device) if online_calibration else None
+        max_nodes = check_int("max_nodes", max_nodes, lo=0)
+        # Draft trees (verifier_tree.py): their own slot table of node survivals; statistics per depth, and a depth is
+        # at most N, so the statistics keep max(K, N) positions.
+        self._tree = verifier_tree.TreeSteps(max_nodes, max_reqs=self.max_reqs, prior=self.prior, device=self.device,
+                                             slots=self.slots) if max_nodes else None
+        positions = max(K, max_nodes)
+        self.stats = AcceptanceStats(positions, device=self.device)
+        self.sts = OnlineSTS(positions, refresh_every=refresh_every, device=self.device) if online_calibration else None
         # Verified and accepted drafts are the stats kernel's own running totals (stats.totals); the planner's
         # expected tokens add up on the device (one graph-safe in-place add per step), the rows on the host.
         self._expected = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -180,8 +186,6 @@ class AdaptiveVerifier:
         self._budget_sum = 0
         self._budget_last = 0
         self._graph_use: Counter = Counter()
-        # Draft trees (verifier_tree.py): their own slot table, plan buffers and per-depth statistics.
-        self._tree = verifier_tree.TreeState(self, max_nodes) if check_int("max_nodes", max_nodes, lo=0) else None
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -259,7 +263,7 @@ class AdaptiveVerifier:
         Priorities are host knowledge (the scheduler's), so they cost no sync; None weighs every request 1. Ignored by
         the live modes, which weigh on the device (plan).
         """
-        tree_state = verifier_tree.state(self) if tree else None
+        tree_state = self._trees() if tree else None
         R = check_int("num_reqs", num_reqs, lo=0)
         if R > self.max_reqs:
             raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
@@ -286,7 +290,8 @@ class AdaptiveVerifier:
             budget = min(max(self.slots.lagged_budget(R, extra_tokens, weights, self.cost_table, self.capacity,
                                                       self.min_verify, self.max_step_ms), b_min), b_max)
         else:  # a node count, from each slot's last recorded node survivals
-            budget = verifier_tree.lagged_budget(self, tree_state, idx, drafts, extra_tokens, b_min, b_max, weights)
+            budget = min(max(tree_state.lagged_budget(idx, drafts, weights, self.cost_table, extra_tokens, self.capacity,
+                                                      self.min_verify, self.max_step_ms), b_min), b_max)
         padded = self.padded_tokens(R + extra_tokens + budget)
         self._budget_count += 1
         self._budget_sum += budget
@@ -309,8 +314,10 @@ class AdaptiveVerifier:
         parents [R, N] int32 and tree_sizes [R] int32 (on the device): a tree step, conf [R, N] each node's
         conditional acceptance probability (verifier_tree.record_confidence)."""
         if parents is not None:
-            return verifier_tree.record_confidence(self, conf, req_indices, parents, tree_sizes)
-        R, Kc = self._check_conf(conf, "K", "max_drafts", self.max_drafts)
+            self._trees().record(conf, req_indices, parents, tree_sizes)
+            self._last_conf = conf
+            return
+        R, Kc = check_conf(conf, "K", "max_drafts", self.max_drafts, self.max_reqs, self.device)
         self.slots.record(conf, req_indices, R, Kc)
         self._last_conf = conf
 
@@ -359,22 +366,6 @@ class AdaptiveVerifier:
                 self._budget_in.fill_(budget)
             budget = self._budget_in
         return out, budget, padded_tokens, extra_tokens
-
-    def _check_conf(self, conf, columns: str, limit_name: str, limit: int) -> tuple[int, int]:
-        """(R, columns) of record_confidence's conf: float32 [R, <= limit] on the verifier's device."""
-        if not isinstance(conf, torch.Tensor):
-            raise TypeError(f"conf must be a float32 tensor [R, {columns}], got {type(conf).__name__}")
-        if conf.dim() != 2 or conf.dtype != torch.float32:
-            raise ValueError(f"conf must be a float32 tensor [R, {columns}], got {conf.dtype} {tuple(conf.shape)}")
-        if conf.layout is not torch.strided:  # (the CPU scatter reads it through its strides)
-            raise TypeError(f"conf must be a dense (strided) tensor, got layout {conf.layout}")
-        if conf.device != self.device:
-            raise ValueError(f"conf must be on the verifier's device {self.device}, got {conf.device}")
-        R, n = conf.shape
-        if R > self.max_reqs or n > limit:
-            raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, {limit_name}] = "
-                             f"[{self.max_reqs}, {limit}]")
-        return R, n
 
     def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
         """Buffers for key = (plan kind, R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""
@@ -435,9 +426,8 @@ class AdaptiveVerifier:
         [R, N]; returns the :class:`TreeVerifyPlan` of plan_tree_verification (verifier_tree.plan).
         """
         if parents is not None:
-            return verifier_tree.plan(self, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget,
-                                      extra_tokens=extra_tokens, padded_tokens=padded_tokens, token_offset=token_offset,
-                                      weights=weights, parents=parents)
+            return self._plan_tree(conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget,
+                                   extra_tokens, padded_tokens, token_offset, weights, parents)
         if not isinstance(conf, torch.Tensor):
             raise TypeError(f"conf must be a float32 tensor [R, K], got {type(conf).__name__}")
         if conf.dim() != 2:
@@ -513,7 +503,9 @@ class AdaptiveVerifier:
         A tree step (the last plan a TreeVerifyPlan): num_accepted is the accepted depth and accepted_offsets
         [R, W] tree_rejection_sample's; statistics are per depth (verifier_tree.observe)."""
         if accepted_offsets is not None or type(self._last_plan) is TreeVerifyPlan:
-            return verifier_tree.observe(self, verify_lens, num_accepted, accepted_offsets)
+            p = self._last_plan
+            self._finish_step(p, self._trees().observe(p, verify_lens, num_accepted, accepted_offsets, self.stats))
+            return
         if self._last_conf is None or self._last_plan is None:
             raise RuntimeError("observe() needs a record_confidence() and a plan() first")
         R = self._last_conf.shape[0]
@@ -536,11 +528,36 @@ class AdaptiveVerifier:
         if a.dtype != torch.int32:
             a = a.to(torch.int32)
         self.stats.update(self._last_conf, v, a)  # also adds the step's verified and accepted drafts to stats.totals
+        self._finish_step(self._last_plan, R)
+
+    def _finish_step(self, plan, R: int) -> None:
+        """observe()'s bookkeeping shared by chains and trees, once the statistics hold the step."""
         if self.sts is not None:
             self.sts.step(self.stats)
-        self._add_expected(self._last_plan.expected_tokens)
+        self._add_expected(plan.expected_tokens)
         self._rows += R
         self._steps += 1
+
+    def _trees(self) -> verifier_tree.TreeSteps:
+        if self._tree is None:
+            raise ValueError("this AdaptiveVerifier serves chains only: construct it with max_nodes=N to pass trees")
+        return self._tree
+
+    def _plan_tree(self, conf, tree_sizes, context_lens, block_table, anchor_tokens, draft_tokens, budget,
+                   extra_tokens, padded_tokens, token_offset, weights, parents) -> TreeVerifyPlan:
+        """plan(..., parents=): the tree side's plan_tree_verification in the verifier's mode and plan buffers."""
+        t = self._trees()
+        R, _ = t.check(conf, parents, tree_sizes)
+        wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
+        out, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
+                                                                      t.N, TreeVerifyPlan)
+        table = self.cost_table.shifted(extra_tokens) if extra_tokens and R else self.cost_table
+        kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
+                  block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
+                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
+                  capacity=self.capacity - extra_tokens, max_step_ms=self.max_step_ms, weights=weights)
+        self._last_plan = t.plan(conf, tree_sizes, parents, table, mode=self.mode, budget=budget, kw=kw)
+        return self._last_plan
 
     def _add_expected(self, expected_tokens: torch.Tensor) -> None:
         """Adds a plan's expected tokens (0-d float32) to the running float64 sum: on the device for CUDA plans (one

@@ -29,7 +29,7 @@ from ._callcache import DrivenCalls
 from ._ext import _C
 from .planner.lagged import lagged_budget_call
 
-__all__ = ["SlotTable", "host_floats", "host_ints"]
+__all__ = ["SlotTable", "check_conf", "host_floats", "host_ints"]
 
 SLOT_DRAFTS_OUT_OF_RANGE, SLOT_INDEX_OUT_OF_RANGE, SLOT_INDEX_REPEATED = _C.SLOT_STATUS
 
@@ -75,6 +75,23 @@ def host_floats(name: str, values, n: int) -> np.ndarray:
     if arr.shape[0] != n:
         raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
     return arr
+
+
+def check_conf(conf, columns: str, limit_name: str, limit: int, max_reqs: int, device: torch.device) -> tuple[int, int]:
+    """(R, columns) of record_confidence's conf: float32 [R, <= limit] on the verifier's device, R <= max_reqs."""
+    if not isinstance(conf, torch.Tensor):
+        raise TypeError(f"conf must be a float32 tensor [R, {columns}], got {type(conf).__name__}")
+    if conf.dim() != 2 or conf.dtype != torch.float32:
+        raise ValueError(f"conf must be a float32 tensor [R, {columns}], got {conf.dtype} {tuple(conf.shape)}")
+    if conf.layout is not torch.strided:  # (the CPU scatter reads it through its strides)
+        raise TypeError(f"conf must be a dense (strided) tensor, got layout {conf.layout}")
+    if conf.device != device:
+        raise ValueError(f"conf must be on the verifier's device {device}, got {conf.device}")
+    R, n = conf.shape
+    if R > max_reqs or n > limit:
+        raise ValueError(f"conf shape {tuple(conf.shape)} exceeds [max_reqs, {limit_name}] = "
+                         f"[{max_reqs}, {limit}]")
+    return R, n
 
 
 class SlotTable:
