@@ -60,7 +60,8 @@ def check_status(status: int, op: str, device: torch.device, messages: dict | No
                                  f"[0, min(accepted_offsets.shape[1] - 1, {_C.PLANNER_MAX_TREE_NODES})], "
                                  "context_lens[r] >= 0, accepted_offsets[r, 1..num_accepted[r]] must increase strictly "
                                  f"from >= 1 and stay below {_C.SAMPLER_MAX_TREE_TOKENS}, and both context_lens + "
-                                 "offset and context_lens + depth must fall in the request's blocks (block ids in [0, num_blocks))",
+                                 "offset and context_lens + depth must fall in the request's blocks (block ids in "
+                                 "[0, num_blocks))",
         _C.STATUS_BLOCK_TABLE_TOO_SHORT: (
             "block_table: too few blocks per request for context_lens + q_len positions "
             "(or a negative context length)"

@@ -227,9 +227,9 @@ class AdaptiveVerifier:
         # latency target.
         b_min = min(forced_sum, b_room)
         b_max = b_room
-        if self.max_step_ms is not None and R:
+        if self._max_step_ms is not None and R:
             cap = step_cap_of(self.cost_table, R, R + extra_tokens, b_room, float(self.cost_table.fixed_cost(R)),
-                              self.max_step_ms)
+                              self._max_step_ms)
             b_max = max(b_min, min(b_room, cap))
         return b_min, b_max
 
@@ -288,10 +288,10 @@ class AdaptiveVerifier:
             budget = b_max
         elif tree_state is None:
             budget = min(max(self.slots.lagged_budget(R, extra_tokens, weights, self.cost_table, self.capacity,
-                                                      self.min_verify, self.max_step_ms), b_min), b_max)
+                                                      self.min_verify, self._max_step_ms), b_min), b_max)
         else:  # a node count, from each slot's last recorded node survivals
-            budget = min(max(tree_state.lagged_budget(idx, drafts, weights, self.cost_table, extra_tokens, self.capacity,
-                                                      self.min_verify, self.max_step_ms), b_min), b_max)
+            budget = min(max(tree_state.lagged_budget(idx, drafts, weights, self.cost_table, extra_tokens,
+                                                      self.capacity, self.min_verify, self._max_step_ms), b_min), b_max)
         padded = self.padded_tokens(R + extra_tokens + budget)
         self._budget_count += 1
         self._budget_sum += budget
@@ -446,7 +446,7 @@ class AdaptiveVerifier:
         live = self.mode in ("greedy", "global")
         # A fixed budget never reads the verify curve (only the drafter's cost, the same for a shifted view), so
         # without a latency target the base table gives the kernel the same fields and no new view is priced.
-        priced = live or self.max_step_ms is not None
+        priced = live or self._max_step_ms is not None
         table = self.cost_table.shifted(extra_tokens) if extra_tokens and R and priced else self.cost_table
         capacity, T = self.capacity - extra_tokens, padded_tokens
         if not (priced or self.min_verify or tensor_budget) and out.token_req.shape[0] > padded_tokens:
@@ -461,7 +461,7 @@ class AdaptiveVerifier:
                   None if live or budget is self._budget_in else budget)
         # (the verifier's own 0-d budget tensor, which a host budget goes through, never changes: keyed as None)
         key = (id(out), *map(tensor_key, caller))
-        plan = self._driven.run(key, table, step_key(table, capacity, None, 0, 0, token_offset, self.max_step_ms, T))
+        plan = self._driven.run(key, table, step_key(table, capacity, None, 0, 0, token_offset, self._max_step_ms, T))
         if plan is None:
             kw = dict(mode=self.mode if live else "fixed", budget=None if live else budget, min_verify=self.min_verify,
                       max_verify=None, extra_tokens=0, extra_emitting=0, capacity=capacity, context_lens=context_lens,
@@ -469,7 +469,7 @@ class AdaptiveVerifier:
                       anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
                       num_reqs_padded=None, num_tokens_padded=T, conf=conf,
                       survival_out=self._survival_buffer(R, conf.shape[1]), weights=weights,
-                      max_step_ms=self.max_step_ms)
+                      max_step_ms=self._max_step_ms)
             plan, call = plan_call(None, drafts, table, self.verification if live else None, kw, out)
             self._driven.remember(key, caller, call)
         if T != padded_tokens:
@@ -555,7 +555,7 @@ class AdaptiveVerifier:
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
                   draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
-                  capacity=self.capacity - extra_tokens, max_step_ms=self.max_step_ms, weights=weights)
+                  capacity=self.capacity - extra_tokens, max_step_ms=self._max_step_ms, weights=weights)
         self._last_plan = t.plan(conf, tree_sizes, parents, table, mode=self.mode, budget=budget, kw=kw)
         return self._last_plan
 

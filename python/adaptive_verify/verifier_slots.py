@@ -28,6 +28,7 @@ from ._binding import SlotParams
 from ._callcache import DrivenCalls
 from ._ext import _C
 from .planner.lagged import lagged_budget_call
+from .planner.ops import step_key
 
 __all__ = ["SlotTable", "check_conf", "host_floats", "host_ints"]
 
@@ -232,8 +233,6 @@ class SlotTable:
                                                   call.reshift(cost_table, extra_tokens, cap)):
             call.run()
         else:
-            from .planner.ops import step_key
-
             table = cost_table.shifted(extra_tokens) if extra_tokens else cost_table
             if self._calls.run(key, table, step_key(table, cap, None, 0, 0, 0, max_step_ms, None)) is None:
                 conf, d = self._lag_inputs(R)[:2]
