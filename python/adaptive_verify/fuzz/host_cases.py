@@ -207,7 +207,8 @@ def verifier_case(rng) -> Case:
     steps = int(rng.integers(1, 4))
     step_bad = None if bad or not maybe(rng, 0.4) else pick(rng, ["num_reqs", "drafts_host", "extra_tokens",
                                                                   "req_indices", "conf", "drafts", "budget",
-                                                                  "padded_tokens", "verify_lens", "num_accepted"])
+                                                                  "padded_tokens", "verify_lens", "num_accepted",
+                                                                  "weights"])
     checks = []
 
     def call():
@@ -220,11 +221,16 @@ def verifier_case(rng) -> Case:
             drafts = ints(rng, 0, K, (R,))
             idx = torch.from_numpy(rng.permutation(max_reqs)[:R].astype(np.int64))
             conf = floats(rng, (R, K), 0.0, 1.0)
-            a = dict(num_reqs=R, drafts_host=drafts.tolist(), extra_tokens=extra, req_indices=idx.tolist())
-            if step_bad in a:
+            # host priorities for the lagged budget (plan_budget(weights=)), sometimes
+            w = rng.uniform(0.1, 4.0, R).tolist() if maybe(rng, 0.3) else None
+            a = dict(num_reqs=R, drafts_host=drafts.tolist(), extra_tokens=extra, req_indices=idx.tolist(), weights=w)
+            if step_bad == "weights":
+                a["weights"] = pick(rng, [[float("nan")] * R, [-1.0] * R, [float("inf")] * R, "w", [1.0] * (R + 1),
+                                          [[1.0]], [None] * R])
+            elif step_bad in a:
                 a[step_bad] = pick(rng, [-1, 2**31, 2**70, 1.5, None, "x", [2**70] * R, [-1] * R, [[1]], np.array([1.5])])
             budget, padded = v.plan_budget(a["num_reqs"], a["drafts_host"], a["extra_tokens"],
-                                           req_indices=a["req_indices"])
+                                           req_indices=a["req_indices"], weights=a["weights"])
             c = conf if step_bad != "conf" else pick(rng, [None, torch.tensor(1.0), conf.double(), conf[:, :0], "c",
                                                          conf.to("meta"), torch.rand(R, K + 1)])
             v.record_confidence(c, req_indices=idx.tolist())
@@ -261,6 +267,8 @@ def verifier_case(rng) -> Case:
             same("query_start_loc", query_start_loc, want.query_start_loc)
 
     names = (bad,) if bad else ((step_bad,) if step_bad else ())
+    if step_bad == "weights":
+        names += ("num_reqs",)
     if step_bad in ("conf", "drafts"):
         names += ("conf", "drafts", "survival_out")
     if step_bad in ("num_reqs", "drafts_host", "extra_tokens", "req_indices", "budget", "padded_tokens"):
