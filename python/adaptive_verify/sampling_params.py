@@ -10,12 +10,12 @@ launch whose per-call inputs (the host offset, fresh seeds) are re-read on every
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 from typing import Optional
 
 import torch
 
+from ._callcache import Launch
 from ._ext import check_status
 from ._validate import check_tensor, stream_of
 
@@ -134,16 +134,16 @@ def _truncation(top_k, top_p, min_p, n: int, V: int, device) -> _Truncation:
     return _Truncation(top_k, top_p, min_p)
 
 
-class _SamplerCall:
-    """A validated sampler call: its filled struct; per call only the host offset and, for unseeded requests,
-    fresh seeds change. ``messages``: the op's wording of some CPU statuses (check_status)."""
+class _SamplerCall(Launch):
+    """A validated sampler call: the remembered launch (_callcache.Launch: its filled struct, device, op name and
+    status wording) plus what changes per call: the host offset and, for unseeded requests (``fresh``), fresh seeds
+    for its ``n`` rows."""
 
-    __slots__ = ("fn", "params", "addr", "device", "on_cuda", "op", "fresh", "n", "messages")
+    __slots__ = ("fresh", "n")
 
     def __init__(self, fn, params, device, op, fresh, n, messages):
-        self.fn, self.params, self.device, self.op, self.fresh, self.n = fn, params, device, op, fresh, n
-        self.messages = messages
-        self.addr, self.on_cuda = ctypes.addressof(params), device.type == "cuda"
+        super().__init__(fn, params, device, op, messages=messages)
+        self.fresh, self.n = fresh, n
 
     def run(self, seeds, temperature, offset) -> None:
         p = self.params
