@@ -379,3 +379,15 @@ def test_verifier_parts_read_no_other_objects_privates(module):
     """The tree side and the slot table are told what they need (issue 30: no module reaches into another's private
     members); the simulator drives the verifier through its public calls only."""
     assert foreign_private_reads(PACKAGE / module) == []
+
+
+@pytest.mark.parametrize("name", ["MAX_POSITIONS", "MAX_TOKENS"])
+def test_python_only_limits_are_assigned_once(name):
+    """Limits that are the package's own (not the extension's) are still written in one module."""
+    def names(node):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [t.id for t in targets if isinstance(t, ast.Name)]
+
+    where = [p.relative_to(PACKAGE).as_posix() for p in python_files(PACKAGE) for node in ast.parse(p.read_text()).body
+             if isinstance(node, (ast.Assign, ast.AnnAssign)) and name in names(node)]
+    assert len(where) == 1, where

@@ -13,6 +13,9 @@ from typing import Any, Optional
 
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
+#: Most draft positions a statistics or calibration object keeps (AcceptanceStats, OnlineSTS, MarginEstimator): a
+#: chain's 32 drafts, a tree's depth of up to 63 nodes, plus room; their per-position arrays are sized from it.
+MAX_POSITIONS = 64
 #: Largest finite float32: a host float that a kernel reads as float32 must stay within it, or it arrives as inf.
 FLOAT32_MAX = 3.4028234663852886e38
 

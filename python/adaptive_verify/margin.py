@@ -29,7 +29,7 @@ from typing import Union
 
 import torch
 
-from ._checks import FLOAT32_MAX, to_float
+from ._checks import FLOAT32_MAX, MAX_POSITIONS, to_float
 from ._validate import device_arg
 
 __all__ = ["MarginEstimator"]
@@ -41,8 +41,7 @@ _NEWTON_TOL = 1e-10
 
 
 #: Bounds of the sizes that allocate: the ring buffer is [buffer_rows, num_positions] float32 + uint8 (at most
-#: 320 MB); positions are draft positions (a chain's 32, a tree's 63 nodes), as in AcceptanceStats.
-MAX_POSITIONS = 64
+#: 320 MB; positions: _checks.MAX_POSITIONS, as AcceptanceStats).
 MAX_BUFFER_ROWS = 1 << 20
 
 

@@ -27,13 +27,12 @@ from . import errors
 from ._ext import _C, check_status
 from ._binding import StatsParams, call
 from ._callcache import CallCache, Launch, tensor_key
-from ._checks import INT32_MAX, check_int
+from ._checks import INT32_MAX, MAX_POSITIONS, check_int
 from ._validate import check_tensor, device_arg, stream_of
 
 _FIXED_ONE = 2.0**32
-#: Most positions and bins: the counts are three int64 [num_positions, num_bins] tensors (at most 24 MB), and the
-#: kernel's fields are int32. Positions are draft positions (a chain's 32, a tree's 63 nodes).
-MAX_POSITIONS = 64
+#: Most bins (and positions, _checks.MAX_POSITIONS): the counts are three int64 [num_positions, num_bins] tensors
+#: (at most 24 MB), and the kernel's fields are int32.
 MAX_BINS = 1 << 14
 
 

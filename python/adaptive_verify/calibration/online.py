@@ -7,12 +7,10 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._checks import to_float
+from .._checks import MAX_POSITIONS, to_float
 from .._validate import device_arg
 from .metrics import ArrayLike, _check_grid, _check_temperatures, _is_real
 
-#: Most positions (draft positions: a chain's 32, a tree's 63 nodes), as AcceptanceStats.
-MAX_POSITIONS = 64
 from .sts import _pick
 
 # ----------------------------------------------------------------------------------------------------
