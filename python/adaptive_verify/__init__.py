@@ -12,8 +12,8 @@ from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
-from .planner import (TreeVerifyPlan, VerifyPlan, choose_budget, lagged_budget, plan_tree_verification,
-                      plan_verification, prefix_survival, tree_survival)
+from .planner import (MetadataInputs, PlanStep, TreeVerifyPlan, VerifyPlan, choose_budget, lagged_budget,
+                      plan_tree_verification, plan_verification, prefix_survival, tree_survival)
 from .sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
 from .verifier import AdaptiveVerifier
@@ -25,7 +25,9 @@ __all__ = [
     "AdaptiveVerifier",
     "CostTable",
     "MarginEstimator",
+    "MetadataInputs",
     "OnlineSTS",
+    "PlanStep",
     "SamplingParams",
     "TreeVerifyPlan",
     "VerifyPlan",

@@ -39,12 +39,15 @@ the plan and the tree layout (TreeVerifyPlan). A chain given as a tree gives the
 
 Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``tree_plan.py`` TreeVerifyPlan, ``args.py`` validation
 and defaults (and their bounds), ``survival.py`` prefix_survival and tree_survival, ``ops.py`` choose_budget and
-plan_verification with their remembered calls, ``tree_ops.py`` plan_tree_verification, ``launch.py`` the kernel struct and the custom op torch.compile traces. The algorithm itself is written once, in
-csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel and the CUDA kernel instantiate it.
+plan_verification with their remembered calls, ``tree_ops.py`` plan_tree_verification, ``step.py`` PlanStep and
+MetadataInputs (the per-step inputs as two objects), ``launch.py`` the kernel struct and the custom op torch.compile
+traces. The algorithm itself is written once, in csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel
+and the CUDA kernel instantiate it.
 """
 from .args import MODES, PlanArgs, resolve_plan_args
 from .ops import VERIFICATIONS, choose_budget, plan_verification
 from .lagged import PROMPT_PRICING, lagged_budget
+from .step import MetadataInputs, PlanStep
 from .survival import prefix_survival, tree_survival
 from .tree_ops import plan_tree_verification
 from .tree_plan import MAX_TREE_NODES, MAX_TREE_REQS, TreeVerifyPlan
@@ -53,5 +56,6 @@ from .._validate import MAX_DRAFTS
 from .._checks import INT32_MAX
 
 __all__ = ["INT32_MAX", "MAX_CONTEXT_LEN", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS",
-           "MODES", "PROMPT_PRICING", "PlanArgs", "TreeVerifyPlan", "VERIFICATIONS", "VerifyPlan", "choose_budget", "lagged_budget",
-           "plan_tree_verification", "plan_verification", "prefix_survival", "resolve_plan_args", "tree_survival"]
+           "MODES", "MetadataInputs", "PROMPT_PRICING", "PlanArgs", "PlanStep", "TreeVerifyPlan", "VERIFICATIONS",
+           "VerifyPlan", "choose_budget", "lagged_budget", "plan_tree_verification", "plan_verification",
+           "prefix_survival", "resolve_plan_args", "tree_survival"]

@@ -23,6 +23,7 @@ from ..cost import CostTable
 from ..cost.curve import ShiftedCurve
 from .args import PlanArgs, _table_costs, check_out, resolve_plan_args, resolve_step, token_room
 from .launch import fill_step, launch, launch_at, make_params, run_traced, workspace_for
+from .step import MetadataInputs, PlanStep, merge_metadata, merge_step
 from .survival import prefix_survival
 from .verify_plan import VerifyPlan
 
@@ -294,6 +295,8 @@ def choose_budget(
     weights: Optional[torch.Tensor] = None,
     max_step_ms: Optional[float] = None,
     parents: Optional[torch.Tensor] = None,
+    step: Optional[PlanStep] = None,
+    metadata: Optional[MetadataInputs] = None,
 ) -> torch.Tensor:
     """Budget B (0-d int32 tensor on survival's device) for ``mode`` in "global", "greedy", "all".
 
@@ -310,7 +313,23 @@ def choose_budget(
     capped by the parent's (no running minimum along node index, which is right for chains only), and the budget
     depends on the survival multiset, min_verify and max_verify (both by node index), exactly as
     :func:`plan_tree_verification` chooses it. ``draft_tokens`` then also removes duplicate siblings.
+
+    ``step``: a :class:`PlanStep` in place of min_verify, max_verify, capacity, extra_tokens, extra_emitting,
+    max_step_ms and weights (its ``budget`` and ``num_tokens_padded`` must be None here: the budget is what this
+    chooses, and T_pad clamps it in the plan; ``num_reqs_padded`` is not read). ``metadata``: a
+    :class:`MetadataInputs`, of which only ``draft_tokens`` is read. A field given both as its keyword and in its
+    object raises ValueError naming both.
     """
+    if step is not None:
+        budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, _, padded = \
+            merge_step(step, None, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms,
+                       weights, None, None)
+        if budget is not None or padded is not None:
+            name, value = ("budget", budget) if budget is not None else ("num_tokens_padded", padded)
+            raise ValueError(f"step.{name} must be None for choose_budget, got {value!r}: choose_budget chooses the "
+                             "budget, and plan_verification clamps it to its T_pad")
+    if metadata is not None:
+        draft_tokens = merge_metadata(metadata, None, None, None, None, draft_tokens, 0)[4]
     return _choose_budget(survival, drafts, cost_table, mode=mode, min_verify=min_verify, max_verify=max_verify,
                           extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
                           draft_tokens=draft_tokens, conf=conf, out=out, weights=weights, max_step_ms=max_step_ms,
@@ -384,6 +403,8 @@ def plan_verification(
     survival_out: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
     max_step_ms: Optional[float] = None,
+    step: Optional[PlanStep] = None,
+    metadata: Optional[MetadataInputs] = None,
 ) -> VerifyPlan:
     """Chooses the budget, allocates it to the highest-survival drafts, and writes varlen metadata.
 
@@ -435,12 +456,26 @@ def plan_verification(
             verify_cost(R + extra_tokens + B)``, the kernel's float32 sum) exceed it; B_max shrinks to the last
             budget before the first one over the target. min_verify's forced drafts still win when they alone
             exceed it. Needs the cost table.
+        step: a :class:`PlanStep`, the step's limits and budget in one object: budget, min_verify, max_verify,
+            capacity, extra_tokens, extra_emitting, max_step_ms, weights, num_reqs_padded, num_tokens_padded.
+        metadata: a :class:`MetadataInputs`, what the varlen metadata is written from in one object: context_lens,
+            block_table, block_size, anchor_tokens, draft_tokens, token_offset.
+            Each field keeps its keyword; a field given both ways (the keyword and the object's field each off its
+            default, 0 or None) raises ValueError naming both. Either form is the same call, remembered alike.
 
     Host cost: a call that repeats an earlier call's objects (same tensors, same ``out``, same settings; the cost
     table, capacity, budget, extra_tokens, extra_emitting and token_offset may change) skips validation and
     launches the remembered kernel struct; pass ``out=`` (and ``survival_out=`` with ``conf``) to stay on that
-    path (docs/design.md, "Host overhead").
+    path (docs/design.md, "Host overhead"). ``step`` and ``metadata`` are unpacked before that (a few attribute
+    reads), so a remembered call is keyed by the tensors they hold: build them around the persistent buffers.
     """
+    if step is not None:
+        (budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, num_reqs_padded,
+         num_tokens_padded) = merge_step(step, budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting,
+                                         max_step_ms, weights, num_reqs_padded, num_tokens_padded)
+    if metadata is not None:
+        context_lens, block_table, block_size, anchor_tokens, draft_tokens, token_offset = merge_metadata(
+            metadata, context_lens, block_table, block_size, anchor_tokens, draft_tokens, token_offset)
     kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
               block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,

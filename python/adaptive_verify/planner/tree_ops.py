@@ -8,6 +8,7 @@ import torch
 
 from ..cost import CostTable
 from .ops import run_plan
+from .step import MetadataInputs, PlanStep, merge_metadata, merge_step
 from .tree_plan import TreeVerifyPlan
 
 
@@ -37,6 +38,8 @@ def plan_tree_verification(
     survival_out: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
     max_step_ms: Optional[float] = None,
+    step: Optional[PlanStep] = None,
+    metadata: Optional[MetadataInputs] = None,
 ) -> TreeVerifyPlan:
     """Chooses the budget over every request's draft-tree nodes, gives it to the best nodes, and writes the tree's
     varlen metadata: :func:`plan_verification` for trees, in one CUDA launch (no host sync; graph-capturable with
@@ -67,6 +70,10 @@ def plan_tree_verification(
             exactly as :func:`tree_survival` does, optionally into survival_out ([R, N] float32 contiguous).
         weights: [R] request priorities: nodes rank by w_r * survival (capped by the parent's, so still
             ancestor-closed) and Theta is weighted, as in :func:`plan_verification`; expected_tokens stays unweighted.
+        step: a :class:`PlanStep` (budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting,
+            max_step_ms, weights, num_reqs_padded, num_tokens_padded) and metadata: a :class:`MetadataInputs`
+            (context_lens, block_table, block_size, anchor_tokens, draft_tokens, token_offset) in place of those
+            keywords, as in :func:`plan_verification` (a field given both ways raises ValueError naming both).
         Everything else as in :func:`plan_verification` (modes "greedy", "global", "fixed", "all"; max_step_ms).
 
     Returns a :class:`TreeVerifyPlan`: request r's block is its anchor then its verified nodes in increasing node
@@ -74,6 +81,13 @@ def plan_tree_verification(
     context_lens + offset, plus tree_mask, token_parent, token_node and token_depth. Every element of every padded
     buffer is written each call.
     """
+    if step is not None:
+        (budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, num_reqs_padded,
+         num_tokens_padded) = merge_step(step, budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting,
+                                         max_step_ms, weights, num_reqs_padded, num_tokens_padded)
+    if metadata is not None:
+        context_lens, block_table, block_size, anchor_tokens, draft_tokens, token_offset = merge_metadata(
+            metadata, context_lens, block_table, block_size, anchor_tokens, draft_tokens, token_offset)
     kw = dict(mode=mode, budget=budget, min_verify=min_verify, max_verify=max_verify, extra_tokens=extra_tokens,
               extra_emitting=extra_emitting, capacity=capacity, context_lens=context_lens, block_table=block_table,
               block_size=block_size, anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
