@@ -15,11 +15,11 @@ system, each either prefilling or decoding):
    each step to the target less the adaptive overhead of that step's R (which the cost table does not hold), so
    no step is charged more than <ms> unless its decodes and prompt chunks alone, verifying nothing, already cost
    more. With priority classes (``workload.priority``) ``plan_budget`` and ``plan`` get each request's weight
-   (``weights=``). Draft-tree policies
-   (:mod:`adaptive_verify.sim.tree`: each request drafts an EAGLE-2-shaped tree whose top-1 path is the chain
-   above): ``eagle2-<N>`` verifies each request's N best nodes by path confidence; ``tree`` and ``tree-lagged``
-   are the verifier built with ``max_nodes`` in mode "global" (live, lossless for trees) and "lagged" (a node
-   count from each slot's last recorded node survivals, verifier_tree.py). A verified node costs a token; drafting a tree costs
+   (``weights=``). Draft-tree policies (:mod:`adaptive_verify.sim.tree`: each request drafts an EAGLE-2-shaped
+   tree whose top-1 path is the chain above): ``eagle2-<N>`` verifies each request's N best nodes by path
+   confidence; ``tree`` and ``tree-lagged`` are the verifier built with ``max_nodes`` in mode "global" (live,
+   lossless for trees) and "lagged" (a node count from each slot's last recorded node survivals,
+   verifier_tree.py). A verified node costs a token; drafting a tree costs
    :func:`~adaptive_verify.sim.tree.tree_draft_ms`; acceptance is the sample-and-match walk down the verified
    nodes.
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
@@ -352,8 +352,8 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         if policy.tree and R:
             trees = draft_trees(tree, D, mu, reqs.difficulty[dec], z, head[dec], uni[dec], eps_t[dec], head_t[dec],
                                 uni_t[dec], depth_lim, acc.head_temperature, acc.head_bias)
-            verify, verified_nodes = _verify_tree(policy, trees, verifier, dec, prefill_tokens if verifier is not None else 0,
-                                                  weights)
+            chunk = prefill_tokens if verifier is not None else 0  # (fixed policies schedule prompts after decodes)
+            verify, verified_nodes = _verify_tree(policy, trees, verifier, dec, chunk, weights)
         elif policy.kind == "fixed":
             verify[:] = drafts
         elif verifier is not None and R:
