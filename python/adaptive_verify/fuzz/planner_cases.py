@@ -8,6 +8,7 @@ import torch
 
 from .. import reference as ref
 from ..planner import MAX_CONTEXT_LEN, MAX_REQS, VerifyPlan, choose_budget, plan_verification, prefix_survival
+from ..planner.step import MetadataInputs, PlanStep
 from .core import Case, counts, same
 from .guards import Guards
 from .tables import random_table
@@ -161,12 +162,26 @@ def plan_case(rng) -> Case:
     return _plan_adversarial(rng, rng.random() < 0.5)
 
 
+def grouped(rng, kw: dict) -> dict:
+    """kw with a random part of its fields moved into step=PlanStep(...) / metadata=MetadataInputs(...) (the ops'
+    grouped form, which must give the same call), or kw itself."""
+    if not maybe(rng, 0.4):
+        return kw
+    kw = dict(kw)
+    for cls, name in ((PlanStep, "step"), (MetadataInputs, "metadata")):
+        moved = {f.name: kw.pop(f.name) for f in dataclasses.fields(cls) if f.name in kw and maybe(rng, 0.7)}
+        if moved:
+            kw[name] = cls(**moved)
+    return kw
+
+
 def _plan_valid(rng) -> Case:
     p = plan_inputs(rng, metadata=maybe(rng, 0.6))
     g = Guards()
     survival, conf, drafts, kw = _guard_inputs(rng, g, p)
     Rp, Tp = _padded_sizes(p)
     out = _guarded_plan(g, Rp, Tp, kw) if maybe(rng, 0.6) else None
+    kw = grouped(rng, kw)  # (out= is sized from the keywords' view of the call)
     survival_out = g.empty("survival_out", (p.R, p.K), torch.float32) if p.use_conf and maybe(rng, 0.7) else None
     mv = p.K if p.kw.get("max_verify") is None else p.kw["max_verify"]
 

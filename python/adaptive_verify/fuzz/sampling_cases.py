@@ -11,13 +11,23 @@ import torch
 
 from .. import errors
 from .. import reference as ref
-from ..sampling import rejection_sample, sample, tree_rejection_sample
+from ..sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .core import Case, Mismatch, same
 from .guards import Guards
 from .values import floats, int_arg, ints, maybe, pick, small_int, sprinkle, tensor_variants
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONFINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def grouped(rng, kw: dict) -> dict:
+    """kw with a random part of its per-request parameters moved into params=SamplingParams(...) (the samplers'
+    grouped form, which must give the same tokens), or kw itself."""
+    if not maybe(rng, 0.4):
+        return kw
+    kw = dict(kw)
+    moved = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "min_p", "seeds") if k in kw and maybe(rng, 0.7)}
+    return dict(kw, params=SamplingParams(**moved)) if moved else kw
 
 
 def _nonfinite_logits(rng, logits: torch.Tensor) -> torch.Tensor:
@@ -108,6 +118,7 @@ def rejection_case(rng) -> Case:
               **{k: g.tensor(k, v) for k, v in trunc.items()})
     r = rng.random()
     if r < 0.7:
+        kw = grouped(rng, kw)
         def check(res):
             want = ref.rejection_sample(logits, qsl, drafts, draft_probs=probs, temperature=temperature,
                                         seeds=seeds, offset=offset, logprobs=logprobs, **trunc)
