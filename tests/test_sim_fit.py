@@ -19,10 +19,10 @@ from adaptive_verify.sim.fit_inputs import (MeasuredPoint, acceptance_from_per_p
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "benchmarks" / "data" / "dsv4-pro-8xb300-published.csv"
 ACCEPTANCE = ROOT / "benchmarks" / "data" / "dsv4-pro-8xb300-acceptance.json"
-# The command benchmarks/fit_sim_profile.py and the README give, with fewer seeds and steps for test time.
+# The command benchmarks/fit_sim_profile.py and docs/simulator.md give, with fewer seeds and steps for test time.
 FIT_ARGS = ["--drafts", "7", "--tensor-parallel", "8", "--prompt-len", "192:320", "--output-len", "384:640",
             "--prefill-chunk", "512", "--capacity", "2048", "--acceptance", str(ACCEPTANCE)]
-# Documented tolerance (README, benchmarks/results/2026-12-01-sim-overheads.md): at every fitted point the
+# Documented tolerance (docs/simulator.md, benchmarks/results/2026-12-01-sim-overheads.md): at every fitted point the
 # fitted profile's tokens/s is within 10% of the bundled profile's, same seeds and steps. Measured: 9.0%
 # at most (k5..k7 at c=256) with 3 seeds x 400 steps, 8.8% with 2 x 300. The bundled profile was fitted
 # with the adaptive point as a target too, which put k5..k7 at c=256 about 9% above where the none / k<N>
