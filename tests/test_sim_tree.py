@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 import adaptive_verify as av
-from adaptive_verify import cli, planner
+from adaptive_verify import cli, planner, verifier_tree
 from adaptive_verify.sim import Profile, get_profile, parse_policy, profile_dict, simulate, sweep
 from adaptive_verify.sim.tree import TreeModel, accepted_depths, draft_trees, tree_draft_ms
 
@@ -193,7 +193,7 @@ def test_accepted_depth_is_the_sample_and_match_walk():
 def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_allowed(monkeypatch):
     prof = get_profile("llama3-70b-8xh200")
     calls = {"plan": 0, "budget": 0}
-    real_plan, real_budget = planner.plan_tree_verification, planner.choose_budget
+    real_plan, real_budget = planner.plan_tree_verification, verifier_tree.lagged_tree_budget
 
     def plan(survival, parents, sizes, cost_table=None, **kw):
         out = real_plan(survival, parents, sizes, cost_table, **kw)
@@ -202,14 +202,15 @@ def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_all
         assert int(out.verify_lens.sum()) + parents.shape[0] <= kw["capacity"]  # nor past the step's capacity
         return out
 
-    def budget(survival, drafts, cost_table, **kw):
-        # tree-lagged (the verifier's tree step) prices each slot's last recorded node survivals, sorted, as a chain
-        assert kw.get("parents") is not None
+    def budget(survival, sizes, parents, cost_table, **kw):
+        # tree-lagged is the library's lagged tree budget (planner/lagged.py) on each slot's last recorded node
+        # survivals, sorted, ranked as a chain (parents j - 1), at this step's tree sizes
+        assert torch.equal(parents, (torch.arange(parents.shape[1], dtype=torch.int32) - 1).expand_as(parents))
         calls["budget"] += 1
-        return real_budget(survival, drafts, cost_table, **kw)
+        return real_budget(survival, sizes, parents, cost_table, **kw)
 
     monkeypatch.setattr(planner, "plan_tree_verification", plan)
-    monkeypatch.setattr(planner, "choose_budget", budget)
+    monkeypatch.setattr(verifier_tree, "lagged_tree_budget", budget)
     small = TreeModel(top_k=3, max_nodes=20)
     for name in ("tree", "tree-lagged"):
         calls.update(plan=0, budget=0)

@@ -539,8 +539,13 @@ def test_weighted_lagged_budget_is_the_weighted_argmax_on_the_stale_confidences(
         v.plan_budget(R, drafts, weights=np.ones(R + 1))
     with pytest.raises(TypeError, match="weights"):
         v.plan_budget(R, drafts, weights=["a"] * R)
-    with pytest.raises(ValueError, match="weights"):  # the kernel refuses an unusable weight, naming it
+    with pytest.raises(ValueError, match="weights"):  # an unusable weight is refused, naming it
         v.plan_budget(R, drafts, weights=[float("nan")] + [1.0] * (R - 1))
+    live = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16, mode="greedy")
+    with pytest.raises(ValueError, match="weights"):  # in every mode, though only "lagged" weighs on the host
+        live.plan_budget(R, drafts, weights=[-1.0] * R)
+    strided = np.ones(2 * R, dtype=np.float32)[::-2]  # any host layout
+    assert v.plan_budget(R, drafts, weights=strided) == v.plan_budget(R, drafts)
 
 
 def test_max_step_ms_may_change_between_steps():
@@ -592,3 +597,45 @@ def test_lagged_budget_is_the_one_decision_plan_budget_makes():
         av.lagged_budget(conf, d, ct, prompt_tokens=-1)
     with pytest.raises(ValueError, match="prompt_tokens"):
         av.lagged_budget(conf, d, ct, prompt_tokens=300)  # past the table's max_tokens (256)
+    with pytest.raises(TypeError, match="cost_table"):
+        av.lagged_budget(conf, d, None, prompt_tokens=3)
+
+
+def test_a_latency_target_set_between_steps_with_prompt_chunks_binds_the_lagged_budget():
+    """Steps that all carry prompt chunks keep the lagged budget on its remembered call; a target set (or changed,
+    or removed) between them must reach that call: each step's budget equals that of a verifier built with the
+    target. (Confident drafts and a cost cliff past 16 tokens: without a target the budget verifies all 40.)"""
+    ct = av.CostTable.from_points({1: 4.0, 16: 4.2, 17: 12.0, 256: 12.4}, draft_ms=0.5, max_tokens=256)
+    R = 8
+    conf = torch.full((R, K), 0.97)
+    drafts = np.full(R, K)
+    extras = (2, 3, 3, 2, 3, 4, 2)
+    targets = (None, None, 12.53, 12.53, 12.6, None, None)
+
+    def budgets(verifier_for_step):
+        out = []
+        for i, extra in enumerate(extras):
+            v = verifier_for_step(i)
+            out.append(v.plan_budget(R, drafts, extra)[0])
+            v.record_confidence(conf)
+        return out
+
+    late = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16)
+
+    def set_late(i):
+        late.max_step_ms = targets[i]
+        return late
+
+    built = {}
+
+    def built_with(i):  # a verifier constructed with the target, fed the same history
+        t = targets[i]
+        if t not in built:
+            built[t] = AdaptiveVerifier(ct, max_reqs=16, max_drafts=K, block_size=16, max_step_ms=t)
+            built[t].plan_budget(R, drafts, 1)
+            built[t].record_confidence(conf)
+        return built[t]
+
+    got, want = budgets(set_late), budgets(built_with)
+    assert got == want, (got, want)
+    assert got[1] == R * K and got[2] < R * K and got[5] == R * K  # the target binds, and lets go when removed

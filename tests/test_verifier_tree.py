@@ -249,3 +249,28 @@ def test_errors_name_the_argument():
         v.observe(plan.verify_lens, torch.zeros(1, dtype=torch.int32))
     with pytest.raises(TypeError, match="accepted_offsets"):
         v.observe(plan.verify_lens, torch.zeros(1, dtype=torch.int32), accepted_offsets=torch.zeros(1, 9))
+
+
+def test_weighted_lagged_node_budget():
+    """plan_budget(tree=True, weights=): the weighted argmax over each slot's last recorded sorted node survivals,
+    ranked as a chain, at this step's tree sizes; unit weights are the unweighted budget; any host layout."""
+    ct = table()
+    rng = np.random.default_rng(8)
+    v = AdaptiveVerifier(ct, max_reqs=8, max_drafts=4, block_size=16, max_nodes=N)
+    R = 6
+    parents, sizes, conf, _ = random_trees(rng, R)
+    v.plan_budget(R, sizes.numpy(), tree=True)
+    v.record_confidence(conf, parents=parents, tree_sizes=sizes)
+    rows = av.tree_survival(conf, parents, sizes).sort(1, descending=True).values
+    chain = (torch.arange(N, dtype=torch.int32) - 1).repeat(R, 1)
+    for trial in range(4):
+        w = rng.uniform(0.2, 5.0, R).astype(np.float32)
+        new_sizes = rng.integers(0, N + 1, R)
+        got, _ = v.plan_budget(R, new_sizes, tree=True, weights=w[::-1].copy()[::-1])  # a negative-stride view
+        want = int(av.choose_budget(rows, torch.from_numpy(new_sizes.astype(np.int32)), ct, mode="global",
+                                    parents=chain, capacity=256, weights=torch.from_numpy(w)))
+        assert got == min(want, int(new_sizes.sum()), 256 - R), trial
+        assert v.plan_budget(R, new_sizes, tree=True, weights=np.ones(R))[0] == \
+            v.plan_budget(R, new_sizes, tree=True)[0]
+    with pytest.raises(ValueError, match="weights"):
+        v.plan_budget(R, sizes.numpy(), tree=True, weights=[float("inf")] * R)

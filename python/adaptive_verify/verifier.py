@@ -416,8 +416,8 @@ class AdaptiveVerifier:
         padded_tokens: the step's padded decode-token count (default from the budget: R + budget
         rounded to a graph size, with extra_tokens counted), at most the capacity or the largest graph size.
         weights: [R] float32 request priorities on the device (see :func:`adaptive_verify.plan_verification`);
-        they rank this step's live allocation. The lagged budget (plan_budget) is unweighted: it is a count,
-        sized on each request's previous confidences.
+        they rank this step's live allocation. The lagged budget is plan_budget's, weighted by its own ``weights=``
+        (host priorities) when given.
         CUDA graphs: capture this call once per (R, padded size) and replay it with new inputs copied into
         the captured tensors and the budget as a 0-d tensor. Host values are frozen at capture: keep
         extra_tokens (hence the shifted cost curve and the capacity) the same for a captured key, and

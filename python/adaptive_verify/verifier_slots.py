@@ -72,9 +72,12 @@ def host_floats(name: str, values, n: int) -> np.ndarray:
     if arr.dtype == object or arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or
                                                             np.issubdtype(arr.dtype, np.integer)):
         raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-    arr = arr.astype(np.float32, copy=False).reshape(-1)
+    arr = np.ascontiguousarray(arr.astype(np.float32, copy=False).reshape(-1))
     if arr.shape[0] != n:
         raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
+    # Checked here, whatever the mode (the live modes never hand host weights to a kernel that would name them).
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError(f"{name} must be finite and >= 0, got {arr[~np.isfinite(arr) | (arr < 0)][:4].tolist()}...")
     return arr
 
 
@@ -224,13 +227,14 @@ class SlotTable:
         # Every tensor of this call is the table's own (views of its persistent inputs), so its remembered call needs
         # no signature check: only the step (table, capacity) is re-derived. A new prompt chunk moves the call onto
         # its shifted costs in place (reshift: no CostTable view, no resolve_step), once the call reads shifted costs
-        # at all; anything else goes through the view and restep.
+        # at all; anything else goes through the view and restep. Reshift only serves calls without a latency target,
+        # and its step says nothing of one, so a target (settable between steps) always takes restep.
         key = (R, weights is not None)  # (the weights' view is one more input: a call of its own)
         if weights is not None:
-            self._lag_weights.numpy()[:R] = weights  # the kernel checks the values (finite, >= 0)
+            self._lag_weights.numpy()[:R] = weights  # (host_floats checked them: finite, >= 0)
         call = self._calls.call(key)
-        if extra_tokens and call is not None and (call.step == ("reshift", extra_tokens, cap) or
-                                                  call.reshift(cost_table, extra_tokens, cap)):
+        if extra_tokens and max_step_ms is None and call is not None and (
+                call.step == ("reshift", extra_tokens, cap) or call.reshift(cost_table, extra_tokens, cap)):
             call.run()
         else:
             table = cost_table.shifted(extra_tokens) if extra_tokens else cost_table

@@ -45,6 +45,7 @@ import torch
 from . import planner
 from ._checks import check_int
 from .planner import MAX_TREE_NODES, TreeVerifyPlan
+from .planner.lagged import lagged_tree_budget
 from .stats import AcceptanceStats
 from .verifier_slots import SlotTable, check_conf
 
@@ -77,6 +78,7 @@ class TreeSteps:
         self.lag_surv = torch.empty(max_reqs * N, dtype=torch.float32)
         self.lag_sizes = torch.empty(max_reqs, dtype=torch.int32)
         self.lag_parents = (torch.arange(N, dtype=torch.int32) - 1).repeat(max_reqs, 1)  # [max_reqs, N]
+        self.lag_weights = torch.empty(max_reqs, dtype=torch.float32)  # plan_budget(weights=), per R
         self.lag_budget = torch.empty((), dtype=torch.int32)
         self.lag_views: dict = {}
         self.surv_flat = torch.empty(max_reqs * N, dtype=torch.float32, device=device)  # record's survival
@@ -127,16 +129,16 @@ class TreeSteps:
         views = self.lag_views.get(R)
         if views is None:
             surv = self.lag_surv[:R * N].view(R, N)
-            views = self.lag_views[R] = (surv, self.lag_sizes[:R], self.lag_parents[:R], surv.numpy(),
-                                         self.lag_sizes[:R].numpy())
-        surv, d, parents, surv_np, d_np = views
+            views = self.lag_views[R] = (surv, self.lag_sizes[:R], self.lag_parents[:R], self.lag_weights[:R],
+                                         surv.numpy(), self.lag_sizes[:R].numpy())
+        surv, d, parents, w, surv_np, d_np = views
         self.stale_survival(idx, out=surv_np)
         np.copyto(d_np, sizes, casting="unsafe")
-        table = cost_table.shifted(extra_tokens) if extra_tokens else cost_table
-        planner.choose_budget(surv, d, table, mode="global", min_verify=min_verify, capacity=capacity - extra_tokens,
-                              out=self.lag_budget, max_step_ms=max_step_ms, parents=parents,
-                              weights=None if weights is None else torch.from_numpy(weights))
-        return int(self.lag_budget)
+        if weights is not None:
+            w.numpy()[:] = weights  # persistent, as every other input: the planner's remembered call stays one call
+        return lagged_tree_budget(surv, d, parents, cost_table, prompt_tokens=extra_tokens, capacity=capacity,
+                                  min_verify=min_verify, max_step_ms=max_step_ms,
+                                  weights=None if weights is None else w, out=self.lag_budget)
 
     # --------------------------------------------------------------------------------------------------------
     # record_confidence and plan

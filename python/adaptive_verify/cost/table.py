@@ -298,7 +298,8 @@ class CostTable:
         operating point, but extra_tokens also puts the prompt's time in Theta's denominator as a fixed
         cost of the step, so any draft whose survival beats the diluted tokens-per-ms gets verified; in a
         closed loop every output token brings its prompt's work along, so that time is not a cost a step
-        can amortise. The simulator measured the difference (``adaptive_verify.sim.engine``).
+        can amortise. The simulator measured the difference on 2026-11-29 (benchmarks/results/2026-11-29-sim.md);
+        AdaptiveVerifier prices prompt chunks this way (``extra_tokens`` there means the shifted table).
 
         Cost per call: O(1). The view evaluates the base curve lazily; its dense array for the planner is
         one slice-and-subtract of the base's cached array. Views are cached per ``tokens`` in a bounded LRU

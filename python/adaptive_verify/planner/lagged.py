@@ -6,8 +6,8 @@ their drafts, its prompt tokens, capacity and latency target). It does not look 
 verification stays lossless; the step's live survivals then decide who verifies (plan_verification(mode="fixed")).
 
 Every caller decides it here: AdaptiveVerifier.plan_budget (its persistent slot table gathers the stale rows; its
-remembered launch re-runs this very call), the simulator's adaptive policies (through AdaptiveVerifier) and the vLLM
-adapter (vLLM keeps the stale table). Two ways of pricing the step's prompt tokens X exist, and a caller names one:
+remembered launch re-runs this very call; a tree step's node count is ``lagged_tree_budget``, priced the same way),
+the simulator's adaptive policies (through AdaptiveVerifier) and the vLLM adapter (vLLM keeps the stale table). Two ways of pricing the step's prompt tokens X exist, and a caller names one:
 
 - ``"marginal"`` (AdaptiveVerifier's): drafts are priced on the cost curve seen from the step's operating point,
   ``cost_table.shifted(X)``, within the capacity X leaves; the prompt's own time is not a cost the drafts share.
@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from .._checks import INT32_MAX, check_int
+from ..cost import CostTable
 from .ops import _choose_budget
 
 __all__ = ["PROMPT_PRICING", "lagged_budget"]
@@ -28,27 +29,44 @@ __all__ = ["PROMPT_PRICING", "lagged_budget"]
 PROMPT_PRICING = ("marginal", "fixed")
 
 
-def lagged_budget_call(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int,
-                       prompt_pricing: str, capacity: Optional[int], min_verify, max_step_ms, weights, out):
-    """(0-d int32 budget tensor, the op's remembered call or None): lagged_budget's work, for AdaptiveVerifier, which
-    re-runs the call on its persistent inputs step after step."""
+def _priced(cost_table, prompt_tokens: int, prompt_pricing: str, capacity: Optional[int]) -> tuple:
+    """(table, extra_tokens, capacity) for the planner: the step's prompt tokens priced as ``prompt_pricing`` says."""
+    if not isinstance(cost_table, CostTable):
+        raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
     if not isinstance(prompt_pricing, str) or prompt_pricing not in PROMPT_PRICING:
         raise ValueError(f"prompt_pricing must be one of {PROMPT_PRICING}, got {prompt_pricing!r}")
     prompt_tokens = check_int("prompt_tokens", prompt_tokens, lo=0, hi=INT32_MAX)
     if capacity is None:
-        capacity = getattr(cost_table, "max_tokens", None)  # (a wrong cost_table is the planner's to name)
-    if prompt_pricing == "marginal":
-        if capacity is not None:
-            capacity = check_int("capacity", capacity, lo=0, hi=INT32_MAX) - prompt_tokens
-            if capacity < 0:
-                raise ValueError(f"prompt_tokens {prompt_tokens} exceed the capacity {capacity + prompt_tokens}")
-        table = cost_table.shifted(prompt_tokens) if prompt_tokens else cost_table
-        extra = 0
-    else:
-        table, extra = cost_table, prompt_tokens
+        capacity = cost_table.max_tokens
+    if prompt_pricing == "fixed":
+        return cost_table, prompt_tokens, capacity
+    if capacity is not None:
+        capacity = check_int("capacity", capacity, lo=0, hi=INT32_MAX) - prompt_tokens
+        if capacity < 0:
+            raise ValueError(f"prompt_tokens {prompt_tokens} exceed the capacity {capacity + prompt_tokens}")
+    return (cost_table.shifted(prompt_tokens) if prompt_tokens else cost_table), 0, capacity
+
+
+def lagged_budget_call(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int,
+                       prompt_pricing: str, capacity: Optional[int], min_verify, max_step_ms, weights, out):
+    """(0-d int32 budget tensor, the op's remembered call or None): lagged_budget's work, for AdaptiveVerifier, which
+    re-runs the call on its persistent inputs step after step."""
+    table, extra, capacity = _priced(cost_table, prompt_tokens, prompt_pricing, capacity)
     return _choose_budget(None, drafts, table, mode="global", min_verify=min_verify, max_verify=None,
                           extra_tokens=extra, extra_emitting=0, capacity=capacity, draft_tokens=None, conf=stale_conf,
                           out=out, weights=weights, max_step_ms=max_step_ms, parents=None)
+
+
+def lagged_tree_budget(stale_survival: torch.Tensor, sizes: torch.Tensor, parents: torch.Tensor, cost_table, *,
+                       prompt_tokens: int, capacity: Optional[int], min_verify, max_step_ms, weights, out) -> int:
+    """The lagged budget of a tree step (a node count), priced as the chains' ("marginal"): the "global" argmax over
+    [R, N] stale node survivals, as given (AdaptiveVerifier ranks each slot's sorted survivals as a chain: parents
+    [R, N] j - 1), THIS step's tree sizes [R]; written into ``out`` (0-d int32) and returned as an int."""
+    table, extra, capacity = _priced(cost_table, prompt_tokens, "marginal", capacity)
+    budget, _ = _choose_budget(stale_survival, sizes, table, mode="global", min_verify=min_verify, max_verify=None,
+                               extra_tokens=extra, extra_emitting=0, capacity=capacity, draft_tokens=None, conf=None,
+                               out=out, weights=weights, max_step_ms=max_step_ms, parents=parents)
+    return int(budget)
 
 
 def lagged_budget(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int = 0,

@@ -153,10 +153,11 @@ def _logit(p: np.ndarray) -> np.ndarray:
 class _Requests:
     """The requests in the system, one per slot; new ones drawn from their own per-request stream."""
 
-    def __init__(self, profile: Profile, concurrency: int, seed: int):
+    def __init__(self, profile: Profile, concurrency: int, seed: int, track_joins: bool = False):
         self.profile, self.seed = profile, seed
         c = concurrency
-        self.joined: list[int] = []  # slots that took a new request since the verifier was told (add_request)
+        # With a verifier: slots that took a new request since it was told (add_request); None without one.
+        self.joined: Optional[list[int]] = [] if track_joins else None
         self.prefill_left = np.zeros(c, dtype=np.int64)
         self.generated = np.zeros(c, dtype=np.int64)
         self.target = np.zeros(c, dtype=np.int64)
@@ -183,7 +184,8 @@ class _Requests:
         if w.priority is not None:  # its own stream: the draws above are the same with and without classes
             cls = np.random.default_rng([self.seed, 2, self.next_id])
             self.high[slot] = int(cls.random() < w.priority.fraction)
-        self.joined.append(slot)
+        if self.joined is not None:
+            self.joined.append(slot)
         self.next_id += 1
 
     def replace_finished(self) -> None:
@@ -284,13 +286,13 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         raise TypeError(f"tree must be a TreeModel or None, got {type(tree).__name__}")
     D = tree.depth(K) if policy.tree else 0  # the trees' deepest level
     M = tree.pool_size(D) if policy.tree else 0  # nodes per request the planner sees
-    reqs = _Requests(profile, concurrency, seed)
+    reqs = _Requests(profile, concurrency, seed, track_joins=policy.kind == "adaptive")
     verifier = None
     if policy.kind == "adaptive":
         # The engine's per-step path (module docstring); graph sizes only pad, which the simulator does not price.
         verifier = AdaptiveVerifier(ct, max_reqs=concurrency, max_drafts=K, block_size=1, mode=policy.mode,
                                     max_nodes=M if policy.tree else 0)
-    reqs.joined.clear()  # the verifier's slots start at the prior
+        reqs.joined.clear()  # the verifier's slots start at the prior
     noise = np.random.default_rng([seed, 0, concurrency])
     # Tree policies' draws off the main path: their own stream, so the chain's draws (which the main path uses)
     # come in the same order whatever the policy.
