@@ -150,9 +150,12 @@ class _Call:
         if sc is None or st is None or a.verify_cost is not sc.view or sc.fixed[0] is not base or \
                 sc.fixed[1] != a.R or a.mode not in ("greedy", "global") or self.out is not None or self.on_cuda:
             return False
-        if st[0] != "reshift" and (st[3] is not _NONE or st[11] is not _NONE or st[13] is not _NONE or st[6] or st[8]
-                                   or st[10]):
-            return False  # remembered with a host budget, a latency target, a T_pad or a chunk: resolve_step's business
+        if st[0] != "reshift":  # a step_key: the fields by name
+            (_, _, _, budget_type, _, _, extra_tokens, _, extra_emitting, _, token_offset, max_step_type, _,
+             padded_type, _) = st
+            if budget_type is not _NONE or max_step_type is not _NONE or padded_type is not _NONE or extra_tokens \
+                    or extra_emitting or token_offset:
+                return False  # a host budget, a latency target, a T_pad or a chunk: restep's business
         if type(shift) is not int or type(capacity) is not int or shift <= 0 or capacity < 0 or \
                 (base.max_tokens is not None and capacity > base.max_tokens - shift):
             return False
