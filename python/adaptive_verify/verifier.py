@@ -25,14 +25,15 @@ copy started in step t is complete long before step t + 1 asks for its budget, s
 
 Decisions (docs/design.md, "What engines rely on every step"):
 - Request identity: engines reorder, add and drop requests between steps, so the confidences kept for the
-  lagged budget live in a persistent table of ``max_reqs`` slots indexed by the engine's request index
-  (``req_indices``, vLLM's ``idx_mapping``), not by the previous step's row. Without ``req_indices`` the row
-  number is the index (only right for engines that never reorder).
+  lagged budget live in a persistent table of ``max_reqs`` slots (verifier_slots.SlotTable) indexed by the
+  engine's request index (``req_indices``, vLLM's ``idx_mapping``), not by the previous step's row. Without
+  ``req_indices`` the row number is the index (only right for engines that never reorder).
 - A request with no history (a new slot: :meth:`add_request`) enters with ``prior`` as the confidence of each
   of its drafts (default 1.0, so survival 1.0, as vLLM does) until its first confidences are recorded.
 - The lagged budget is priced entirely at the CURRENT step: its requests, their drafts, its prompt tokens
   (``cost_table.shifted(extra_tokens)``), capacity and graph sizes; only each request's survivals come from
-  its last recorded step. So a request that joins can never push the step past its CUDA graph.
+  its last recorded step. So a request that joins can never push the step past its CUDA graph. The decision
+  itself is planner/lagged.py's, the one every caller of a lagged budget makes.
 - "greedy" and "global" decide the budget on the device from the live survivals; the host only knows
   B <= B_max, so ``plan_budget`` returns B_max and the padded size for it. "global" (argmax of Theta on the
   live survivals) is lossless with one-hot verification (``rejection_sample(draft_probs=None)``, greedy,
