@@ -7,7 +7,8 @@ verification stays lossless; the step's live survivals then decide who verifies 
 
 Every caller decides it here: AdaptiveVerifier.plan_budget (its persistent slot table gathers the stale rows; its
 remembered launch re-runs this very call; a tree step's node count is ``lagged_tree_budget``, priced the same way),
-the simulator's adaptive policies (through AdaptiveVerifier) and the vLLM adapter (vLLM keeps the stale table). Two ways of pricing the step's prompt tokens X exist, and a caller names one:
+the simulator's adaptive policies (through AdaptiveVerifier) and the vLLM adapter (vLLM keeps the stale table).
+Two ways of pricing the step's prompt tokens X exist, and a caller names one:
 
 - ``"marginal"`` (AdaptiveVerifier's): drafts are priced on the cost curve seen from the step's operating point,
   ``cost_table.shifted(X)``, within the capacity X leaves; the prompt's own time is not a cost the drafts share.
