@@ -35,46 +35,48 @@ __all__ = ["SlotTable", "check_conf", "host_floats", "host_ints"]
 SLOT_DRAFTS_OUT_OF_RANGE, SLOT_INDEX_OUT_OF_RANGE, SLOT_INDEX_REPEATED = _C.SLOT_STATUS
 
 
-def host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
-    """[n] int64 numpy array from a list, numpy array or CPU tensor (a CUDA tensor would need a sync)."""
-    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1 and values.flags.c_contiguous:
-        if n is not None and values.shape[0] != n:  # the per-step case: no copy
-            raise ValueError(f"{name} must have num_reqs = {n} entries, got {values.shape[0]}")
-        return values
+def _host_array(name: str, values, what: str) -> np.ndarray:
+    """``values`` (a list, numpy array or CPU tensor) as a numpy array; a CUDA tensor would need a sync, and something
+    numpy cannot read is a TypeError: both name the argument (``what``: "ints" or "floats", for the message)."""
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise ValueError(f"{name} must be on the host (a list, numpy array or CPU tensor), got {values.device}")
-        if values.is_floating_point() or values.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integers, got {values.dtype}")
         values = values.numpy()
     try:
-        arr = np.asarray(values)
+        return np.asarray(values)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from e
+        raise TypeError(f"{name} must be a sequence of {what}, got {type(values).__name__}") from e
+
+
+def _check_entries(name: str, arr: np.ndarray, n: Optional[int]) -> None:
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
+
+
+def host_ints(name: str, values, n: Optional[int]) -> np.ndarray:
+    """[n] int64 numpy array from a list, numpy array or CPU tensor (a CUDA tensor would need a sync)."""
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1 and values.flags.c_contiguous:
+        if n is not None and values.shape[0] != n:  # the per-step case: no copy, no call
+            _check_entries(name, values, n)
+        return values
+    if isinstance(values, torch.Tensor) and (values.is_floating_point() or values.dtype == torch.bool):
+        raise TypeError(f"{name} must hold integers, got {values.dtype}")
+    arr = _host_array(name, values, "ints")
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr.astype(np.int64, copy=False).reshape(-1))  # _C.slot_inputs reads it raw
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
+    _check_entries(name, arr, n)
     return arr
 
 
 def host_floats(name: str, values, n: int) -> np.ndarray:
     """[n] float32 numpy array from a list, numpy array or CPU tensor of real numbers (values are the kernel's)."""
-    if isinstance(values, torch.Tensor):
-        if values.device.type != "cpu":
-            raise ValueError(f"{name} must be on the host (a list, numpy array or CPU tensor), got {values.device}")
-        values = values.numpy()
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be a sequence of floats, got {type(values).__name__}") from e
+    arr = _host_array(name, values, "floats")
     if arr.dtype == object or arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or
                                                             np.issubdtype(arr.dtype, np.integer)):
         raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr.astype(np.float32, copy=False).reshape(-1))
-    if arr.shape[0] != n:
-        raise ValueError(f"{name} must have num_reqs = {n} entries, got {arr.shape[0]}")
+    _check_entries(name, arr, n)
     # Checked here, whatever the mode (the live modes never hand host weights to a kernel that would name them).
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError(f"{name} must be finite and >= 0, got {arr[~np.isfinite(arr) | (arr < 0)][:4].tolist()}...")
