@@ -20,6 +20,7 @@ from adaptive_verify import reference as ref
 from test_sampling_cuda import _batch, realistic_case, sample_case, ties_and_nans_case
 
 sampling_module = importlib.import_module("adaptive_verify.sampling")
+sampling_params = importlib.import_module("adaptive_verify.sampling_params")
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +142,7 @@ def test_rejection_sample_emulated_with_truncation_and_logprobs(emulated, dtype,
     bad = int((((top_k < 0) | ~((top_p > 0) & (top_p <= 1)) | ~((min_p >= 0) & (min_p <= 1))) & real).sum())
     # The CPU path refuses out-of-range values before any kernel runs; the emulated kernel must see them, so
     # the host check is bypassed here (it runs for CPU tensors only, the kernel's own handling is under test).
-    monkeypatch.setattr(sampling_module, "_truncation", lambda k, p, m, n, v, device: sampling_module._Truncation(k, p, m))
+    monkeypatch.setattr(sampling_module, "_truncation", lambda k, p, m, n, v, device: sampling_params._Truncation(k, p, m))
     counts = _check_same_logprobs(emulated, logits, qsl, drafts, draft_probs=q, temperature=temperature, seeds=seeds,
                                   offset=5, top_k=top_k, top_p=top_p, min_p=min_p)
     assert counts["sampling_param_out_of_range"] == bad

@@ -318,21 +318,27 @@ def test_ids_out_of_range_are_never_matched_and_counted():
     av.reset_error_counts("cpu")
 
 
-def test_remembered_call_follows_new_values():
-    """out= twice with the same tensors: the second call takes the remembered struct, which still reads the
-    tensors' current values and the new host offset; unseeded requests get fresh seeds each call."""
+@pytest.mark.parametrize("kind", ["sampled", "trunc"])
+def test_prepared_call_follows_new_values_offsets_and_logits(kind):
+    """A prepared tree_rejection_sample reads the tensors' current values, each run's host offset and new logits of
+    the prepared layout, and equals a fresh call every run; unseeded requests get fresh seeds each run."""
     step = planned_step(2, R=6)
     R = step["R"]
-    kw = settings(R, 2, "sampled")
+    kw = settings(R, 2, kind)
     out = tuple(torch.empty_like(t) for t in call(step, **kw))
-    for offset in (3, 4):
-        kw["offset"] = offset
-        got = call(step, out=out, **kw)
-        assert all(torch.equal(a, b) for a, b in zip(got, call(step, **kw)))
-        step["logits"].mul_(-1)
-    assert len(sampling_module._TREE_CALLS) >= 1
+    handle = av.prepare(av.tree_rejection_sample, step["logits"], step["qsl"], step["parent"], step["ids"], step["W"],
+                        out=out, **kw)
+    for offset in (3, 4, 5):
+        logits = step["logits"].clone().mul_(-1 if offset % 2 else 1)
+        got = handle.run(offset=offset, target_logits=logits)
+        assert got[0] is out[0]
+        fresh = av.tree_rejection_sample(logits, step["qsl"], step["parent"], step["ids"], step["W"],
+                                         **dict(kw, offset=offset))
+        assert all(torch.equal(a, b) for a, b in zip(got, fresh)), offset
     kw.pop("seeds")
-    seen = {tuple(call(step, out=out, **kw)[0].flatten().tolist()) for _ in range(6)}
+    handle = av.prepare(av.tree_rejection_sample, step["logits"], step["qsl"], step["parent"], step["ids"], step["W"],
+                        out=out, **kw)
+    seen = {tuple(handle.run()[0].flatten().tolist()) for _ in range(6)}
     assert len(seen) > 1
 
 

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 import adaptive_verify as av
-from adaptive_verify import cli, planner, verifier_tree
+from adaptive_verify import cli, verifier_tree
 from adaptive_verify.sim import Profile, get_profile, parse_policy, profile_dict, simulate, sweep
 from adaptive_verify.sim.tree import TreeModel, accepted_depths, draft_trees, tree_draft_ms
 
@@ -193,13 +193,14 @@ def test_accepted_depth_is_the_sample_and_match_walk():
 def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_allowed(monkeypatch):
     prof = get_profile("llama3-70b-8xh200")
     calls = {"plan": 0, "budget": 0}
-    real_plan, real_budget = planner.plan_tree_verification, verifier_tree.lagged_tree_budget
+    real_plan, real_budget = verifier_tree.run_prepared, verifier_tree.lagged_tree_budget
 
-    def plan(survival, parents, sizes, cost_table=None, **kw):
-        out = real_plan(survival, parents, sizes, cost_table, **kw)
+    def plan(calls_, key, make, **kw):  # the tree side's prepared plan_tree_verification, run with the step's inputs
+        out = real_plan(calls_, key, make, **kw)
         calls["plan"] += 1
+        sizes = kw["drafts"]
         assert torch.all(out.verify_lens <= sizes)  # no request verifies more nodes than it drafted
-        assert int(out.verify_lens.sum()) + parents.shape[0] <= kw["capacity"]  # nor past the step's capacity
+        assert int(out.verify_lens.sum()) + sizes.shape[0] <= kw["capacity"]  # nor past the step's capacity
         return out
 
     def budget(survival, sizes, parents, cost_table, **kw):
@@ -209,7 +210,7 @@ def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_all
         calls["budget"] += 1
         return real_budget(survival, sizes, parents, cost_table, **kw)
 
-    monkeypatch.setattr(planner, "plan_tree_verification", plan)
+    monkeypatch.setattr(verifier_tree, "run_prepared", plan)
     monkeypatch.setattr(verifier_tree, "lagged_tree_budget", budget)
     small = TreeModel(top_k=3, max_nodes=20)
     for name in ("tree", "tree-lagged"):
@@ -221,11 +222,11 @@ def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_all
         r = simulate(prof, parse_policy(f"eagle2-{n}", 4), 8, steps=40, seed=1, tree=small)
         assert r["verified_per_step"] <= min(n, 20) and r["verified_per_step"] > 0.8 * min(n, 20)
 
-    def zero(survival, parents, sizes, cost_table=None, **kw):  # a deliberately wrong planner: verify nothing
-        kw.update(mode="fixed", budget=0)
-        return real_plan(survival, parents, sizes, cost_table, **kw)
+    def zero(op, *args, **kw):  # a deliberately wrong planner: verify nothing
+        return av.prepare(op, *args, **dict(kw, mode="fixed", budget=0))
 
-    monkeypatch.setattr(planner, "plan_tree_verification", zero)
+    monkeypatch.setattr(verifier_tree, "run_prepared", real_plan)
+    monkeypatch.setattr(verifier_tree, "prepare", zero)
     broken = simulate(prof, parse_policy("tree", 4), 48, steps=30, warmup=5, seed=1, tree=small)
     assert broken["verified_per_step"] == 0.0 and broken["emitted_per_step"] == 1.0
 

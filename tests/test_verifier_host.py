@@ -8,7 +8,6 @@ import torch
 import adaptive_verify as av
 from adaptive_verify import AdaptiveVerifier
 from adaptive_verify._ext import _C
-from adaptive_verify.planner import ops as planner_ops
 
 K = 5
 
@@ -117,29 +116,23 @@ def test_shifted_costs_equal_the_float64_formula_rounded_once():
         _C.shifted_costs(np.zeros(5), 2, 0.0, 0.0, out)  # base too short for shift + len(out)
 
 
-def test_a_remembered_call_restepped_onto_shifted_tables_prices_like_fresh_calls():
-    """choose_budget remembered on persistent inputs, re-stepped onto a new shifted table per step (the call's own
-    cost array, rewritten in place): every budget equals a fresh call's on that view, and the array holds exactly
-    the view's verify_array."""
+def test_a_prepared_budget_run_on_shifted_tables_prices_like_fresh_calls():
+    """choose_budget prepared on persistent inputs, run with a new shifted table per step (on the CPU its shifted
+    costs go into the call's own array, rewritten in place): every budget equals a fresh call's on that view."""
     ct = table()
     R = 16
     rng = np.random.default_rng(3)
     conf = torch.from_numpy(rng.uniform(0.3, 0.99, (R, K)).astype(np.float32))
     drafts = torch.full((R,), K, dtype=torch.int32)
     out = torch.empty((), dtype=torch.int32)
-    planner_ops._CALLS.clear()
+    call = av.prepare(av.choose_budget, None, drafts, ct, conf=conf, mode="global", capacity=1024, out=out)
     for step in range(30):
         extra = int(rng.integers(1, 900))
         view = ct.shifted(extra)
-        b = int(planner_ops.choose_budget(None, drafts, view, conf=conf, mode="global", capacity=1024 - extra,
-                                          out=out))
+        assert call.run(cost_table=view, capacity=1024 - extra) is out
         fresh = int(av.choose_budget(None, drafts.clone(), view, conf=conf.clone(), mode="global",
                                      capacity=1024 - extra))
-        assert b == fresh, step
-    calls = [c[3] for k, c in planner_ops._CALLS._entries.items() if k[0] == "choose_budget" and c[0][4] is out]
-    assert len(calls) == 1 and calls[0].shift_costs is not None
-    costs = calls[0].a.verify_cost
-    assert torch.equal(costs, view.verify_array(costs.shape[0] - 1))
+        assert int(out) == fresh, step
 
 
 def _plan_inputs(rng, R):
@@ -181,13 +174,23 @@ FIELDS = ("verify_lens", "budget", "num_tokens", "query_start_loc", "seq_lens", 
           "input_ids", "token_req")
 
 
-def test_driven_steps_validate_once_and_equal_fresh_planner_calls(monkeypatch):
-    """Steps repeating the engine's objects (constant and changing prompt chunks, changing budgets) validate the
-    planner's arguments a handful of times in all, not per step, and every plan equals a fresh planner call. Chunks
-    below the largest graph share the eager buffers, so chunk sizes do not multiply buffer sets."""
-    validations = []
-    real = planner_ops.resolve_plan_args
-    monkeypatch.setattr(planner_ops, "resolve_plan_args", lambda *a, **k: validations.append(1) or real(*a, **k))
+def count_prepares(monkeypatch) -> list:
+    """The ops the verifier prepares (adaptive_verify.prepare: its documented fast path), in order."""
+    from adaptive_verify import verifier_chain
+    from adaptive_verify.planner import lagged as lagged_mod
+
+    prepared = []
+    for module in (verifier_chain, lagged_mod):
+        monkeypatch.setattr(module, "prepare", lambda op, *a, **k: prepared.append(op) or av.prepare(op, *a, **k))
+    return prepared
+
+
+def test_steps_prepare_once_and_equal_fresh_planner_calls(monkeypatch):
+    """Steps repeating the engine's objects (constant and changing prompt chunks, changing budgets) prepare the
+    planner a handful of times in all, not per step, and every plan equals a fresh planner call. Chunks below the
+    largest graph share the eager buffers, so chunk sizes do not multiply buffer sets."""
+    prepared = count_prepares(monkeypatch)
+    storages = set()
     ct = table()
     R = 12
     v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
@@ -203,11 +206,13 @@ def test_driven_steps_validate_once_and_equal_fresh_planner_calls(monkeypatch):
         ref = _reference_plan(ct, conf, d, b, extra, ctx, bt, anchors, dt, padded - extra)  # padded counts the chunk
         for f in FIELDS:
             assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
+        storages.add(plan.token_req.untyped_storage().data_ptr())
         v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
-    # graph-sized steps without a chunk: a few padded sizes, one validation each (plus the lagged budget's, the
-    # references' own, and the shared eager buffers'); never one per step or per chunk size
-    assert len(validations) - 40 <= 6, len(validations) - 40  # 4 here; one buffer set per chunk size made 15
-    assert len(v._plans) <= 4, len(v._plans)
+    # graph-sized steps without a chunk: a few padded sizes, one plan call each, plus the shared eager buffers' and
+    # the lagged budget's and the statistics' calls; never one per step or per chunk size
+    plans = [op for op in prepared if op is av.plan_verification]
+    assert len(plans) <= 4 and len(prepared) - len(plans) <= 3, prepared
+    assert len(storages) <= 4, len(storages)  # buffer sets: one per chunk size would make 15
 
 
 def test_a_caller_tensor_replaced_in_place_is_read_anew():
@@ -320,7 +325,7 @@ def test_buffers_reused_by_a_capture_are_pinned():
     budget.fill_(5)
     graph.replay()
     torch.cuda.synchronize()
-    assert int(plan.budget) == 5 and v._plans_pinned[key].token_req.data_ptr() == plan.token_req.data_ptr()
+    assert int(plan.budget) == 5 and v._plans_pinned[key].out.token_req.data_ptr() == plan.token_req.data_ptr()
 
 
 def test_record_confidence_checks_req_indices_even_without_rows():
@@ -331,17 +336,11 @@ def test_record_confidence_checks_req_indices_even_without_rows():
         v.record_confidence(torch.zeros(2, K), req_indices=[1, 1])
 
 
-def test_slices_of_persistent_buffers_repeat_the_remembered_calls(monkeypatch):
-    """Engines pass new slices of their persistent buffers every step (``buf[:R]``): new objects, the same kernel
-    arguments. The driven plan call and the stats update are keyed by what the kernel reads (pointer, dtype, device,
-    shape, strides), so such steps validate once; a view of the same memory as another dtype is another argument."""
-    from adaptive_verify import stats as stats_mod
-
-    validations, stats_validations = [], []
-    real = planner_ops.resolve_plan_args
-    monkeypatch.setattr(planner_ops, "resolve_plan_args", lambda *a, **k: validations.append(1) or real(*a, **k))
-    real_params = stats_mod._update_params
-    monkeypatch.setattr(stats_mod, "_update_params", lambda *a: stats_validations.append(1) or real_params(*a))
+def test_slices_of_persistent_buffers_run_the_prepared_calls(monkeypatch):
+    """Engines pass new slices of their persistent buffers every step (``buf[:R]``): new objects of the same layout,
+    rebound into the verifier's prepared plan and stats calls, so such steps prepare once; a view of the same memory
+    as another dtype is refused by name."""
+    prepared = count_prepares(monkeypatch)
     ct = table()
     R, M = 12, 16
     v = AdaptiveVerifier(ct, max_reqs=M, max_drafts=K, block_size=4)
@@ -359,12 +358,10 @@ def test_slices_of_persistent_buffers_repeat_the_remembered_calls(monkeypatch):
         for f in FIELDS:
             assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
         v.observe(plan.verify_lens, acc_buf[:R])
-    assert len(validations) - 12 <= 2, len(validations) - 12  # the lagged budget's and the plan's first calls
-    assert len(stats_validations) == 1
-    # the same memory as float32: not the remembered argument, so it is validated (and refused)
+    assert prepared == [av.choose_budget, av.plan_verification, v.stats.update], prepared  # once each
+    # the same memory as float32: not the prepared layout, so it is validated again (and refused)
     with pytest.raises((TypeError, ValueError), match="verify_lens"):
-        v.stats.update(conf_buf[:R], plan.verify_lens.view(torch.float32), acc_buf[:R])
-    assert len(stats_validations) == 1
+        v.observe(plan.verify_lens.view(torch.float32), acc_buf[:R])
 
 
 def test_record_confidence_takes_host_indices_in_every_form():
@@ -379,16 +376,15 @@ def test_record_confidence_takes_host_indices_in_every_form():
     assert all(np.array_equal(g, conf.numpy()[[1, 2, 0]]) for g in got)
 
 
-def test_eager_step_views_are_reused_per_size_and_bounded(monkeypatch):
-    """An eager step's plan is views of its first padded tokens, remembered per size: a size seen before returns the
-    same view objects (no new slicing), each step still equals the planner, and the remembered views stay within
-    VIEW_CACHE_SIZE (first in, first out). Catches a cache keyed by something other than the size, or unbounded."""
-    from adaptive_verify import verifier as verifier_mod
+def test_eager_step_views_follow_each_size(monkeypatch):
+    """An eager step's plan is views of its first padded tokens, kept per size (VIEW_CACHE_SIZE, here 5, first in,
+    first out): sizes that come back after eviction and sizes kept alike equal the planner's plan of that size.
+    Catches a view kept for another size or another step's plan."""
+    from adaptive_verify import verifier_buffers
 
-    monkeypatch.setattr(verifier_mod, "VIEW_CACHE_SIZE", 5)
+    monkeypatch.setattr(verifier_buffers, "VIEW_CACHE_SIZE", 5)
     R = 10
     ct, v, (ctx, bt, anchors, dt), conf, d = _full_drafts_setup(R, 4)
-    seen = {}
     for step, budget in enumerate([3, 9, 3, 20, 9, 1, 2, 4, 6, 3]):
         extra = 70  # R + extra exceeds the largest graph (64): every step is eager, its size R + budget
         v.plan_budget(R, [K] * R, extra)
@@ -398,10 +394,6 @@ def test_eager_step_views_are_reused_per_size_and_bounded(monkeypatch):
         ref = _reference_plan(ct, conf, d, budget, extra, ctx, bt, anchors, dt, R + budget)
         for f in FIELDS:
             assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, f)
-        if step < 5 and budget in seen:  # sizes seen within the last five: the very same views
-            assert plan is seen[budget], step
-        seen[budget] = plan
-        assert len(v._views) <= 5
         v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
 
 
@@ -430,20 +422,19 @@ def test_record_confidence_reads_any_strided_conf_on_cpu():
 
 
 def _lag_like_call(ct, R, capacity, conf, drafts, out, max_step_ms=None):
-    """A remembered choose_budget call as AdaptiveVerifier's lagged budget makes it (global, conf=, out=)."""
-    _, call = planner_ops._choose_budget(None, drafts, ct, mode="global", min_verify=0, max_verify=None,
-                                         extra_tokens=0, extra_emitting=0, capacity=capacity, draft_tokens=None,
-                                         conf=conf, out=out, weights=None, max_step_ms=max_step_ms, parents=None)
-    return call
+    """A prepared choose_budget call as AdaptiveVerifier's lagged budget makes it (global, conf=, out=)."""
+    return av.prepare(av.choose_budget, None, drafts, ct, mode="global", capacity=capacity, conf=conf, out=out,
+                      max_step_ms=max_step_ms)
 
 
 @pytest.mark.parametrize("max_tokens", [1024, None])
-def test_reshift_sets_what_restep_onto_the_view_sets(max_tokens):
-    """_Call.reshift (the lagged budget's move to a new prompt chunk without a CostTable view or resolve_step) leaves
-    the call exactly as restep onto ``ct.shifted(s)`` does: the same scalar struct fields (another call's pointers differ), the
-    same cost values bit for bit, the same PlanArgs fields, and a budget equal to a fresh public call's. It declines
-    (False) where restep must decide: a call reading the base table's costs, a cap past the curve, a latency target.
-    Catches a reshift that forgets a field resolve_step sets or accepts a step it cannot price."""
+def test_run_shifted_sets_what_a_run_on_the_view_sets(max_tokens):
+    """PreparedPlan.run_shifted (the lagged budget's move to a new prompt chunk without a CostTable view or
+    resolve_step) leaves the call exactly as run(cost_table=ct.shifted(s)) does: the same scalar struct fields (the
+    pointers differ: each call has its own), the same cost values bit for bit, the same planner arguments, and a
+    budget equal to a fresh public call's. It declines (False, launching nothing) where a run must decide: a call
+    reading the base table's costs, a cap past the curve, a latency target. Catches a run_shifted that forgets a field
+    or accepts a step it cannot price."""
     import ctypes
 
     pts = {1: 4.0, 16: 4.2, 64: 5.0, 256: 9.0, 1024: 30.0}
@@ -455,38 +446,38 @@ def test_reshift_sets_what_restep_onto_the_view_sets(max_tokens):
     drafts = torch.from_numpy(rng.integers(0, K + 1, R).astype(np.int32))
     outs = [torch.empty((), dtype=torch.int32) for _ in range(2)]
     a, b = (_lag_like_call(ct, R, cap, conf, drafts, o) for o in outs)
-    assert not a.reshift(ct, 40, cap - 40)  # still on the base table's costs
+    assert not a.run_shifted(ct, 40, cap - 40)  # still on the base table's costs
     for call in (a, b):
-        view = ct.shifted(7)
-        assert call.restep(planner_ops.step_key(view, cap - 7, None, 0, 0, 0, None, None), view)
+        call.run(cost_table=ct.shifted(7), capacity=cap - 7)
     for s in [40, 41, 300, 299, 5, 900, 901, 1, 2]:
         view = ct.shifted(s)
-        same_length = R + min(R * K, cap - s - R) + 1 == a.a.verify_cost.shape[0]  # i.e. the same B_max cap
-        assert a.reshift(ct, s, cap - s) == same_length, s  # another cap: resolve_step
+        same_length = R + min(R * K, cap - s - R) + 1 == a.call.a.verify_cost.shape[0]  # i.e. the same B_max cap
+        outs[0].fill_(-1)
+        assert a.run_shifted(ct, s, cap - s) == same_length, s  # another cap: a run on the view
         if not same_length:  # what the verifier does then
-            assert a.restep(planner_ops.step_key(view, cap - s, None, 0, 0, 0, None, None), view)
-        assert b.restep(planner_ops.step_key(view, cap - s, None, 0, 0, 0, None, None), view)
+            assert int(outs[0]) == -1, s  # (declined: nothing launched)
+            a.run(cost_table=view, capacity=cap - s)
+        b.run(cost_table=view, capacity=cap - s)
         for name, ctype in type(a.params)._fields_:  # every scalar field (pointers differ: each call has its own)
             if ctype is not ctypes.c_void_p and not name.startswith("_"):
                 assert getattr(a.params, name) == getattr(b.params, name), (s, name)
-        assert torch.equal(a.a.verify_cost, b.a.verify_cost), s
+        assert torch.equal(a.call.a.verify_cost, b.call.a.verify_cost), s
         for f in ("budget_cap", "num_tokens_padded", "draft_cost", "step_cap", "fixed_budget", "extra_tokens"):
-            assert getattr(a.a, f) == getattr(b.a, f), (s, f)
-        a.run(), b.run()
+            assert getattr(a.call.a, f) == getattr(b.call.a, f), (s, f)
         fresh = int(av.choose_budget(None, drafts.clone(), view, conf=conf.clone(), mode="global", capacity=cap - s))
         assert int(outs[0]) == int(outs[1]) == fresh, s
+        assert int(a.run()) == fresh  # a plain run after run_shifted stays on that step's table
     if max_tokens is not None:
-        assert not a.reshift(ct, 1010, 1024 - 1010)  # capacity below R: restep raises it
+        assert not a.run_shifted(ct, 1010, 1024 - 1010)  # capacity below R: the run raises it
     capped = _lag_like_call(ct, R, cap, conf, drafts, torch.empty((), dtype=torch.int32), max_step_ms=50.0)
-    view = ct.shifted(7)
-    capped.restep(planner_ops.step_key(view, cap - 7, None, 0, 0, 0, 50.0, None), view)
-    assert not capped.reshift(ct, 40, cap - 40)
+    capped.run(cost_table=ct.shifted(7), capacity=cap - 7)
+    assert not capped.run_shifted(ct, 40, cap - 40)
 
 
 def test_lagged_budgets_under_changing_prompt_chunks_equal_fresh_calls():
-    """The verifier's lagged budget, moved from chunk to chunk in place (reshift), back to no chunk and back again,
+    """The verifier's lagged budget, moved from chunk to chunk in place (run_shifted), back to no chunk and back again,
     equals a fresh choose_budget on each step's stale confidences at that step's shifted table and capacity,
-    clamped to the step's bounds. Catches a reshift left active after the call returned to the base table."""
+    clamped to the step's bounds. Catches a run_shifted left active after the call returned to the base table."""
     ct = table()
     R = 12
     v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
@@ -506,7 +497,7 @@ def test_lagged_budgets_under_changing_prompt_chunks_equal_fresh_calls():
 
 
 def test_views_of_evicted_buffer_sets_are_dropped(monkeypatch):
-    """The remembered views of an eager step hold its buffer set's memory: when the buffer set leaves the LRU (here
+    """The views of an eager step (and the prepared planner calls) hold its buffer set's memory: when the buffer set leaves the LRU (here
     under churn of R, each R its own set), its views go too, so the views never keep more buffer sets alive than the
     LRU does. Catches a view cache that pins evicted buffers (CUDA memory in an engine)."""
     import gc
@@ -529,12 +520,9 @@ def test_views_of_evicted_buffer_sets_are_dropped(monkeypatch):
             plan = v.plan(conf, d, ctx, bt, anchors, dt, budget, extra_tokens=70)
         dead.append(weakref.ref(plan.token_req.untyped_storage()))
         del plan
-    v._driven._entries.clear()  # the remembered planner calls hold their buffers too (their own LRUs)
-    planner_ops._CALLS.clear()
     gc.collect()
     alive = sum(ref() is not None for ref in dead)
-    assert alive <= 3, alive  # the LRU's buffer sets, no more
-    assert sum(len(keys) for keys in v._views_of.values()) == len(v._views) <= 9
+    assert alive <= 3, alive  # the LRU's buffer sets, no more (their prepared calls and views go with them)
 
 
 def test_record_confidence_refuses_a_sparse_conf_naming_it():

@@ -14,6 +14,7 @@ from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
 from .planner import (MetadataInputs, PlanStep, TreeVerifyPlan, VerifyPlan, choose_budget, lagged_budget,
                       plan_tree_verification, plan_verification, prefix_survival, tree_survival)
+from .prepared import Prepared, PreparedMismatch, prepare
 from .sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
 from .verifier import AdaptiveVerifier
@@ -28,6 +29,8 @@ __all__ = [
     "MetadataInputs",
     "OnlineSTS",
     "PlanStep",
+    "Prepared",
+    "PreparedMismatch",
     "SamplingParams",
     "TreeVerifyPlan",
     "VerifyPlan",
@@ -45,6 +48,7 @@ __all__ = [
     "load_temperatures",
     "plan_tree_verification",
     "plan_verification",
+    "prepare",
     "prefix_survival",
     "rejection_sample",
     "reset_error_counts",

@@ -19,11 +19,10 @@ from torch import Tensor
 
 from . import errors
 from ._binding import ConfidenceParams, LogitParams, MarginParams, call
-from ._callcache import CallCache, Launch, scalar_key
 from ._checks import INT32_MAX, check_real
 from ._ext import _C, check_status
-from ._validate import (DTYPE_CODES, MAX_DRAFTS, _checked_positive, check_device, check_tensor, check_temperature, ptr,
-                        run_op, stream_of)
+from ._validate import DTYPE_CODES, MAX_DRAFTS, check_device, check_tensor, check_temperature, ptr, run_op, stream_of
+from .prepared import PreparedLaunch, capture, preparing, refuse_copy, register
 
 
 def _out(out, R, K, device):
@@ -39,6 +38,7 @@ def _check_k(name, R, K):
         raise ValueError(f"{name}.shape[0] (R, requests) must be <= {INT32_MAX}, got {R}")
 
 
+@register
 def confidence(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -59,17 +59,12 @@ def confidence(
         markov: [R, K, Q] features of a sequential (Markov) head, same dtype and device as hidden.
         temperature: [K] per-position STS temperatures (> 0), or None.
         survival: return the cumulative product along K (prefix survival) instead.
-    Accumulation is fp32. With survival=True the result equals ``cumprod`` of the confidences computed
+    Accumulation is fp32. A decode loop's fast path is ``adaptive_verify.prepare(confidence, ...)``, whose run
+    takes new ``hidden`` and ``markov`` of the prepared layout; its temperature values are checked at prepare only
+    (an in-place change to a non-positive value later gives NaN confidences, which the planner counts and skips).
+    With survival=True the result equals ``cumprod`` of the confidences computed
     left to right in float32.
     """
-    key = None
-    if out is not None and not torch.compiler.is_compiling():
-        key = ("confidence", id(hidden), id(weight), scalar_key(bias), id(markov), scalar_key(temperature),
-               type(survival), survival, id(out))
-        hit = _CALLS.get(key) if _temperature_still_checked(temperature) else None
-        if hit is not None:
-            hit.run()
-            return out
     weight_arg = weight
     check_tensor("hidden", hidden, dtypes=tuple(DTYPE_CODES), ndim=3)
     device = check_device("hidden", hidden)
@@ -107,31 +102,19 @@ def confidence(
     if torch.compiler.is_compiling():
         _confidence_into(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
         return out
-    launch = Launch(_C.confidence, _confidence_params(hidden, weight, bias_t, markov, temperature, out, bias_value,
-                                                      survival), device, "confidence")
-    launch.run()
-    # Remembered when the struct holds the caller's own tensors (no converted weight, bias or temperature).
-    if key is not None and weight is weight_arg and (bias_t is None or bias_t is bias) and \
-            (temperature is None or temperature is temperature_arg):
-        tensors = (hidden, weight, bias_t, markov, temperature, out)
-        _CALLS.put(key, (*tensors, bias, temperature_arg), tensors, launch)
+    params = _confidence_params(hidden, weight, bias_t, markov, temperature, out, bias_value, survival)
+    if preparing():
+        # The struct must hold the caller's own tensors: no converted weight, bias or temperature.
+        for name, given, used in (("weight", weight_arg, weight), ("bias", bias, bias_t),
+                                  ("temperature", temperature_arg, temperature)):
+            if used is not None and used is not given:
+                refuse_copy("confidence", name)
+        capture(PreparedLaunch("confidence", _C.confidence, params, device,
+                               {"hidden": (hidden, "hidden"), "markov": (markov, "markov")},
+                               {"weight": weight, "bias": bias_t, "temperature": temperature, "out": out}, out))
+        return out
+    check_status(call(_C.confidence, params, device.type == "cuda", stream_of(device)), "confidence", device)
     return out
-
-
-# Remembered confidence-area calls (_callcache.py): decode loops repeat their buffers.
-_CALLS = CallCache()
-
-
-def _temperature_still_checked(temperature) -> bool:
-    """Whether a remembered call's temperature needs no new value check: None, or a tensor whose values were
-    checked since they last changed (check_temperature's memo). Inference-mode CPU tensors, which carry no
-    version, are checked on every call: such calls take the validating path."""
-    if temperature is None:
-        return True
-    if not isinstance(temperature, torch.Tensor) or (temperature.is_inference() and temperature.device.type == "cpu"):
-        return False
-    version = None if temperature.is_inference() else temperature._version
-    return _checked_positive.get((temperature.data_ptr(), version, temperature.device)) is temperature
 
 
 def _launch_confidence(hidden, weight, bias_t, markov, temperature, out, bias_value, survival):

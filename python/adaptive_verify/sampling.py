@@ -61,14 +61,14 @@ from torch import Tensor
 
 from . import errors
 from ._binding import RejectionParams, SampleParams
-from ._callcache import CallCache
+from .prepared import capture, preparing, refuse_copy, register
 from ._ext import _C, check_status
 from ._validate import DTYPE_CODES, check_tensor, kernel_choice, logits_shape, ptr, stream_of
 # The ops below look these names up here at call time (a test replaces _truncation to reach a kernel's own
 # handling of bad values); the tree sampler and the limits are re-exported, so adaptive_verify.sampling stays the
 # one place to import the samplers from.
-from .sampling_params import (MAX_VOCAB_TOP_P, SamplingParams, _merge, _offset, _per_request, _SamplerCall, _seeds,
-                              _Truncation, _truncation)  # noqa: F401
+from .sampling_params import (MAX_VOCAB_TOP_P, PreparedSampler, SamplingParams, _merge, _offset, _per_request,
+                              _seeds, _truncation)
 from .sampling_tree import MAX_TREE_TOKENS, tree_rejection_sample
 
 __all__ = ["CUDA_KERNEL", "MAX_TREE_TOKENS", "MAX_VOCAB_TOP_P", "SAMPLER_KERNELS", "SamplingParams", "rejection_sample",
@@ -98,6 +98,7 @@ def _workspace(kernel: int, device, dtype_code: int, V: int, slots: int, num_req
     return alloc(max(nbytes, 16), dtype=torch.uint8, device=device), nbytes
 
 
+@register
 def rejection_sample(
     target_logits: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -144,17 +145,9 @@ def rejection_sample(
         output_tokens [R, K + 1] int32 (accepted drafts then the recovered/bonus token, -1 padded) and
         num_emitted [R] int32, then logprobs [R, K + 1] float32 when ``logprobs``.
     """
-    if params is not None:  # the call then holds (and is remembered by) the tensors params holds
+    if params is not None:
         temperature, seeds, top_k, top_p, min_p = _merge(params, temperature, seeds, top_k, top_p, min_p)
-    compiling = torch.compiler.is_compiling()
-    key, seeds_arg = None, seeds
-    if out is not None and not compiling:
-        key = _rejection_key(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset,
-                             top_k, top_p, min_p, logprobs, out, cuda_kernel)
-        call_ = _REJECTION_CALLS.get(key) if key is not None else None
-        if call_ is not None:
-            call_.run(seeds, temperature, offset)
-            return tuple(out)
+    seeds_arg = seeds
     kernel = _kernel_id(cuda_kernel)
     device, T, V = logits_shape("target_logits", target_logits)
     check_tensor("draft_tokens", draft_tokens, dtypes=(torch.int32, torch.int64), device=device, ndim=2)
@@ -189,38 +182,27 @@ def rejection_sample(
     err = errors.error_buffer(device)
     args = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset_t, trunc.top_k,
             trunc.top_p, trunc.min_p, out[0], out[1], out[2] if logprobs else None, err, host_offset, kernel)
-    if compiling:
+    if torch.compiler.is_compiling():
         _rejection_sample_into(*args)
         return tuple(out)
     p, ws = _rejection_params(*args)
+    if preparing():
+        if trunc.top_k is not top_k:
+            refuse_copy("rejection_sample", "top_k")
+        inputs = {"target_logits": (target_logits, "logits"), "query_start_loc": (query_start_loc, "query_start_loc"),
+                  "draft_tokens": (draft_tokens, "draft_tokens"), "draft_probs": (draft_probs, "draft_probs"),
+                  "temperature": (temperature, "temperature"), "seeds": (seeds_arg, "seeds"),
+                  "offset": (offset_t, "offset_ptr"), "top_k": (top_k, "top_k"), "top_p": (top_p, "top_p"),
+                  "min_p": (min_p, "min_p")}
+        held = {f"out[{i}]": t for i, t in enumerate(out)}
+        held["workspace"] = ws
+        capture(PreparedSampler("rejection_sample", _C.rejection_sample, p, device, inputs, held, tuple(out), _MESSAGES,
+                                fresh=seeds_arg is None and seeds is not None, n=R, zero=ws))
+        return tuple(out)
     _run(_C.rejection_sample, p, device, "rejection_sample")
-    # Remembered only when the struct holds the caller's own tensors (no int64 top_k copy) and no workspace
-    # must be zeroed per call (splitv).
-    if key is not None and ws is None and trunc.top_k is top_k:
-        fresh = seeds_arg is None and seeds is not None  # unseeded requests draw fresh seeds every call
-        tensors = (target_logits, query_start_loc, draft_tokens, draft_probs, temperature, offset_t, top_k, top_p,
-                   min_p, seeds_arg, *out)
-        _REJECTION_CALLS.put(key, (*tensors, offset), tensors,
-                             _SamplerCall(_C.rejection_sample, p, device, "rejection_sample", fresh, R,
-                                          _MESSAGES))
     return tuple(out)
 
 
-def _rejection_key(target_logits, query_start_loc, draft_tokens, draft_probs, temperature, seeds, offset, top_k,
-                   top_p, min_p, logprobs, out, cuda_kernel):
-    """Key of a remembered rejection_sample call: the argument objects' ids, the scalar settings with their
-    types (so True never passes for 1), the module's kernel setting. A host offset is per step (not in the key).
-    None when out is not a tuple (the validating path says what is wrong)."""
-    if not isinstance(out, (tuple, list)):
-        return None
-    offset_id = id(offset) if isinstance(offset, torch.Tensor) else None
-    return ("rejection", id(target_logits), id(query_start_loc), id(draft_tokens), id(draft_probs), id(temperature),
-            id(seeds), offset_id, id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, out),
-            type(cuda_kernel), cuda_kernel, CUDA_KERNEL)
-
-
-_REJECTION_CALLS = CallCache()
-_SAMPLE_CALLS = CallCache()
 _MESSAGES = {_C.STATUS_QUERY_LEN: "query_start_loc must be non-decreasing within [0, T], with at most K + 1 rows "
                                   "per request"}
 
@@ -277,6 +259,7 @@ def _(*args, **kwargs):
     return None
 
 
+@register
 def sample(
     logits: torch.Tensor,
     temperature: Optional[torch.Tensor] = None,
@@ -300,17 +283,7 @@ def sample(
     ``logprobs``; ``out`` is tokens, or the pair with ``logprobs``."""
     if params is not None:
         temperature, seeds, top_k, top_p, min_p = _merge(params, temperature, seeds, top_k, top_p, min_p)
-    compiling = torch.compiler.is_compiling()
-    key, seeds_arg = None, seeds
-    if out is not None and not compiling:
-        outs = out if logprobs is True and isinstance(out, (tuple, list)) else (out,)
-        key = ("sample", id(logits), id(temperature), id(seeds), id(offset) if isinstance(offset, torch.Tensor) else None,
-               id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, outs), type(cuda_kernel),
-               cuda_kernel, CUDA_KERNEL)
-        call_ = _SAMPLE_CALLS.get(key)
-        if call_ is not None:
-            call_.run(seeds, temperature, offset)
-            return out if not logprobs else tuple(out)
+    seeds_arg = seeds
     kernel = _kernel_id(cuda_kernel)
     device, N, V = logits_shape("logits", logits)
     temperature = _per_request("temperature", temperature, N, device, torch.float32)
@@ -337,17 +310,23 @@ def sample(
     err = errors.error_buffer(device)
     args = (logits, temperature, seeds, offset_t, trunc.top_k, trunc.top_p, trunc.min_p, tokens, lp, err, host_offset,
             kernel)
-    if compiling:
+    if torch.compiler.is_compiling():
         _sample_into(*args)
         return (tokens, lp) if logprobs else tokens
     p, ws = _sample_params(*args)
+    result = (tokens, lp) if logprobs else tokens
+    if preparing():
+        if trunc.top_k is not top_k:
+            refuse_copy("sample", "top_k")
+        inputs = {"logits": (logits, "logits"), "temperature": (temperature, "temperature"),
+                  "seeds": (seeds_arg, "seeds"), "offset": (offset_t, "offset_ptr"), "top_k": (top_k, "top_k"),
+                  "top_p": (top_p, "top_p"), "min_p": (min_p, "min_p")}
+        held = {"tokens": tokens, "logprobs": lp, "workspace": ws}
+        capture(PreparedSampler("sample", _C.sample, p, device, inputs, held, result, _MESSAGES,
+                                fresh=seeds_arg is None and seeds is not None, n=N))
+        return result
     _run(_C.sample, p, device, "sample")
-    if key is not None and ws is None and trunc.top_k is top_k:
-        fresh = seeds_arg is None and seeds is not None
-        tensors = (logits, temperature, offset_t, top_k, top_p, min_p, seeds_arg, tokens, lp)
-        _SAMPLE_CALLS.put(key, (*tensors, offset, out), tensors,
-                          _SamplerCall(_C.sample, p, device, "sample", fresh, N, _MESSAGES))
-    return (tokens, lp) if logprobs else tokens
+    return result
 
 
 def _launch_sample(*args) -> None:

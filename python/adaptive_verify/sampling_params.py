@@ -4,9 +4,9 @@
 persistent batch buffers) so that ``rejection_sample``, ``tree_rejection_sample`` and ``sample`` take one
 argument for them: ``params=SamplingParams(temperature=t, top_k=k)``. The ops still take each as a keyword.
 
-The rest is private and shared by sampling.py and sampling_tree.py: validation of the per-request tensors, of
-the offset and of the truncation filters, the seeds of unseeded requests, and ``_SamplerCall``, a remembered
-launch whose per-call inputs (the host offset, fresh seeds) are re-read on every call.
+The rest is shared by sampling.py and sampling_tree.py: validation of the per-request tensors, of the offset and
+of the truncation filters, the seeds of unseeded requests, and ``PreparedSampler``, the samplers' prepared call
+(adaptive_verify.prepare), whose per-run inputs (the host offset, fresh seeds, new logits) are read on every run.
 """
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from typing import Optional
 
 import torch
 
-from ._callcache import Launch
-from ._ext import check_status
-from ._validate import check_tensor, stream_of
+from ._validate import check_tensor
+from .prepared import PreparedLaunch
 
 #: The fields of SamplingParams, in the order ``_merge`` takes and returns them.
 _FIELDS = ("temperature", "seeds", "top_k", "top_p", "min_p")
@@ -42,8 +41,8 @@ class SamplingParams:
     (e.g. fresh ``seeds`` for a step); a field given both ways raises ValueError.
 
     The object holds the tensors, not copies: build it once around the engine's persistent buffers and update
-    their values in place, and a call with ``out=`` stays a remembered one from step to step (the ops key it by
-    the tensors this holds). It is frozen; ``dataclasses.replace(params, seeds=s)`` makes a new one.
+    their values in place (a prepared sampler call holds the tensors this holds, and reads their values at every
+    run). It is frozen; ``dataclasses.replace(params, seeds=s)`` makes a new one.
     """
 
     temperature: Optional[torch.Tensor] = None
@@ -61,7 +60,7 @@ class SamplingParams:
 
 def _merge(params, temperature, seeds, top_k, top_p, min_p) -> tuple:
     """(temperature, seeds, top_k, top_p, min_p) of a call given ``params`` (not None) and the keywords: each from
-    whichever of the two gives it (the objects themselves, so a remembered call's key sees the same tensors)."""
+    whichever of the two gives it (the objects themselves, so a prepared call holds the same tensors)."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be an adaptive_verify.SamplingParams, got {type(params).__name__}")
     t, s, k, p, m = params.temperature, params.seeds, params.top_k, params.top_p, params.min_p
@@ -134,26 +133,39 @@ def _truncation(top_k, top_p, min_p, n: int, V: int, device) -> _Truncation:
     return _Truncation(top_k, top_p, min_p)
 
 
-class _SamplerCall(Launch):
-    """A validated sampler call: the remembered launch (_callcache.Launch: its filled struct, device, op name and
-    status wording) plus what changes per call: the host offset and, for unseeded requests (``fresh``), fresh seeds
-    for its ``n`` rows."""
+class PreparedSampler(PreparedLaunch):
+    """A prepared rejection_sample, tree_rejection_sample or sample (adaptive_verify.prepare).
 
-    __slots__ = ("fresh", "n")
+    ``run(offset=None, **inputs)`` launches it and returns the prepared outputs. ``offset``: this step's host offset
+    (an int; a call prepared with a 0-d offset tensor reads that tensor, advanced in place, or one of its layout passed
+    here). Inputs, each of the prepared one's layout: the logits (``target_logits`` / ``logits``), the call's index
+    tensors (``query_start_loc``, ``draft_tokens``, ``draft_probs``; trees: ``token_parent``, ``input_ids``) and the
+    sampling parameters that were given (``temperature``, ``seeds``, ``top_k``, ``top_p``, ``min_p``). Unseeded
+    requests (seeds None, temperature given) draw fresh seeds every run, as every call of the op does."""
 
-    def __init__(self, fn, params, device, op, fresh, n, messages):
-        super().__init__(fn, params, device, op, messages=messages)
-        self.fresh, self.n = fresh, n
+    __slots__ = ("fresh", "n", "zero")
 
-    def run(self, seeds, temperature, offset) -> None:
+    def __init__(self, op, fn, params, device, inputs: dict, held: dict, result, messages, *, fresh: bool, n: int,
+                 zero=None):
+        super().__init__(op, fn, params, device, inputs, held, result, messages)
+        self.fresh, self.n, self.zero = fresh, n, zero  # zero: a workspace that must start at zero (splitv)
+
+    def run(self, offset=None, **inputs):
         p = self.params
-        if not isinstance(offset, torch.Tensor):
+        if isinstance(offset, torch.Tensor):
+            inputs["offset"] = offset
+        elif offset is not None:
+            if "offset" in self._slots:
+                raise TypeError(f"{self.op}: offset was prepared as a 0-d tensor: advance it in place, or pass a "
+                                "tensor of its layout")
             p.offset = _offset(offset, self.device)[0]
+        self._bind(inputs)
         fresh = None
-        if self.fresh:  # unseeded requests: a fresh seed each call, as on the validating path
-            fresh = _seeds(None, temperature, self.n, self.device)
+        if self.fresh:  # unseeded requests: fresh seeds each run, as every call draws them
+            fresh = _seeds(None, True, self.n, self.device)
             p.seeds = fresh.data_ptr()
-        status = self.fn(self.addr, self.on_cuda, stream_of(self.device) if self.on_cuda else 0)
-        if status:
-            check_status(status, self.op, self.device, self.messages)
+        if self.zero is not None:
+            self.zero.zero_()
+        self.launch()
         del fresh  # (CUDA: the caching allocator reuses it only after this stream's kernel)
+        return self.result

@@ -15,15 +15,16 @@ from torch import Tensor
 
 from . import errors
 from ._binding import TreeSampleParams
-from ._callcache import CallCache
+from .prepared import capture, preparing, refuse_copy, register
 from ._ext import _C, check_status
 from ._validate import DTYPE_CODES, check_tensor, logits_shape, ptr, stream_of
-from .sampling_params import SamplingParams, _merge, _offset, _per_request, _SamplerCall, _seeds, _truncation
+from .sampling_params import PreparedSampler, SamplingParams, _merge, _offset, _per_request, _seeds, _truncation
 
 #: Most tokens of one request's verified tree, 64: the anchor and 63 nodes (sampling/tree.h kMaxTreeTokens).
 MAX_TREE_TOKENS: int = _C.SAMPLER_MAX_TREE_TOKENS
 
 
+@register
 def tree_rejection_sample(
     target_logits: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -80,18 +81,9 @@ def tree_rejection_sample(
     An id outside [0, V) is never matched (``draft_id_out_of_range``, on both). Two children of one token with the
     same id (a planned tree has none): the first is followed.
     """
-    if params is not None:  # the call then holds (and is remembered by) the tensors params holds
+    if params is not None:
         temperature, seeds, top_k, top_p, min_p = _merge(params, temperature, seeds, top_k, top_p, min_p)
-    compiling = torch.compiler.is_compiling()
-    key, seeds_arg = None, seeds
-    if out is not None and not compiling and isinstance(out, (tuple, list)):
-        key = ("tree", id(target_logits), id(query_start_loc), id(token_parent), id(input_ids), type(max_query_len),
-               max_query_len, id(temperature), id(seeds), id(offset) if isinstance(offset, torch.Tensor) else None,
-               id(top_k), id(top_p), id(min_p), type(logprobs), logprobs, *map(id, out))
-        call_ = _TREE_CALLS.get(key)
-        if call_ is not None:
-            call_.run(seeds, temperature, offset)
-            return tuple(out)
+    seeds_arg = seeds
     device, T, V = logits_shape("target_logits", target_logits)
     if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
         raise TypeError(f"max_query_len must be an int, got {type(max_query_len).__name__}")
@@ -128,22 +120,26 @@ def tree_rejection_sample(
     err = errors.error_buffer(device)
     args = (target_logits, query_start_loc, token_parent, input_ids, temperature, seeds, offset_t, trunc.top_k,
             trunc.top_p, trunc.min_p, out[0], out[1], out[2], out[3] if logprobs else None, err, host_offset, W)
-    if compiling:
+    if torch.compiler.is_compiling():
         _tree_rejection_sample_into(*args)
         return tuple(out)
     p = _tree_params(*args)
+    if preparing():
+        if trunc.top_k is not top_k:
+            refuse_copy("tree_rejection_sample", "top_k")
+        inputs = {"target_logits": (target_logits, "logits"), "query_start_loc": (query_start_loc, "query_start_loc"),
+                  "token_parent": (token_parent, "token_parent"), "input_ids": (input_ids, "input_ids"),
+                  "temperature": (temperature, "temperature"), "seeds": (seeds_arg, "seeds"),
+                  "offset": (offset_t, "offset_ptr"), "top_k": (top_k, "top_k"), "top_p": (top_p, "top_p"),
+                  "min_p": (min_p, "min_p")}
+        capture(PreparedSampler("tree_rejection_sample", _C.tree_rejection_sample, p, device, inputs,
+                                {f"out[{i}]": t for i, t in enumerate(out)}, tuple(out), _TREE_MESSAGES,
+                                fresh=seeds_arg is None and seeds is not None, n=R))
+        return tuple(out)
     _run_tree(p, device)
-    if key is not None and trunc.top_k is top_k:  # the struct holds the caller's own tensors (no int64 top_k copy)
-        fresh = seeds_arg is None and seeds is not None
-        tensors = (target_logits, query_start_loc, token_parent, input_ids, temperature, offset_t, top_k, top_p,
-                   min_p, seeds_arg, *out)
-        _TREE_CALLS.put(key, (*tensors, offset), tensors,
-                        _SamplerCall(_C.tree_rejection_sample, p, device, "tree_rejection_sample", fresh, R,
-                                     _TREE_MESSAGES))
     return tuple(out)
 
 
-_TREE_CALLS = CallCache()
 _TREE_MESSAGES = {_C.STATUS_QUERY_LEN: "query_start_loc must be non-decreasing within [0, T], with at most "
                                        "max_query_len tokens per request"}
 

@@ -26,9 +26,9 @@ from torch import Tensor
 from . import errors
 from ._ext import _C, check_status
 from ._binding import StatsParams, call
-from ._callcache import CallCache, Launch, tensor_key
 from ._checks import INT32_MAX, MAX_POSITIONS, check_int
 from ._validate import check_tensor, device_arg, stream_of
+from .prepared import PreparedLaunch, capture, preparing, refuse_copy, register
 
 _FIXED_ONE = 2.0**32
 #: Most bins (and positions, _checks.MAX_POSITIONS): the counts are three int64 [num_positions, num_bins] tensors
@@ -53,7 +53,6 @@ class AcceptanceStats:
             self.device = torch.device("cuda", torch.cuda.current_device())
         shape = (num_positions, num_bins)
         self.trials = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        self._calls = CallCache()  # remembered update launches (a decode loop repeats its buffers)
         self.survivals = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._conf_fixed = torch.zeros(shape, dtype=torch.int64, device=self.device)  # 32.32 fixed point
         self.totals = torch.zeros(2, dtype=torch.int64, device=self.device)
@@ -63,6 +62,7 @@ class AcceptanceStats:
     def conf_sum(self) -> torch.Tensor:
         return self._conf_fixed.double() / _FIXED_ONE
 
+    @register
     def update(self, conf: torch.Tensor, verify_lens: torch.Tensor, num_accepted: torch.Tensor, *,
                positions: Optional[torch.Tensor] = None) -> None:
         """Adds one step's outcomes. conf [R, K'] float32 (K' <= num_positions, last dim contiguous),
@@ -72,18 +72,6 @@ class AcceptanceStats:
         module docstring); totals are then not added. A trial placed outside [0, num_positions) is a ValueError
         naming positions on the CPU (nothing is added) and is skipped and counted in
         ``error_counts()["stats_position_out_of_range"]`` on CUDA."""
-        key = None
-        if not torch.compiler.is_compiling():  # a decode loop repeats its buffers: the remembered launch
-            counts = (self.trials, self.survivals, self._conf_fixed, self._errors, self.totals)
-            # The caller's tensors by what the kernel reads of them (a decode loop's slices of its buffers repeat).
-            key = (tensor_key(conf), tensor_key(verify_lens), tensor_key(num_accepted), tensor_key(positions),
-                   *map(id, counts))
-            # Every caller tensor is in the key by layout and pointer, the counts are this object's own (reset zeroes
-            # them in place): the key says everything the launch reads, so no signature check.
-            hit = self._calls.get_keyed(key)
-            if hit is not None:
-                hit.run()
-                return
         check_tensor("conf", conf, dtypes=(torch.float32,), device=self.device, ndim=2)
         R, K = conf.shape
         if R > INT32_MAX:
@@ -95,16 +83,22 @@ class AcceptanceStats:
         p32 = None if positions is None else _int32("positions", positions, self.device, R)
         args = (conf, v32, a32, self.trials, self.survivals, self._conf_fixed, self._errors,
                 self.totals if positions is None else None, p32)
-        if key is None:
+        if torch.compiler.is_compiling():
             _stats_update_(*args)
             return
-        launch = Launch(_C.stats_update, _update_params(*args), self.device, "AcceptanceStats.update",
-                        messages=_MESSAGES)
-        launch.run()
-        if v32 is verify_lens and a32 is num_accepted and p32 is positions:  # int64 inputs are per-call copies
-            # The count tensors are this object's own (held, in the key by id); the caller's are checked.
-            mine = (conf, verify_lens, num_accepted) + (() if positions is None else (positions,))
-            self._calls.put(key, (conf, verify_lens, num_accepted, positions, *args[3:]), mine, launch)
+        params = _update_params(*args)
+        if preparing():
+            for name, given, used in (("verify_lens", verify_lens, v32), ("num_accepted", num_accepted, a32),
+                                      ("positions", positions, p32)):
+                if used is not given:  # an int64 input's int32 copy is per call
+                    refuse_copy("AcceptanceStats.update", name)
+            inputs = {"conf": (conf, "conf"), "verify_lens": (verify_lens, "verify_lens"),
+                      "num_accepted": (num_accepted, "num_accepted"), "positions": (positions, "row_position")}
+            capture(PreparedLaunch("AcceptanceStats.update", _C.stats_update, params, self.device, inputs, None, None,
+                                   _MESSAGES))  # (the counts are this object's own: reset() zeroes them in place)
+            return
+        check_status(call(_C.stats_update, params, self.device.type == "cuda", stream_of(self.device)),
+                     "AcceptanceStats.update", self.device, _MESSAGES)
 
     def reset(self) -> None:
         """Zeroes every count (asynchronously on CUDA)."""

@@ -43,8 +43,14 @@ Decisions (docs/design.md, "What engines rely on every step"):
 - Bounded host state: persistent plan buffers are kept per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE``
   entries (entries created during CUDA-graph capture are never evicted); every eager step of R requests (above
   the largest graph size), and every step with prompt tokens that is not being captured, shares one entry sized
-  for the largest eager step, and its plan is views of the first padded tokens (kept per size, VIEW_CACHE_SIZE in
-  all, dropped with their buffer set); metrics keep running sums.
+  for the largest eager step, and its plan is views of the first padded tokens (kept per size, VIEW_CACHE_SIZE per
+  buffer set, dropped with it); metrics keep running sums.
+- Chains and trees are two strategies with their own state: ``ChainSteps`` (verifier_chain.py) and ``TreeSteps``
+  (verifier_tree.py); a call with ``parents=`` (or ``tree=True``) is a tree step. This class keeps what both share.
+- Fast path: each buffer set holds the prepared planner calls (adaptive_verify.prepare) that write into it, one per
+  shape of the caller's inputs (the confidences' width, which are given, live or fixed mode); a step runs its call
+  with the caller's tensors rebound and the step's scalars (docs/design.md, "Host overhead"). A caller tensor of
+  another dtype or strides than the prepared one prepares the call again.
 """
 from __future__ import annotations
 
@@ -59,26 +65,22 @@ import numpy as np
 import torch
 
 from . import planner, verifier_tree
-from ._callcache import DrivenCalls, tensor_key
 from ._checks import check_bool, check_int, check_real
 from .calibration import OnlineSTS
 from .cost import CostTable
 from .planner import MAX_DRAFTS, TreeVerifyPlan, VerifyPlan
 from .planner.args import step_cap_of
-from .planner.ops import plan_call, step_key
 from ._validate import device_arg
 from .stats import AcceptanceStats
-from .verifier_slots import SlotTable, check_conf, host_floats, host_ints
+from .verifier_buffers import BufferSet
+from .verifier_chain import ChainSteps
+from .verifier_slots import SlotTable, host_floats, host_ints
 
 __all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
 
 MODES = ("lagged", "greedy", "global", "all", "off")
 #: Persistent plan buffers kept for eager (R, padded) keys; captured ones are kept for the verifier's lifetime.
 PLAN_CACHE_SIZE = 64
-#: Views of an eager step's first padded tokens kept (first in, first out): an eager step's padded size follows its
-#: budget and prompt chunk, so sizes recur but are many; one set of views (a VerifyPlan of four sliced tensors) is
-#: about 1.5 KB, and slicing it anew costs about 10 us of host time (four tensor slices).
-VIEW_CACHE_SIZE = 1024
 #: Most persistent request slots (the confidence table is max_reqs x max_drafts floats, twice on the host).
 MAX_REQ_SLOTS = 1 << 20
 #: The plan-buffer key of eager steps (above the largest graph size): one buffer set per R, views per size.
@@ -154,19 +156,12 @@ class AdaptiveVerifier:
         K = self.max_drafts
         # The lagged budget's per-slot confidences (verifier_slots.py: request identity across steps).
         self.slots = SlotTable(self.max_reqs, K, self.prior, self.min_verify, self.device)
-        self._plans: collections.OrderedDict[tuple, VerifyPlan] = collections.OrderedDict()
-        self._plans_pinned: dict[tuple, VerifyPlan] = {}
+        # Plan buffer sets (with their prepared calls and views), per (kind, R, padded size or EAGER) + wants
+        self._plans: collections.OrderedDict[tuple, BufferSet] = collections.OrderedDict()
+        self._plans_pinned: dict[tuple, BufferSet] = {}
         # The host budget of plan() as a persistent 0-d tensor on the plan's device (written in place each step).
         self._budget_in = torch.zeros((), dtype=torch.int32, device=self.device)
         self._budget_np = self._budget_in.numpy() if self.device.type == "cpu" else None
-        # Eager steps' views: (id(plan), padded) -> (plan, its first padded tokens), and per buffer set (id(out)) the
-        # keys of the views of its plans, dropped with it when the buffer set is evicted (views hold its memory).
-        self._views: dict[tuple, tuple] = {}
-        self._views_of: dict[int, set] = {}
-        self._survival_flat = torch.empty(self.max_reqs * K, dtype=torch.float32, device=self.device)
-        self._survival_views: dict[tuple, torch.Tensor] = {}
-        self._driven = DrivenCalls(PLAN_CACHE_SIZE)
-        self._last_conf: Optional[torch.Tensor] = None
         self._last_plan: Optional[VerifyPlan] = None
         max_nodes = check_int("max_nodes", max_nodes, lo=0)
         # Draft trees (verifier_tree.py): their own slot table of node survivals; statistics per depth, and a depth is
@@ -174,7 +169,10 @@ class AdaptiveVerifier:
         self._tree = verifier_tree.TreeSteps(max_nodes, max_reqs=self.max_reqs, prior=self.prior, device=self.device,
                                              slots=self.slots) if max_nodes else None
         positions = max(K, max_nodes)
-        self.stats = AcceptanceStats(positions, device=self.device)
+        self._stats = AcceptanceStats(positions, device=self.device)
+        # Chains (verifier_chain.py): the survival buffers of their plans, observe's prepared statistics updates.
+        self._chain = ChainSteps(max_reqs=self.max_reqs, max_drafts=K, device=self.device, slots=self.slots,
+                                 stats=self._stats)
         self.sts = OnlineSTS(positions, refresh_every=refresh_every, device=self.device) if online_calibration else None
         # Verified and accepted drafts are the stats kernel's own running totals (stats.totals); the planner's
         # expected tokens add up on the device (one graph-safe in-place add per step), the rows on the host.
@@ -189,6 +187,12 @@ class AdaptiveVerifier:
         self._graph_use: Counter = Counter()
 
     # ------------------------------------------------------------------------------------------------
+    @property
+    def stats(self) -> AcceptanceStats:
+        """The acceptance statistics observe() adds to (read-only: observe's prepared update writes into this one;
+        ``stats.reset()`` zeroes it in place)."""
+        return self._stats
+
     @property
     def last_plan(self) -> Optional[VerifyPlan]:
         """The plan observe() reads expected tokens from: the last plan() call's, or the one set here
@@ -316,21 +320,19 @@ class AdaptiveVerifier:
         conditional acceptance probability (verifier_tree.record_confidence)."""
         if parents is not None:
             self._trees().record(conf, req_indices, parents, tree_sizes)
-            self._last_conf = conf
-            return
-        R, Kc = check_conf(conf, "K", "max_drafts", self.max_drafts, self.max_reqs, self.device)
-        self.slots.record(conf, req_indices, R, Kc)
-        self._last_conf = conf
+        else:
+            self._chain.record(conf, req_indices)
 
     def _step_buffers(self, R: int, budget, extra_tokens, padded_tokens, wants: tuple, per_request: int, kind: type):
         """plan()'s shared part, for chains and trees: checks budget, extra_tokens and padded_tokens, and returns
-        (out buffers, the budget to pass, padded_tokens, extra_tokens). ``per_request``: tokens a request may verify
-        besides its anchor (K, or a tree's N); ``kind``: VerifyPlan or TreeVerifyPlan.
+        (the buffer set (its ``out`` and prepared calls), the budget to pass, padded_tokens, extra_tokens).
+        ``per_request``: tokens a request may verify besides its anchor (K, or a tree's N); ``kind``: VerifyPlan or
+        TreeVerifyPlan.
 
         Graph-sized steps get buffers per (R, padded size). An eager step's size follows its budget, so one buffer
         set per R serves them all (sized for the largest eager step): the planner writes the step's padded_tokens
         entries and returns views of them (its out= buffers may be longer than T_pad). A host budget goes in through
-        a persistent 0-d tensor, as a CUDA-graph replay's does. Both keep the planner on one remembered call while
+        a persistent 0-d tensor, as a CUDA-graph replay's does. Both keep the planner on one prepared call while
         the budget changes every step."""
         if budget is None:
             raise ValueError("budget is required: pass the budget plan_budget returned")
@@ -356,7 +358,7 @@ class AdaptiveVerifier:
         else:
             key = (kind, R, EAGER) + wants
             tokens = max(padded_tokens, min(R * (1 + per_request), self.capacity))
-        out = self._plan_buffers(key, wants, tokens)
+        bufs = self._plan_buffers(key, wants, tokens)
         if host_budget and self.mode not in ("greedy", "global"):
             # The planner's own cap, applied here (it clamps to it anyway, forced drafts included: B_max <= the cap),
             # so that a shared eager buffer can be planned without passing the step's size (see plan()).
@@ -366,42 +368,30 @@ class AdaptiveVerifier:
             else:
                 self._budget_in.fill_(budget)
             budget = self._budget_in
-        return out, budget, padded_tokens, extra_tokens
+        return bufs, budget, padded_tokens, extra_tokens
 
-    def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> VerifyPlan:
+    def _plan_buffers(self, key: tuple, wants: tuple, tokens: int) -> "BufferSet":
         """Buffers for key = (plan kind, R, padded size or EAGER) + wants, with at least ``tokens`` token entries."""
-        out = self._plans_pinned.get(key)
-        if out is None:
-            out = self._plans.get(key)
-            if out is not None:
+        bufs = self._plans_pinned.get(key)
+        if bufs is None:
+            bufs = self._plans.get(key)
+            if bufs is not None:
                 self._plans.move_to_end(key)
-        if out is not None and out.token_req.shape[0] < tokens:
-            self._drop_views(out)
-            out = None  # an eager step larger than every earlier one (a caller's own padded_tokens): grow
+        if bufs is not None and bufs.out.token_req.shape[0] < tokens:
+            bufs = None  # an eager step larger than every earlier one (a caller's own padded_tokens): grow
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if out is None:
-            out = key[0].allocate(key[1], tokens, self.device, positions=wants[0], slot_mapping=wants[1],
-                                  input_ids=wants[2])
+        if bufs is None:
+            bufs = BufferSet(key[0].allocate(key[1], tokens, self.device, positions=wants[0],
+                                              slot_mapping=wants[1], input_ids=wants[2]))
             if capturing:
-                self._plans_pinned[key] = out  # a captured graph writes these addresses at every replay
+                self._plans_pinned[key] = bufs  # a captured graph writes these addresses at every replay
             else:
-                self._plans[key] = out
+                self._plans[key] = bufs
                 while len(self._plans) > PLAN_CACHE_SIZE:
-                    self._drop_views(self._plans.popitem(last=False)[1])
+                    self._plans.popitem(last=False)
         elif capturing and key not in self._plans_pinned:  # eager steps made them; a graph now holds their addresses
             self._plans_pinned[key] = self._plans.pop(key)
-        return out
-
-    def _drop_views(self, out: VerifyPlan) -> None:
-        """Forgets the views of a buffer set that is evicted or outgrown, so that they do not keep its memory alive."""
-        for key in self._views_of.pop(id(out), ()):
-            self._views.pop(key, None)
-
-    def _survival_buffer(self, R: int, Kc: int) -> torch.Tensor:
-        view = self._survival_views.get((R, Kc))
-        if view is None:
-            view = self._survival_views[(R, Kc)] = self._survival_flat[:R * Kc].view(R, Kc)
-        return view
+        return bufs
 
     def plan(self, conf: torch.Tensor, drafts: torch.Tensor, context_lens: Optional[torch.Tensor] = None,
              block_table: Optional[torch.Tensor] = None, anchor_tokens: Optional[torch.Tensor] = None,
@@ -439,8 +429,9 @@ class AdaptiveVerifier:
                              f"[{self.max_reqs}, {self.max_drafts}]")
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
         tensor_budget = isinstance(budget, torch.Tensor)
-        out, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
-                                                                      self.max_drafts, VerifyPlan)
+        bufs, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
+                                                                       self.max_drafts, VerifyPlan)
+        out = bufs.out
         # One call: the kernel computes the survival from conf, then plans. The prompt chunk is priced through the
         # shifted curve (a draft's marginal time), not as extra_tokens (docs/design.md, "Planner").
         # (A step of prompt tokens only, R = 0, may fill the capacity: no view is left to price, and none is needed.)
@@ -453,49 +444,20 @@ class AdaptiveVerifier:
         if not (priced or self.min_verify or tensor_budget) and out.token_req.shape[0] > padded_tokens:
             # A shared eager buffer and a host budget (already capped to this step's room by _step_buffers): the
             # kernel's budget is then min(budget, the drafts there are) whatever capacity and T_pad it is told, so it
-            # is told the constant ones and its remembered call needs no re-derivation when the prompt chunk or the
+            # is told the constant ones and its prepared call needs no re-derivation when the prompt chunk or the
             # budget changes; the step's first padded_tokens entries come back as views (_first_tokens). Forced
             # drafts (min_verify) could exceed a budget and need the step's real cap, so they keep the exact call.
             capacity, T = self.capacity, out.token_req.shape[0]
-        # The step's planner call, launched here when this step repeats an earlier one's objects (see _Driven).
-        caller = (conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
-                  None if live or budget is self._budget_in else budget)
-        # (the verifier's own 0-d budget tensor, which a host budget goes through, never changes: keyed as None)
-        key = (id(out), *map(tensor_key, caller))
-        plan = self._driven.run(key, table, step_key(table, capacity, None, 0, 0, token_offset, self._max_step_ms, T))
-        if plan is None:
-            kw = dict(mode=self.mode if live else "fixed", budget=None if live else budget, min_verify=self.min_verify,
-                      max_verify=None, extra_tokens=0, extra_emitting=0, capacity=capacity, context_lens=context_lens,
-                      block_table=block_table, block_size=self.block_size if block_table is not None else None,
-                      anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=token_offset,
-                      num_reqs_padded=None, num_tokens_padded=T, conf=conf,
-                      survival_out=self._survival_buffer(R, conf.shape[1]), weights=weights,
-                      max_step_ms=self._max_step_ms)
-            plan, call = plan_call(None, drafts, table, self.verification if live else None, kw, out)
-            self._driven.remember(key, caller, call)
+        # The chain side's prepared call on these buffers. A fixed budget is a 0-d tensor here, the caller's or the
+        # verifier's own that a host budget goes through, rebound like the other inputs.
+        plan = self._chain.plan(bufs, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
+                                budget, mode=self.mode, table=table, capacity=capacity, padded=T,
+                                token_offset=token_offset, max_step_ms=self._max_step_ms, min_verify=self.min_verify,
+                                block_size=self.block_size, verification=self.verification)
         if T != padded_tokens:
-            plan = self._first_tokens(plan, padded_tokens, out)
+            plan = bufs.first_tokens(plan, padded_tokens)
         self._last_plan = plan
         return plan
-
-    def _first_tokens(self, plan: VerifyPlan, padded: int, owner: VerifyPlan) -> VerifyPlan:
-        """plan.first_tokens(padded), remembered per (plan object, padded), VIEW_CACHE_SIZE of them (first in, first
-        out): a step size seen before gets its views back without slicing. ``owner``: the buffer set plan is written
-        into (its views are dropped with it, _drop_views)."""
-        key = (id(plan), padded)
-        hit = self._views.get(key)
-        if hit is None or hit[0] is not plan:
-            if len(self._views) >= VIEW_CACHE_SIZE:
-                old = next(iter(self._views))
-                owner_id = self._views.pop(old)[2]
-                keys = self._views_of.get(owner_id)
-                if keys is not None:
-                    keys.discard(old)
-                    if not keys:
-                        del self._views_of[owner_id]
-            hit = self._views[key] = (plan, plan.first_tokens(padded), id(owner))
-            self._views_of.setdefault(id(owner), set()).add(key)
-        return hit[1]
 
     def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor, *,
                 accepted_offsets: Optional[torch.Tensor] = None) -> None:
@@ -507,29 +469,9 @@ class AdaptiveVerifier:
             p = self._last_plan
             self._finish_step(p, self._trees().observe(p, verify_lens, num_accepted, accepted_offsets, self.stats))
             return
-        if self._last_conf is None or self._last_plan is None:
+        if self._chain.last_conf is None or self._last_plan is None:
             raise RuntimeError("observe() needs a record_confidence() and a plan() first")
-        R = self._last_conf.shape[0]
-        for name, t in (("verify_lens", verify_lens), ("num_accepted", num_accepted)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be an int32 tensor [R], got {type(t).__name__}")
-            if t.dtype not in (torch.int32, torch.int64):
-                raise TypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
-            if t.dim() != 1 or t.shape[0] < R:
-                raise ValueError(f"{name} must have shape [R] with R >= {R} (the recorded conf's rows), "
-                                 f"got {tuple(t.shape)}")
-            if t.device != self.device:
-                raise ValueError(f"{name} must be on the verifier's device {self.device}, got {t.device}")
-        # The caller's own tensors when they hold exactly R int32 rows (a slice or a conversion is a new object every
-        # step, which would send AcceptanceStats.update down its validating path instead of its remembered launch).
-        v = verify_lens if verify_lens.shape[0] == R else verify_lens[:R]
-        a = num_accepted if num_accepted.shape[0] == R else num_accepted[:R]
-        if v.dtype != torch.int32:  # (a no-op .to() still costs microseconds)
-            v = v.to(torch.int32)
-        if a.dtype != torch.int32:
-            a = a.to(torch.int32)
-        self.stats.update(self._last_conf, v, a)  # also adds the step's verified and accepted drafts to stats.totals
-        self._finish_step(self._last_plan, R)
+        self._finish_step(self._last_plan, self._chain.observe(verify_lens, num_accepted))
 
     def _finish_step(self, plan, R: int) -> None:
         """observe()'s bookkeeping shared by chains and trees, once the statistics hold the step."""
@@ -550,14 +492,14 @@ class AdaptiveVerifier:
         t = self._trees()
         R, _ = t.check(conf, parents, tree_sizes)
         wants = (context_lens is not None, block_table is not None, anchor_tokens is not None)
-        out, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
-                                                                      t.N, TreeVerifyPlan)
+        bufs, budget, padded_tokens, extra_tokens = self._step_buffers(R, budget, extra_tokens, padded_tokens, wants,
+                                                                       t.N, TreeVerifyPlan)
         table = self.cost_table.shifted(extra_tokens) if extra_tokens and R else self.cost_table
         kw = dict(min_verify=self.min_verify, context_lens=context_lens, block_table=block_table,
                   block_size=self.block_size if block_table is not None else None, anchor_tokens=anchor_tokens,
-                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=out,
+                  draft_tokens=draft_tokens, token_offset=token_offset, num_tokens_padded=padded_tokens, out=bufs.out,
                   capacity=self.capacity - extra_tokens, max_step_ms=self._max_step_ms, weights=weights)
-        self._last_plan = t.plan(conf, tree_sizes, parents, table, mode=self.mode, budget=budget, kw=kw)
+        self._last_plan = t.plan(bufs.calls, conf, tree_sizes, parents, table, mode=self.mode, budget=budget, kw=kw)
         return self._last_plan
 
     def _add_expected(self, expected_tokens: torch.Tensor) -> None:

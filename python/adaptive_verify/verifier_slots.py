@@ -11,7 +11,7 @@ of its last recorded step) lives in a table of ``max_reqs`` slots indexed by the
 - ``gen[i]`` counts the requests that took slot i (``add``); a snapshot remembers the generations it saw, so a slot
   re-used after the copy was enqueued reads as new (the prior) rather than as its previous request's confidences;
 - ``inputs`` is plan_budget's one extension call (_C.slot_inputs): it checks the step's drafts and slots, sums them,
-  and gathers the stale rows into persistent host buffers that the lagged budget's remembered planner call reads.
+  and gathers the stale rows into persistent host buffers that the lagged budget's prepared planner call reads.
 
 The chain verifier keeps one table of width K; the tree side (verifier_tree.py) keeps its own sorted node survivals
 and uses this table's generations, staging and snapshot helpers.
@@ -25,10 +25,12 @@ import numpy as np
 import torch
 
 from ._binding import SlotParams
-from ._callcache import DrivenCalls
 from ._ext import _C
-from .planner.lagged import lagged_budget_call
-from .planner.ops import step_key
+from .planner.lagged import prepare_lagged_budget
+from .planner.prepared import KEEP
+
+#: The lagged budget's prepared calls kept per SlotTable, one per (R, weighted): R wanders as requests join and leave.
+BUDGET_CALLS = 64
 
 __all__ = ["SlotTable", "check_conf", "host_floats", "host_ints"]
 
@@ -126,7 +128,7 @@ class SlotTable:
         self.pending_idx: Optional[np.ndarray] = None  # req_indices of the step being planned
         self.arange = np.arange(max_reqs, dtype=np.int64)
         # The lagged budget's host inputs, persistent so that its planner call sees the same tensors each step (a
-        # remembered call: microseconds of host time): [R, K] stale confidences, [R] drafts and weights per R.
+        # prepared call: microseconds of host time): [R, K] stale confidences, [R] drafts and weights per R.
         self._lag_conf = torch.empty(max_reqs * K, dtype=torch.float32)
         self._lag_drafts = torch.empty(max_reqs, dtype=torch.int32)
         self._lag_weights = torch.empty(max_reqs, dtype=torch.float32)
@@ -134,7 +136,8 @@ class SlotTable:
         self._lag_budget_np = self._lag_budget.numpy()  # read back without a torch call
         self._lag_ptrs = (self._lag_conf.data_ptr(), self._lag_drafts.data_ptr())
         self._lag_views: dict[int, tuple] = {}
-        self._calls = DrivenCalls()
+        # (R, weighted) -> the lagged budget's PreparedPlan on the views below, BUDGET_CALLS of them at most
+        self._budget_calls: dict = {}
         # inputs()'s checks, draft sums and stale-row gather: one extension call (_C.slot_inputs; numpy would take a
         # call per check). Its persistent fields are set once; marks is its scratch for distinct slots.
         self._marks = np.zeros(max_reqs, dtype=np.uint32)
@@ -226,28 +229,27 @@ class SlotTable:
         step of R requests, weighted by ``weights`` ([R] float32 host array) when given. ``capacity``: the
         verifier's, before the prompt chunk."""
         cap = capacity - extra_tokens
-        # Every tensor of this call is the table's own (views of its persistent inputs), so its remembered call needs
-        # no signature check: only the step (table, capacity) is re-derived. A new prompt chunk moves the call onto
-        # its shifted costs in place (reshift: no CostTable view, no resolve_step), once the call reads shifted costs
-        # at all; anything else goes through the view and restep. Reshift only serves calls without a latency target,
-        # and its step says nothing of one, so a target (settable between steps) always takes restep.
+        # Every tensor of this call is the table's own (views of its persistent inputs, one set per R): one prepared
+        # choose_budget per (R, weighted), run with the step's table and capacity. A new prompt chunk moves the call
+        # onto its shifted costs in place (run_shifted: no CostTable view, no resolve_step) once the call reads
+        # shifted costs at all; anything else takes the view. run_shifted only serves calls without a latency target,
+        # which says nothing of one, so a target (settable between steps) always takes run().
         key = (R, weights is not None)  # (the weights' view is one more input: a call of its own)
         if weights is not None:
             self._lag_weights.numpy()[:R] = weights  # (host_floats checked them: finite, >= 0)
-        call = self._calls.call(key)
-        if extra_tokens and max_step_ms is None and call is not None and (
-                call.step == ("reshift", extra_tokens, cap) or call.reshift(cost_table, extra_tokens, cap)):
-            call.run()
-        else:
+        call = self._budget_calls.get(key)
+        if call is None:
+            if len(self._budget_calls) >= BUDGET_CALLS:  # the oldest R goes (requests join and leave: R wanders)
+                self._budget_calls.pop(next(iter(self._budget_calls)))
+            conf, d = self._lag_inputs(R)[:2]
+            call = self._budget_calls[key] = prepare_lagged_budget(
+                conf, d, cost_table, prompt_tokens=extra_tokens, prompt_pricing="marginal", capacity=capacity,
+                min_verify=min_verify, max_step_ms=max_step_ms,
+                weights=self._lag_weights[:R] if weights is not None else None,
+                out=self._lag_budget).own_outputs(inputs=True)  # (every tensor of it is this table's own)
+        if not (extra_tokens and max_step_ms is None and call.run_shifted(cost_table, extra_tokens, cap)):
             table = cost_table.shifted(extra_tokens) if extra_tokens else cost_table
-            if self._calls.run(key, table, step_key(table, cap, None, 0, 0, 0, max_step_ms, None)) is None:
-                conf, d = self._lag_inputs(R)[:2]
-                _, call = lagged_budget_call(conf, d, cost_table, prompt_tokens=extra_tokens,
-                                             prompt_pricing="marginal", capacity=capacity, min_verify=min_verify,
-                                             max_step_ms=max_step_ms,
-                                             weights=self._lag_weights[:R] if weights is not None else None,
-                                             out=self._lag_budget)
-                self._calls.remember(key, (), call)
+            call.run_step(None, (table, cap, KEEP, KEEP, KEEP, KEEP, max_step_ms, KEEP))
         return int(self._lag_budget_np)
 
     def record(self, conf: torch.Tensor, req_indices, R: int, Kc: int) -> None:

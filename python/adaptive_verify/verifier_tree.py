@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from . import planner
+from .prepared import prepare, run_prepared
 from ._checks import check_int
 from .planner import MAX_TREE_NODES, TreeVerifyPlan
 from .planner.lagged import lagged_tree_budget
@@ -135,7 +136,7 @@ class TreeSteps:
         self.stale_survival(idx, out=surv_np)
         np.copyto(d_np, sizes, casting="unsafe")
         if weights is not None:
-            w.numpy()[:] = weights  # persistent, as every other input: the planner's remembered call stays one call
+            w.numpy()[:] = weights  # persistent, as every other input: a prepared call could hold them
         return lagged_tree_budget(surv, d, parents, cost_table, prompt_tokens=extra_tokens, capacity=capacity,
                                   min_verify=min_verify, max_step_ms=max_step_ms,
                                   weights=None if weights is None else w, out=self.lag_budget)
@@ -171,15 +172,31 @@ class TreeSteps:
         self.recorded = True
         self.last_conf = conf
 
-    def plan(self, conf, tree_sizes, parents, table, *, mode: str, budget, kw: dict) -> TreeVerifyPlan:
+    def plan(self, calls: dict, conf, tree_sizes, parents, table, *, mode: str, budget, kw: dict) -> TreeVerifyPlan:
         """plan(..., parents=): plan_tree_verification in the verifier's mode ("greedy" and "global" live, else
-        "fixed" with ``budget``) into its persistent buffers (``kw["out"]``) and this tree side's survival view.
-        ``kw``: the step's shared planner arguments (metadata inputs, capacity, padded size, weights...)."""
+        "fixed" with ``budget``) into its persistent buffers (``kw["out"]``) and this tree side's survival view, as a
+        prepared call kept in ``calls`` (the buffer set's). ``kw``: the step's shared planner arguments (metadata
+        inputs, capacity, padded size, weights...)."""
         R, n = self.check(conf, parents, tree_sizes)
-        kw = dict(kw, conf=conf, survival_out=self.view("plan", R, n))
-        if mode in ("greedy", "global"):
-            return planner.plan_tree_verification(None, parents, tree_sizes, table, mode=mode, **kw)
-        return planner.plan_tree_verification(None, parents, tree_sizes, table, mode="fixed", budget=budget, **kw)
+        live = mode in ("greedy", "global")
+        # (a fixed budget is a 0-d tensor here: the caller's, or the verifier's own that a host budget goes through)
+        caller_budget = budget if not live and isinstance(budget, torch.Tensor) else None
+        host_budget = None if live or caller_budget is not None else budget
+        key = ("tree", n, kw["draft_tokens"] is not None, kw["weights"] is not None, caller_budget is not None, live)
+
+        def make():
+            args = dict(kw, conf=conf, survival_out=self.view("plan", R, n), mode=mode if live else "fixed",
+                        budget=None if live else budget)
+            return prepare(planner.plan_tree_verification, None, parents, tree_sizes, table, **args).own_outputs()
+
+        changes = dict(cost_table=table, capacity=kw["capacity"], token_offset=kw["token_offset"],
+                       max_step_ms=kw["max_step_ms"], num_tokens_padded=kw["num_tokens_padded"])
+        if host_budget is not None:
+            changes["budget"] = host_budget
+        return run_prepared(calls, key, make, conf=conf, parents=parents, drafts=tree_sizes,
+                            context_lens=kw["context_lens"], block_table=kw["block_table"],
+                            anchor_tokens=kw["anchor_tokens"], draft_tokens=kw["draft_tokens"],
+                            weights=kw["weights"], budget=caller_budget, **changes)
 
     # --------------------------------------------------------------------------------------------------------
     # observe

@@ -1,18 +1,21 @@
 """Host overhead of the Python layer: `adaptive-verify bench overhead`.
 
-For each per-step public op, the eager host time of three calls on the same inputs, in one process:
+For each per-step public op, the eager host time of four calls on the same inputs, in one process:
 
-- public: the op as an engine calls it every step (same buffers, ``out=`` where the op has it);
-- raw: the extension entry point alone, on the parameter struct the public call built (captured once by
-  standing in for ``_C``), so public - raw is what the layer costs;
+- free: the free function (same buffers, ``out=`` where the op has it), which validates every argument every call;
+- prepared: ``adaptive_verify.prepare`` of that call, built once, then ``handle.run()``: the fast path a decode
+  loop takes (no row for draft_margin, which has no prepared form);
+- raw: the extension entry point alone, on the parameter struct the prepared call holds (draft_margin: the struct
+  its free call built, captured by standing in for ``_C``), so prepared - raw is what the layer costs on the fast
+  path;
 - torch: the closest chain of torch ops an engine would otherwise write.
 
 Shapes are small on purpose (K = 8, hidden 64, vocabulary 64): the kernels' work is then small next to the
 host path, which is what this table measures. Timing: the minimum over rounds of the mean wall time per call
 of a batch of calls, rounds interleaving the three callers (the minimum discards rounds another process
-interrupted). One torch thread. Targets (issue 15, CPU tensors, R = 256, K = 8): public at most 3 us above
-raw for plan_verification, and survival + plan through the public API at least 2x faster than the torch chain
-(cumprod, topk, scatter_add, cumsum). On CUDA tensors the same table is the time to enqueue; under a CUDA
+interrupted). One torch thread. Targets (issue 15, CPU tensors, R = 256, K = 8): the prepared call at most 3 us
+above raw for plan_verification, and survival + plan prepared at least 2x faster than the torch chain (cumprod,
+topk, scatter_add, cumsum). On CUDA tensors the same table is the time to enqueue; under a CUDA
 graph the layer costs nothing, since a replay runs no Python.
 """
 from __future__ import annotations
@@ -31,6 +34,10 @@ from .. import _binding
 from ..confidence import confidence, draft_margin
 from ..cost import CostTable
 from ..planner import VerifyPlan, choose_budget, plan_verification, prefix_survival
+from .._ext import _C
+from .._validate import stream_of
+from ..planner.prepared import PreparedPlan
+from ..prepared import Prepared, prepare
 from ..sampling import rejection_sample, sample
 from ..stats import AcceptanceStats
 from .report import cli_main, markdown_table
@@ -71,9 +78,22 @@ class _Recorder:
         return op
 
 
+def raw_of(handle) -> Callable[[], object]:
+    """The extension entry point of a prepared call alone, on the struct the handle holds (and keeps alive, with
+    every tensor it points to)."""
+    if isinstance(handle, PreparedPlan):
+        fn, addr, device = _C.plan, handle.call.addr, handle.call.a.device
+    else:
+        fn, addr, device = handle.fn, handle.addr, handle.device
+    on_cuda = device.type == "cuda"
+    stream = stream_of(device) if on_cuda else 0
+    return lambda: (fn(addr, on_cuda, stream), handle)
+
+
 def raw_call(entry: str, public: Callable[[], object]) -> Callable[[], object]:
-    """The extension entry point ``entry`` alone, on the struct ``public()`` builds (its tensors must outlive the
-    returned callable: the benchmark keeps them)."""
+    """The extension entry point ``entry`` alone, on the struct ``public()`` builds (every tensor it points to must
+    outlive the returned callable: only for ops whose struct points at the caller's tensors and persistent
+    buffers alone, as draft_margin's with ``out=``; a prepared call's is raw_of)."""
     modules, struct = _ENTRY_POINTS[entry]
     saved = []
     recorders = []
@@ -137,7 +157,7 @@ def torch_budget_chain(conf, verify_cost, draft_cost: float):
 
 
 def cases(R: int, device) -> list:
-    """(name, entry point, public, torch) per row, on inputs that persist across calls."""
+    """(name, entry point, free, prepared or None, torch) per row, on inputs that persist across calls."""
     g = torch.Generator().manual_seed(R)
     conf = (torch.rand(R, K, generator=g) * 0.5 + 0.5).to(device)
     drafts = torch.full((R,), K, dtype=torch.int32, device=device)
@@ -184,35 +204,41 @@ def cases(R: int, device) -> list:
         ok = (pos < accepted[:, None]).float()
         return (conf * tried).sum(0), ok.sum(0), tried.sum(0)
 
+    surv_args, surv_kw = (conf, drafts), dict(out=survival)
+    budget_args, budget_kw = (None, drafts, ct), dict(conf=conf, mode="global", out=budget_out)
+    fixed_args, fixed_kw = (survival, drafts), dict(mode="fixed", budget=B, out=plan)
+    greedy_args, greedy_kw = (None, drafts, ct), dict(conf=conf, survival_out=survival, mode="greedy", out=plan)
+    conf_args, conf_kw = (hidden, weight), dict(bias=0.1, temperature=temperature_k, survival=True, out=conf_out)
+    rej_args = (logits, qsl, draft_tokens)
+    rej_kw = dict(temperature=temperature_r, seeds=seeds, out=(emitted, num_emitted))
+    stats_args = (conf, verify_lens, accepted)
+    surv_h = prepare(prefix_survival, *surv_args, **surv_kw)
+    fixed_h = prepare(plan_verification, *fixed_args, **fixed_kw)
     return [
-        ("prefix_survival", "prefix_survival", lambda: prefix_survival(conf, drafts, out=survival),
+        ("prefix_survival", "prefix_survival", lambda: prefix_survival(*surv_args, **surv_kw), surv_h,
          lambda: torch.cumprod(conf.clamp(0, 1), 1)),
-        ("choose_budget (conf=, global)", "plan",
-         lambda: choose_budget(None, drafts, ct, conf=conf, mode="global", out=budget_out),
+        ("choose_budget (conf=, global)", "plan", lambda: choose_budget(*budget_args, **budget_kw),
+         prepare(choose_budget, *budget_args, **budget_kw),
          lambda: torch_budget_chain(conf, verify_cost, draft_cost)),
-        ("plan_verification (fixed B)", "plan",
-         lambda: plan_verification(survival, drafts, mode="fixed", budget=B, out=plan),
+        ("plan_verification (fixed B)", "plan", lambda: plan_verification(*fixed_args, **fixed_kw), fixed_h,
          lambda: torch_plan_chain(conf, B)),
-        ("plan_verification (conf=, greedy)", "plan",
-         lambda: plan_verification(None, drafts, ct, conf=conf, survival_out=survival, mode="greedy", out=plan),
-         lambda: torch_plan_chain(conf, B)),
+        ("plan_verification (conf=, greedy)", "plan", lambda: plan_verification(*greedy_args, **greedy_kw),
+         prepare(plan_verification, *greedy_args, **greedy_kw), lambda: torch_plan_chain(conf, B)),
         ("prefix_survival + plan_verification (fixed B)", None,
-         lambda: (prefix_survival(conf, drafts, out=survival),
-                  plan_verification(survival, drafts, mode="fixed", budget=B, out=plan)),
-         lambda: torch_plan_chain(conf, B)),
-        ("confidence (H=64, bf16)", "confidence",
-         lambda: confidence(hidden, weight, bias=0.1, temperature=temperature_k, survival=True, out=conf_out),
+         lambda: (prefix_survival(*surv_args, **surv_kw), plan_verification(*fixed_args, **fixed_kw)),
+         lambda: (surv_h.run(), fixed_h.run()), lambda: torch_plan_chain(conf, B)),
+        ("confidence (H=64, bf16)", "confidence", lambda: confidence(*conf_args, **conf_kw),
+         prepare(confidence, *conf_args, **conf_kw),
          lambda: torch.cumprod(torch.sigmoid((hidden.float() @ weight + 0.1) / temperature_k), 1)),
-        ("draft_margin (V=64, bf16)", "draft_margin", lambda: draft_margin(draft_logits, out=margin_out),
+        ("draft_margin (V=64, bf16)", "draft_margin", lambda: draft_margin(draft_logits, out=margin_out), None,
          torch_margin),
-        ("rejection_sample (V=64, bf16)", "rejection_sample",
-         lambda: rejection_sample(logits, qsl, draft_tokens, temperature=temperature_r, seeds=seeds,
-                                  out=(emitted, num_emitted)),
-         torch_rejection),
-        ("sample (V=64, bf16)", "sample",
-         lambda: sample(rows, temperature_r, seeds, out=sampled),
+        ("rejection_sample (V=64, bf16)", "rejection_sample", lambda: rejection_sample(*rej_args, **rej_kw),
+         prepare(rejection_sample, *rej_args, **rej_kw), torch_rejection),
+        ("sample (V=64, bf16)", "sample", lambda: sample(rows, temperature_r, seeds, out=sampled),
+         prepare(sample, rows, temperature_r, seeds, out=sampled),
          lambda: torch.multinomial(torch.softmax(rows.float(), -1), 1)),
-        ("AcceptanceStats.update", "stats_update", lambda: stats.update(conf, verify_lens, accepted), torch_stats),
+        ("AcceptanceStats.update", "stats_update", lambda: stats.update(*stats_args),
+         prepare(stats.update, *stats_args), torch_stats),
     ]
 
 
@@ -224,14 +250,18 @@ def run(r_values=R_VALUES, *, device: str = "cpu", rounds: int = 30, calls: int 
     rows = []
     try:
         for R in r_values:
-            for name, entry, public, chain in cases(R, dev):
-                fns = {"public": public, "torch": chain}
+            for name, entry, free, prepared, chain in cases(R, dev):
+                fns = {"free": free, "torch": chain}
+                if prepared is not None:
+                    fns["prepared"] = prepared.run if isinstance(prepared, Prepared) else prepared
                 if entry is not None:
-                    fns["raw"] = raw_call(entry, public)
+                    fns["raw"] = raw_of(prepared) if isinstance(prepared, Prepared) else raw_call(entry, free)
                 t = min_time_us(fns, rounds=rounds, calls=calls, clock=clock)
-                row = dict(op=name, R=R, K=K, public_us=t["public"], raw_us=t.get("raw"), torch_us=t["torch"])
-                row["overhead_us"] = None if row["raw_us"] is None else row["public_us"] - row["raw_us"]
-                row["torch_over_public"] = row["torch_us"] / row["public_us"]
+                fast = t.get("prepared", t["free"])  # the fastest public path of the op
+                row = dict(op=name, R=R, K=K, free_us=t["free"], prepared_us=t.get("prepared"), raw_us=t.get("raw"),
+                           torch_us=t["torch"])
+                row["overhead_us"] = None if row["raw_us"] is None else fast - row["raw_us"]
+                row["torch_over_fast"] = row["torch_us"] / fast
                 rows.append(row)
     finally:
         torch.set_num_threads(threads)
@@ -247,11 +277,11 @@ def targets(result: dict) -> list[str]:
     plan = rows.get(("plan_verification (fixed B)", 256))
     if plan is not None:
         met = "met" if plan["overhead_us"] <= 3.0 else "MISSED"
-        out.append(f"plan_verification public - raw at R=256: {plan['overhead_us']:.2f} us (target <= 3 us: {met})")
+        out.append(f"plan_verification prepared - raw at R=256: {plan['overhead_us']:.2f} us (target <= 3 us: {met})")
     pair = rows.get(("prefix_survival + plan_verification (fixed B)", 256))
     if pair is not None:
-        met = "met" if pair["torch_over_public"] >= 2.0 else "MISSED"
-        out.append(f"survival + plan, torch chain / public at R=256: {pair['torch_over_public']:.2f}x "
+        met = "met" if pair["torch_over_fast"] >= 2.0 else "MISSED"
+        out.append(f"survival + plan, torch chain / prepared at R=256: {pair['torch_over_fast']:.2f}x "
                    f"(target >= 2x: {met})")
     return out
 
@@ -260,10 +290,12 @@ def report(result: dict) -> str:
     lines = [f"# Host overhead per call ({result['date']}, {result['processor']}, torch {result['torch']}, "
              f"{result['device']} tensors, one torch thread)", "",
              f"Minimum over {result['rounds']} interleaved rounds of the mean of {result['calls']} calls, "
-             f"{result['clock']} clock, load average {result['load']:.1f} at the start. raw: the extension entry point "
-             "on the struct the public call builds; torch: the closest torch chain.", ""]
-    cols = [("op", "op"), ("R", "R"), ("public_us", "public us"), ("raw_us", "raw us"),
-            ("overhead_us", "public - raw us"), ("torch_us", "torch us"), ("torch_over_public", "torch / public")]
+             f"{result['clock']} clock, load average {result['load']:.1f} at the start. free: the free function (full "
+             "validation every call); prepared: adaptive_verify.prepare's handle.run(); raw: the extension entry "
+             "point on the struct the prepared call holds (draft_margin: the one its free call builds); torch: the "
+             "closest torch chain. fast: prepared where the op has it, else free.", ""]
+    cols = [("op", "op"), ("R", "R"), ("free_us", "free us"), ("prepared_us", "prepared us"), ("raw_us", "raw us"),
+            ("overhead_us", "fast - raw us"), ("torch_us", "torch us"), ("torch_over_fast", "torch / fast")]
     lines.append(markdown_table(result["rows"], cols))
     lines.append("")
     lines.extend(f"- {t}" for t in targets(result))

@@ -4,7 +4,7 @@ For each R (requests) and N (nodes per request), times one tree plan (budget -> 
 token_req, positions, tree_mask, token_parent / node / depth) in "global" mode with:
 
 - kernel: the C++ CPU kernel called through the extension with its parameter struct already filled;
-- op: the public ``plan_tree_verification(..., out=)`` (a repeated call: the remembered launch);
+- op: ``adaptive_verify.prepare(plan_tree_verification, ..., out=)``'s run (the fast path of a decode loop);
 - reference: the readable torch oracle (``adaptive_verify.reference.plan_tree_verification``, Python loops);
 - chain: an engine-style torch op chain doing the same job without our kernel and without a host sync (global
   top-B by topk, Theta, argmax, a scatter for the verified nodes, ancestor sets by repeated squaring of the
@@ -26,6 +26,7 @@ from .. import errors, reference
 from .._ext import _C
 from ..planner import TreeVerifyPlan, plan_tree_verification, resolve_plan_args, tree_survival
 from ..planner.launch import launch_plan, make_params
+from ..prepared import prepare
 from .report import markdown_table
 from .timing import cuda_graph_time_us, cuda_kernel_stats, host_time_us
 
@@ -88,7 +89,8 @@ def bench_tree_cpu(R: int, N: int, ct, *, min_time_s: float) -> dict:
     params = make_params(a, out, out.budget, out.expected_tokens, errors.error_buffer("cpu"))
     address, plan = ctypes.addressof(params), _C.plan
     kernel = host_time_us(lambda: plan(address, False, 0), min_time_s=min_time_s)
-    op = host_time_us(lambda: plan_tree_verification(survival, parents, sizes, ct, out=out), min_time_s=min_time_s)
+    op = host_time_us(prepare(plan_tree_verification, survival, parents, sizes, ct, out=out).run,
+                      min_time_s=min_time_s)
     ref = host_time_us(lambda: reference.plan_tree_verification(survival, parents, sizes, ct), min_time_s=min_time_s,
                        warmup=1, max_iters=20)
     vc = ct.verify_array(a.R + a.budget_cap, "cpu")
@@ -155,7 +157,7 @@ def report(result: dict) -> str:
         "",
         "Global mode, EAGLE-2 style trees (4 nodes per level), confidences U[0.4, 1] through tree_survival, every "
         "request drafts N nodes, example cost table. Times are medians per call. 'kernel' is the C++ CPU kernel via "
-        "the extension; 'op' the public call with out= (remembered); 'chain' an engine-style torch op chain "
+        "the extension; 'op' the prepared call's run (adaptive_verify.prepare); 'chain' an engine-style torch op chain "
         "computing the same budget, verify_lens and tree_mask ('chain agrees' checks all three).",
         "",
         markdown_table(result["cpu"], CPU_COLUMNS),

@@ -53,13 +53,13 @@ PREFILLS = ("none", "constant", "varying", "varying, wide", "constant, slices")
 
 @contextlib.contextmanager
 def kernel_clock(now):
-    """Adds the time spent inside the CPU kernels' launches (the planner's remembered calls and the launch-ready
-    calls of the other ops, stats included) to ``spent[0]`` (ns), for as long as the block runs."""
-    from .. import _callcache
-    from ..planner import ops
+    """Adds the time spent inside the CPU kernels' launches (the planner's prepared calls and the other prepared
+    calls, stats included) to ``spent[0]`` (ns), for as long as the block runs."""
+    from .. import prepared
+    from ..planner import prepared as planner_prepared
 
     spent = [0]
-    originals = (ops._Call.run, _callcache.Launch.run)
+    originals = (planner_prepared._Call.run, prepared.PreparedLaunch.launch)
 
     def timed(run):
         def wrapper(self):
@@ -70,11 +70,11 @@ def kernel_clock(now):
                 spent[0] += now() - t
         return wrapper
 
-    ops._Call.run, _callcache.Launch.run = timed(originals[0]), timed(originals[1])
+    planner_prepared._Call.run, prepared.PreparedLaunch.launch = timed(originals[0]), timed(originals[1])
     try:
         yield spent
     finally:
-        ops._Call.run, _callcache.Launch.run = originals
+        planner_prepared._Call.run, prepared.PreparedLaunch.launch = originals
 
 
 def host_step_us(R: int, K: int, prefill: str, steps: int, seed: int = 0, clock: str = "wall",

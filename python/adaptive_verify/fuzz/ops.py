@@ -18,19 +18,19 @@ from .confidence_cases import confidence_case, from_logits_case, margin_case, st
 from .core import Case
 from .guards import Guards
 from .host_cases import calibration_case, cost_table_case, margin_estimator_case, misc_case, verifier_case
-from .planner_cases import choose_case, plan_case, remembered_case, survival_case
+from .planner_cases import choose_case, plan_case, prepared_case, survival_case
 from .sampling_cases import rejection_case, sample_case, tree_case
 from .tree_cases import commit_case as tree_commit_case
 from .tree_cases import plan_case as tree_plan_case
 from .tree_cases import survival_case as tree_survival_case
 
-# Every public op (and the planner's remembered calls, which have their own failure modes). Weights: share of
+# Every public op (and the planner's prepared calls, which have their own failure modes). Weights: share of
 # the calls each op gets in a campaign (the kernel ops, with the most arguments, get more).
 OPS = {
     "prefix_survival": (survival_case, 2),
     "choose_budget": (choose_case, 3),
     "plan_verification": (plan_case, 6),
-    "plan_verification (remembered calls)": (remembered_case, 3),
+    "plan_verification (prepared calls)": (prepared_case, 3),
     "confidence": (confidence_case, 3),
     "confidence_from_logits": (from_logits_case, 2),
     "draft_margin": (margin_case, 2),

@@ -1,5 +1,5 @@
-"""Fuzz cases of the planner ops: prefix_survival, choose_budget, plan_verification, and their remembered calls
-(the same argument objects called again after an in-place change)."""
+"""Fuzz cases of the planner ops: prefix_survival, choose_budget, plan_verification, and their prepared calls
+(run again after one change: of a tensor they hold, a run() argument, a rebound input)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +9,7 @@ import torch
 from .. import reference as ref
 from ..planner import MAX_CONTEXT_LEN, MAX_REQS, VerifyPlan, choose_budget, plan_verification, prefix_survival
 from ..planner.step import MetadataInputs, PlanStep
+from ..prepared import prepare
 from .core import Case, counts, same
 from .guards import Guards
 from .tables import random_table
@@ -381,9 +382,10 @@ def survival_case(rng) -> Case:
                 names=(name, "conf", "drafts"), what=f"{name}: {desc}")
 
 
-def remembered_case(rng) -> Case:
-    """A decode loop's repeated call, then one in-place change of an argument object (or a scalar of another type),
-    then the same call again: the second call must validate what changed, never reuse the first call's checks."""
+def prepared_case(rng) -> Case:
+    """A decode loop's prepared call (adaptive_verify.prepare), run once, then one change (an in-place change of a
+    tensor it holds, a per-step scalar of another type, an input rebound with the same or another layout, a setting
+    that is not a run argument), then run again: a change must be refused by name, never reach the kernel."""
     p = plan_inputs(rng, metadata=maybe(rng, 0.5))
     p.kw.pop("budget", None)
     p.kw["mode"] = pick(rng, ["fixed", "greedy", "all"])
@@ -395,11 +397,12 @@ def remembered_case(rng) -> Case:
     out = _guarded_plan(g, Rp, Tp, kw)
     spare = g.tensor("spare", torch.zeros(max(2 * Tp, 8), dtype=torch.int32))
     change = pick(rng, ["as_strided", "scalar type", "resize", "values", "transpose", "set", "budget float",
-                        "min_verify bool", "extra_tokens float", "nothing"])
-    case = Case("maybe", lambda: None, guards=g, what=f"remembered, then {change}")
+                        "min_verify", "extra_tokens float", "rebind", "rebind other layout", "nothing"])
+    case = Case("maybe", lambda: None, guards=g, what=f"prepared, then {change}")
 
-    def mutate(kw2: dict) -> tuple[tuple, str]:
-        """Applies the change; returns (argument names an error may name, kind of the second call)."""
+    def mutate(run_kw: dict) -> tuple[tuple, str]:
+        """Applies the change (to the tensors, or as run() arguments); returns (argument names an error may name,
+        kind of the second run)."""
         if change == "as_strided":
             field = pick(rng, ["token_req", "verify_lens", "query_start_loc"])
             t = getattr(out, field)
@@ -407,18 +410,18 @@ def remembered_case(rng) -> Case:
                 t.as_strided_(t.shape, (2,))  # same pointer and shape: only the stride says it
                 return (f"out.{field}",), "invalid"
         elif change == "scalar type":
-            key = pick(rng, ["min_verify", "max_verify", "token_offset", "num_reqs_padded"])
-            if kw2.get(key) is not None:
-                kw2[key] = float(kw2[key]) if maybe(rng, 0.5) or kw2[key] not in (0, 1) else bool(kw2[key])
-                return (key,), "invalid"
-        elif change == "budget float" and kw2.get("mode") == "fixed":
-            kw2["budget"] = float(kw2["budget"])
+            key = pick(rng, ["token_offset", "capacity", "extra_emitting"])
+            value = int(rng.integers(0, 3))
+            run_kw[key] = float(value) if maybe(rng, 0.5) else bool(value)
+            return (key,), "invalid"
+        elif change == "budget float" and kw.get("mode") == "fixed":
+            run_kw["budget"] = float(kw["budget"])
             return ("budget",), "invalid"
-        elif change == "min_verify bool":
-            kw2["min_verify"] = bool(kw2.get("min_verify", 0))
+        elif change == "min_verify":  # a setting of the prepared call, not a run() argument
+            run_kw["min_verify"] = 1
             return ("min_verify",), "invalid"
         elif change == "extra_tokens float":
-            kw2["extra_tokens"] = float(kw2.get("extra_tokens", 0))
+            run_kw["extra_tokens"] = float(kw.get("extra_tokens", 0))
             return ("extra_tokens",), "invalid"
         elif change == "resize":
             survival.resize_(survival.shape[0], survival.shape[1] + 33)  # K past 32
@@ -428,18 +431,23 @@ def remembered_case(rng) -> Case:
             return ("survival", "drafts"), "invalid"
         elif change == "set" and Tp != 1:
             out.token_req.set_(spare.untyped_storage(), spare.storage_offset(), (1,), (1,))
-            # A token buffer longer than T_pad is valid (the plan holds views of its first T_pad entries).
-            return ("out.token_req",), "invalid" if Tp > 1 else "valid"
+            return ("out.token_req",), "invalid"
         elif change == "values" and p.R:
             drafts[int(rng.integers(0, p.R))] = p.K + 1
             return ("drafts",), "invalid"
+        elif change == "rebind":  # the same values in a new tensor of the same layout
+            run_kw["survival"] = torch.empty_strided(survival.shape, survival.stride()).copy_(survival)
+        elif change == "rebind other layout" and not survival.is_contiguous():
+            run_kw["survival"] = survival.contiguous()
+            return ("survival",), "invalid"
         return (), "valid"
 
     def call():
-        plan_verification(survival, drafts, p.table, out=out, verification="onehot", **kw)  # remembered from here
-        kw2 = dict(kw)
-        case.names, case.kind = mutate(kw2)
-        return plan_verification(survival, drafts, p.table, out=out, verification="onehot", **kw2)
+        handle = prepare(plan_verification, survival, drafts, p.table, out=out, verification="onehot", **kw)
+        handle.run()
+        run_kw: dict = {}
+        case.names, case.kind = mutate(run_kw)
+        return handle.run(**run_kw)
 
     def check(result):  # an unchanged call: the validating call's integers
         want = ref.plan_verification(p.survival, p.drafts, p.table, **p.kw)
@@ -450,4 +458,4 @@ def remembered_case(rng) -> Case:
     return case
 
 
-__all__ = ["choose_case", "plan_case", "remembered_case", "survival_case"]
+__all__ = ["choose_case", "plan_case", "prepared_case", "survival_case"]

@@ -39,9 +39,9 @@ the plan and the tree layout (TreeVerifyPlan). A chain given as a tree gives the
 
 Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``tree_plan.py`` TreeVerifyPlan, ``args.py`` validation
 and defaults (and their bounds), ``survival.py`` prefix_survival and tree_survival, ``ops.py`` choose_budget and
-plan_verification with their remembered calls, ``tree_ops.py`` plan_tree_verification, ``step.py`` PlanStep and
-MetadataInputs (the per-step inputs as two objects), ``launch.py`` the kernel struct and the custom op torch.compile
-traces. The algorithm itself is written once, in csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel
+plan_verification, ``prepared.py`` their prepared calls (adaptive_verify.prepare), ``tree_ops.py``
+plan_tree_verification, ``step.py`` PlanStep and MetadataInputs (the per-step inputs as two objects), ``launch.py``
+the kernel struct and the custom op torch.compile traces. The algorithm itself is written once, in csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel
 and the CUDA kernel instantiate it.
 """
 from .args import MODES, PlanArgs, resolve_plan_args

@@ -236,7 +236,7 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
     """Fills a's per-step fields: the ones a decode loop may change every step (the cost table, e.g. a shifted
     view per prompt chunk, the capacity, a host budget, the prompt chunk's size, the token offset) and what they
     decide (B_max, the default T_pad, the cost arrays). The rest of ``a`` is already validated; the ops'
-    remembered calls re-run only this when just these change."""
+    prepared calls (planner/prepared.py) re-run only this when just these change."""
     R = a.R
     if cost_table is not None and not isinstance(cost_table, CostTable):
         raise TypeError(f"cost_table must be an adaptive_verify.CostTable, got {type(cost_table).__name__}")
@@ -278,14 +278,15 @@ def resolve_step(a: PlanArgs, cost_table, capacity, num_tokens_padded, costs, *,
                          f"{anchors + budget_cap} exceeds the cost curve's limit of {cost_table.token_limit} tokens "
                          f"(MAX_TOKENS_LIMIT = {MAX_TOKENS_LIMIT}, less a shifted table's prompt tokens; pass "
                          "capacity= or a cost table with max_tokens)")
+    if max_step_ms is not None:  # every check before costs(), which may write a prepared call's cost array
+        max_step_ms = check_real("max_step_ms", max_step_ms, lo=0.0, lo_open=True)
+        if cost_table is None:
+            raise ValueError("max_step_ms needs a cost_table (the step's modelled cost decides the cap)")
     verify_cost, draft_cost = None, 0.0
     if cost_table is not None:
         draft_cost, verify_cost = costs(cost_table, R, anchors + budget_cap, a.device, need_verify)
     step_cap = NO_STEP_CAP
     if max_step_ms is not None:
-        max_step_ms = check_real("max_step_ms", max_step_ms, lo=0.0, lo_open=True)
-        if cost_table is None:
-            raise ValueError("max_step_ms needs a cost_table (the step's modelled cost decides the cap)")
         step_cap = step_cap_of(cost_table, R, anchors, budget_cap, draft_cost, max_step_ms)
     a.fixed_budget, a.extra_tokens, a.extra_emitting, a.token_offset = fixed_budget, extra_tokens, extra_emitting, \
         token_offset
@@ -320,7 +321,7 @@ def check_out(out, a: PlanArgs) -> VerifyPlan:
                       token_node=(True, i32, False), token_depth=(True, i32, False))
     for name, (needed, dtype, per_request) in wanted.items():
         t = getattr(out, name)
-        if t is not None and not isinstance(t, torch.Tensor):  # unused here, but remembered calls look at it
+        if t is not None and not isinstance(t, torch.Tensor):  # (a prepared call holds every field, used or not)
             raise TypeError(f"out.{name} must be a torch.Tensor or None, got {type(t).__name__}")
         if not needed:
             continue

@@ -6,7 +6,8 @@ their drafts, its prompt tokens, capacity and latency target). It does not look 
 verification stays lossless; the step's live survivals then decide who verifies (plan_verification(mode="fixed")).
 
 Every caller decides it here: AdaptiveVerifier.plan_budget (its persistent slot table gathers the stale rows; its
-remembered launch re-runs this very call; a tree step's node count is ``lagged_tree_budget``, priced the same way),
+prepared call (prepare_lagged_budget) runs this very call; a tree step's node count is ``lagged_tree_budget``,
+priced the same way),
 the simulator's adaptive policies (through AdaptiveVerifier) and the vLLM adapter (vLLM keeps the stale table).
 Two ways of pricing the step's prompt tokens X exist, and a caller names one:
 
@@ -23,7 +24,9 @@ import torch
 
 from .._checks import INT32_MAX, check_int
 from ..cost import CostTable
-from .ops import _choose_budget
+from ..prepared import prepare
+from .ops import _choose_budget, choose_budget
+from .prepared import PreparedPlan
 
 __all__ = ["PROMPT_PRICING", "lagged_budget"]
 
@@ -48,14 +51,22 @@ def _priced(cost_table, prompt_tokens: int, prompt_pricing: str, capacity: Optio
     return (cost_table.shifted(prompt_tokens) if prompt_tokens else cost_table), 0, capacity
 
 
-def lagged_budget_call(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int,
-                       prompt_pricing: str, capacity: Optional[int], min_verify, max_step_ms, weights, out):
-    """(0-d int32 budget tensor, the op's remembered call or None): lagged_budget's work, for AdaptiveVerifier, which
-    re-runs the call on its persistent inputs step after step."""
+def _lagged_kwargs(stale_conf, drafts, cost_table, prompt_tokens, prompt_pricing, capacity, min_verify, max_step_ms,
+                   weights, out) -> tuple:
+    """choose_budget's (positional, keyword) arguments of lagged_budget."""
     table, extra, capacity = _priced(cost_table, prompt_tokens, prompt_pricing, capacity)
-    return _choose_budget(None, drafts, table, mode="global", min_verify=min_verify, max_verify=None,
-                          extra_tokens=extra, extra_emitting=0, capacity=capacity, draft_tokens=None, conf=stale_conf,
-                          out=out, weights=weights, max_step_ms=max_step_ms, parents=None)
+    return (None, drafts, table), dict(mode="global", min_verify=min_verify, extra_tokens=extra, capacity=capacity,
+                                       conf=stale_conf, out=out, weights=weights, max_step_ms=max_step_ms)
+
+
+def prepare_lagged_budget(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *, prompt_tokens: int,
+                          prompt_pricing: str, capacity: Optional[int], min_verify, max_step_ms, weights,
+                          out) -> PreparedPlan:
+    """lagged_budget prepared (adaptive_verify.prepare of its choose_budget call), for AdaptiveVerifier, which runs
+    it on its persistent inputs step after step (PreparedPlan.run / run_shifted)."""
+    args, kw = _lagged_kwargs(stale_conf, drafts, cost_table, prompt_tokens, prompt_pricing, capacity, min_verify,
+                              max_step_ms, weights, out)
+    return prepare(choose_budget, *args, **kw)
 
 
 def lagged_tree_budget(stale_survival: torch.Tensor, sizes: torch.Tensor, parents: torch.Tensor, cost_table, *,
@@ -64,7 +75,7 @@ def lagged_tree_budget(stale_survival: torch.Tensor, sizes: torch.Tensor, parent
     [R, N] stale node survivals, as given (AdaptiveVerifier ranks each slot's sorted survivals as a chain: parents
     [R, N] j - 1), THIS step's tree sizes [R]; written into ``out`` (0-d int32) and returned as an int."""
     table, extra, capacity = _priced(cost_table, prompt_tokens, "marginal", capacity)
-    budget, _ = _choose_budget(stale_survival, sizes, table, mode="global", min_verify=min_verify, max_verify=None,
+    budget = _choose_budget(stale_survival, sizes, table, mode="global", min_verify=min_verify, max_verify=None,
                                extra_tokens=extra, extra_emitting=0, capacity=capacity, draft_tokens=None, conf=None,
                                out=out, weights=weights, max_step_ms=max_step_ms, parents=parents)
     return int(budget)
@@ -81,7 +92,6 @@ def lagged_budget(stale_conf: torch.Tensor, drafts: torch.Tensor, cost_table, *,
     ``prompt_pricing`` says. capacity: tokens per step (default the table's max_tokens). min_verify, max_step_ms,
     weights ([R] float32 priorities): as in :func:`adaptive_verify.plan_verification`. Pass B to
     ``plan_verification(mode="fixed", budget=B)`` with the step's live survivals."""
-    budget, _ = lagged_budget_call(stale_conf, drafts, cost_table, prompt_tokens=prompt_tokens,
-                                   prompt_pricing=prompt_pricing, capacity=capacity, min_verify=min_verify,
-                                   max_step_ms=max_step_ms, weights=weights, out=None)
-    return int(budget)
+    args, kw = _lagged_kwargs(stale_conf, drafts, cost_table, prompt_tokens, prompt_pricing, capacity, min_verify,
+                              max_step_ms, weights, None)
+    return int(choose_budget(*args, **kw))

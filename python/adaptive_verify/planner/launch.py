@@ -92,7 +92,7 @@ def launch(p: PlannerParams, device: torch.device, op: str) -> None:
 
 
 def launch_at(address: int, on_cuda: bool, device: torch.device, op: str, tree: bool = False) -> None:
-    """launch() on a struct's address (the remembered calls keep it). Every planner launch passes here. tree: a
+    """launch() on a struct's address (prepared calls keep it). Every planner launch passes here. tree: a
     draft-tree plan (its errors name tree_sizes)."""
     status = _C.plan(address, on_cuda, stream_of(device) if on_cuda else 0)
     if status:

@@ -8,7 +8,7 @@ block_table, block_size), the step's tokens (anchor_tokens, draft_tokens) and wh
 ``plan_verification``, ``plan_tree_verification`` and ``choose_budget`` take them keyword-only and still take each
 field as its own keyword (same name): a field is given when it is not its default (0 or None, the keyword's default
 too), and a field given both ways raises ValueError naming both. The ops unpack the objects before anything else,
-so a call is the same call, remembered the same way (_callcache.py), whichever form it came in.
+so a call is the same call (prepared alike, adaptive_verify.prepare), whichever form it came in.
 
 Construction checks each field's type (TypeError naming the field); values (ranges, shapes, dtypes, devices) are
 checked by the ops on every call, in args.py, by the field's name, which is also its keyword's name.
@@ -59,7 +59,7 @@ class PlanStep:
     budget to its T_pad), which must be None there; it ignores ``num_reqs_padded`` (padding rows verify nothing).
 
     Holds the objects given (tensors are not copied): built once around an engine's persistent ``weights`` and
-    budget tensor, it keeps a call with ``out=`` on the remembered path. Frozen: ``dataclasses.replace(step,
+    budget tensor, it prepares (adaptive_verify.prepare) like the keywords it holds. Frozen: ``dataclasses.replace(step,
     extra_tokens=n)`` makes the next step's. A host int field that changes every step (a budget, a prompt chunk)
     may instead be passed as its keyword next to a step that leaves it at its default.
     """
@@ -101,7 +101,7 @@ class MetadataInputs:
     on), so one object can serve a step's budget and its plan.
 
     Holds the tensors given, not copies: built once around an engine's persistent buffers (updated in place), it
-    keeps a call with ``out=`` on the remembered path. Frozen: ``dataclasses.replace(metadata, token_offset=t)``.
+    prepares like the keywords it holds. Frozen: ``dataclasses.replace(metadata, token_offset=t)``.
     """
 
     context_lens: Optional[torch.Tensor] = None
@@ -155,7 +155,7 @@ _METADATA_FIELDS = (("context_lens", False), ("block_table", False), ("block_siz
 def merge_step(step, budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights,
                num_reqs_padded, num_tokens_padded) -> tuple:
     """The step's fields of a call given ``step`` (not None) and the keywords, in this order: each from whichever
-    gives it (the objects themselves: a remembered call's key sees the same ones as with keywords)."""
+    gives it (the objects themselves, so a prepared call holds the same ones as with keywords)."""
     if not isinstance(step, PlanStep):
         raise TypeError(f"step must be an adaptive_verify.PlanStep, got {type(step).__name__}")
     # The usual call passes the object alone, every keyword at its default: a few attribute reads.

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import errors
 from .._binding import SurvivalParams
-from .._callcache import CallCache
+from ..prepared import PreparedLaunch, capture, preparing, refuse_copy, register
 from .._ext import _C, check_status
 from .._validate import check_tensor, stream_of
 from .args import parents_tensor, survival_and_drafts
@@ -18,10 +18,8 @@ from .tree_plan import tree_status_messages
 
 TREE_STATUS = tree_status_messages(_C)
 
-# (conf, drafts, out) of a decode loop's calls -> their filled struct (see _callcache.py)
-_CALLS = CallCache()
 
-
+@register
 def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """a[r, j] = prod_{i <= j} clamp(conf[r, i], 0, 1) for j < drafts[r], else 0.
 
@@ -29,36 +27,30 @@ def prefix_survival(conf: torch.Tensor, drafts: torch.Tensor, *, out: Optional[t
     Returns survival [R, K] float32 (into ``out`` when given). The product is a left-to-right float32
     loop, identical on CPU and GPU. NaN confidences count as 0 and are counted in
     ``error_counts()["nan_survival"]``; drafts outside [0, K] raise ValueError on CPU and are clamped
-    and counted on CUDA. A repeated call with the same tensors (``out=`` given) skips validation
+    and counted on CUDA. Each call validates; a decode loop's fast path is ``adaptive_verify.prepare``
     (docs/design.md, "Host overhead").
     """
-    compiling = torch.compiler.is_compiling()
-    remember = out is not None and not compiling
-    if remember:
-        key = (id(conf), id(drafts), id(out))
-        hit = _CALLS.get(key)
-        if hit is not None:
-            params, on_cuda = hit
-            status = _C.prefix_survival(ctypes.addressof(params), on_cuda, stream_of(conf.device) if on_cuda else 0)
-            if status:
-                check_status(status, "prefix_survival", conf.device)
-            return out
     R, K, device, drafts32 = survival_and_drafts(conf, drafts, name="conf")
     if out is None:
         out = torch.empty(R, K, dtype=torch.float32, device=device)
     else:
         check_tensor("out", out, dtypes=(torch.float32,), device=device, shape=(R, K), inner_contiguous=False)
     err = errors.error_buffer(device)
-    if compiling:
+    if torch.compiler.is_compiling():
         _prefix_survival_into(conf, drafts32, out, err)
         return out
     params = _params(conf, drafts32, out, err)
+    if preparing():
+        if drafts32 is not drafts:
+            refuse_copy("prefix_survival", "drafts")
+        capture(PreparedLaunch("prefix_survival", _C.prefix_survival, params, device,
+                               {"conf": (conf, "conf"), "drafts": (drafts, "drafts")}, {"out": out}, out))
+        return out
     _run(params, device)
-    if remember and drafts32 is drafts:  # an int64 input's int32 copy is per call: never remembered
-        _CALLS.put(key, (conf, drafts, out), (conf, drafts, out), (params, device.type == "cuda"))
     return out
 
 
+@register
 def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.Tensor, *,
                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Survival of each draft-tree node: a[r, j] = a[r, parents[r, j]] * clamp(conf[r, j], 0, 1), the anchor
@@ -73,15 +65,6 @@ def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.T
     ValueError naming the argument; on CUDA tree sizes are clamped (counted in "drafts_out_of_range") and a node
     with a bad parent gets survival 0, as do its descendants (counted in "bad_parent").
     """
-    compiling = torch.compiler.is_compiling()
-    remember = out is not None and not compiling
-    if remember:
-        key = ("tree", id(conf), id(parents), id(tree_sizes), id(out))
-        hit = _CALLS.get(key)
-        if hit is not None:
-            params, on_cuda = hit
-            _run(params, conf.device, "tree_survival")
-            return out
     R, N, device, sizes32 = survival_and_drafts(conf, tree_sizes, name="conf", tree=True)
     parents32 = parents_tensor(parents, R, N, device)
     if out is None:
@@ -89,14 +72,19 @@ def tree_survival(conf: torch.Tensor, parents: torch.Tensor, tree_sizes: torch.T
     else:
         check_tensor("out", out, dtypes=(torch.float32,), device=device, shape=(R, N), inner_contiguous=False)
     err = errors.error_buffer(device)
-    if compiling:
+    if torch.compiler.is_compiling():
         _prefix_survival_into(conf, sizes32, out, err, parents32)
         return out
     params = _params(conf, sizes32, out, err, parents32)
+    if preparing():
+        for name, given, used in (("tree_sizes", tree_sizes, sizes32), ("parents", parents, parents32)):
+            if used is not given:
+                refuse_copy("tree_survival", name)
+        capture(PreparedLaunch("tree_survival", _C.prefix_survival, params, device,
+                               {"conf": (conf, "conf"), "parents": (parents, "parents"),
+                                "tree_sizes": (tree_sizes, "drafts")}, {"out": out}, out, TREE_STATUS))
+        return out
     _run(params, device, "tree_survival")
-    if remember and sizes32 is tree_sizes and parents32 is parents:  # int64 copies are per call
-        _CALLS.put(key, (conf, parents, tree_sizes, out), (conf, parents, tree_sizes, out),
-                   (params, device.type == "cuda"))
     return out
 
 

@@ -1,5 +1,5 @@
 """plan_tree_verification: the planner for draft trees (docs/design.md, "Draft trees"), on plan_verification's call
-path (ops.run_plan: remembered calls, one kernel launch) with Params::parents set."""
+path (ops.run_plan: one kernel launch; adaptive_verify.prepare makes it a prepared call) with Params::parents set."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -7,11 +7,13 @@ from typing import Optional, Union
 import torch
 
 from ..cost import CostTable
+from ..prepared import register
 from .ops import run_plan
 from .step import MetadataInputs, PlanStep, merge_metadata, merge_step
 from .tree_plan import TreeVerifyPlan
 
 
+@register
 def plan_tree_verification(
     survival: Optional[torch.Tensor],
     parents: torch.Tensor,
@@ -95,4 +97,4 @@ def plan_tree_verification(
               survival_out=survival_out, weights=weights, max_step_ms=max_step_ms, parents=parents)
     if parents is None:
         raise ValueError("parents is required (a [R, N] int32 tensor; a chain is parents[r, j] = j - 1)")
-    return run_plan("plan_tree_verification", TreeVerifyPlan, survival, tree_sizes, cost_table, kw, out)[0]
+    return run_plan("plan_tree_verification", TreeVerifyPlan, survival, tree_sizes, cost_table, kw, out)

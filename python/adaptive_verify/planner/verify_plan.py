@@ -41,7 +41,7 @@ class VerifyPlan:
 
     Pass a preallocated plan as ``out=`` (see :meth:`allocate`) so CUDA-graph replays keep addresses. Frozen:
     a plan's buffers are fixed when it is made (``dataclasses.replace`` makes another plan), which is what lets
-    the planner remember a validated ``out=`` by identity.
+    a prepared planner call (adaptive_verify.prepare) hold a validated ``out=``.
     """
 
     verify_lens: torch.Tensor
