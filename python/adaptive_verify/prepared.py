@@ -115,7 +115,7 @@ class Prepared:
     op's result. The tensors it reads are its *inputs* (rebindable in run, by name) and the rest it holds
     (outputs, settings tensors): both are checked for layout changes on every run."""
 
-    __slots__ = ("op", "params", "_slots", "_held", "_held_sig", "_held_names", "_own_inputs")
+    __slots__ = ("op", "params", "_slots", "_held", "_held_sig", "_held_names", "_own_inputs", "_order", "_seq")
 
     def __init__(self, op: str, params, inputs: dict, held: Optional[dict] = None):
         """inputs: name -> (tensor or None, the struct field holding its pointer); held: name -> the other tensors the
@@ -127,6 +127,9 @@ class Prepared:
         self._slots = {name: [t, field, (t.data_ptr(), t.dtype, t.device, t.shape, t.stride()),
                               (t.data_ptr(), t.shape, t.stride())]
                        for name, (t, field) in inputs.items() if t is not None}
+        # every input name in the order given (None ones too) and its slot or None: what _bind_seq takes
+        self._order = tuple(inputs)
+        self._seq = tuple(self._slots.get(name) for name in self._order)
         held = {name: t for name, t in (held or {}).items() if t is not None}
         self._held, self._held_names = tuple(held.values()), tuple(held)
         self._own_inputs = False
@@ -168,6 +171,35 @@ class Prepared:
         for i, (t, sig) in enumerate(zip(self._held, self._held_sig)):
             if (t.data_ptr(), t.shape, t.stride()) != sig:
                 raise PreparedMismatch(self._changed(self._held_names[i]))
+
+    def _bind_seq(self, tensors) -> None:
+        """_bind for an owner that passes every input each run, positionally: ``tensors`` in the order the inputs
+        were given at construction (None: not an input of this call, or keep it). The same checks, with no names to
+        look up; None for ``tensors`` checks only."""
+        if tensors is None:
+            if not self._own_inputs or self._held:
+                self._bind(None)
+            return
+        params, own = self.params, self._own_inputs
+        for slot, t in zip(self._seq, tensors):
+            if slot is None:
+                if t is not None:
+                    self._bind(dict(zip(self._order, tensors)))  # (raises, naming what is not an input)
+                continue
+            cur = slot[0]
+            if t is None or t is cur:  # the bound tensor: only an in-place change of its layout is possible
+                if not own and (cur.data_ptr(), cur.shape, cur.stride()) != slot[3]:
+                    self._bind(None)  # (raises, naming it)
+                continue
+            arg = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride()) if type(t) is torch.Tensor else None
+            if arg != slot[2]:
+                if arg is None or arg[1:] != slot[2][1:]:
+                    self._bind(dict(zip(self._order, tensors)))  # (raises, naming it)
+                setattr(params, slot[1], arg[0])
+                slot[2], slot[3] = arg, (arg[0], arg[3], arg[4])
+            slot[0] = t
+        if self._held:
+            self._bind(None)
 
     def _changed(self, name: str) -> str:
         return (f"{self.op}: {name} changed its data pointer, shape or strides since it was prepared (resize_, set_, "
@@ -217,6 +249,13 @@ class PreparedLaunch(Prepared):
 
     def run(self, **inputs):
         self._bind(inputs)
+        self.launch()
+        return self.result
+
+    def run_owned(self, tensors: tuple):
+        """run() for an owner that passes every input each run, positionally, in the order the op's prepare gave
+        them (AcceptanceStats.update: conf, verify_lens, num_accepted, positions)."""
+        self._bind_seq(tensors)
         self.launch()
         return self.result
 

@@ -451,9 +451,8 @@ class AdaptiveVerifier:
         # The chain side's prepared call on these buffers. A fixed budget is a 0-d tensor here, the caller's or the
         # verifier's own that a host budget goes through, rebound like the other inputs.
         plan = self._chain.plan(bufs, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
-                                budget, mode=self.mode, table=table, capacity=capacity, padded=T,
-                                token_offset=token_offset, max_step_ms=self._max_step_ms, min_verify=self.min_verify,
-                                block_size=self.block_size, verification=self.verification)
+                                budget, table, capacity, T, token_offset, self._max_step_ms,
+                                (self.mode, self.min_verify, self.block_size, self.verification))
         if T != padded_tokens:
             plan = bufs.first_tokens(plan, padded_tokens)
         self._last_plan = plan

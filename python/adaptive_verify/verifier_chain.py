@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 
 from . import planner
-from .planner.prepared import KEEP
 from .prepared import PreparedMismatch, prepare
 from .stats import AcceptanceStats
 from .verifier_buffers import BufferSet
@@ -54,21 +53,22 @@ class ChainSteps:
         return view
 
     def plan(self, bufs: BufferSet, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
-             budget, *, mode: str, table, capacity: int, padded: int, token_offset: int, max_step_ms,
-             min_verify: int, block_size: int, verification):
-        """plan(): plan_verification(conf=) in ``mode`` ("greedy" and "global" live, else "fixed" with ``budget``, a
-        0-d tensor) into ``bufs``, as the prepared call kept there for this shape of inputs. Returns the plan, T_pad =
-        ``padded`` tokens (the caller cuts a shared eager buffer's views to the step's own size)."""
+             budget, table, capacity: int, padded: int, token_offset: int, max_step_ms, settings: tuple):
+        """plan(): plan_verification(conf=) into ``bufs``, as the prepared call kept there for this shape of inputs,
+        in ``settings`` = (mode, min_verify, block_size, verification), the verifier's: mode "greedy" and "global"
+        live, else "fixed" with ``budget`` (a 0-d tensor). Returns the plan, T_pad = ``padded`` tokens (the caller
+        cuts a shared eager buffer's views to the step's own size). Positional: it runs every step."""
+        mode, min_verify, block_size, verification = settings
         live = mode in ("greedy", "global")
         key = (conf.shape[1], draft_tokens is not None, weights is not None, live)
         call = bufs.calls.get(key)
         if call is not None:
             try:
-                return call.run_step({"conf": conf, "drafts": drafts, "context_lens": context_lens,
-                                      "block_table": block_table, "anchor_tokens": anchor_tokens,
-                                      "draft_tokens": draft_tokens, "weights": weights,
-                                      "budget": None if live else budget},
-                                     (table, capacity, KEEP, KEEP, KEEP, token_offset, max_step_ms, padded))
+                # (planner.prepared.INPUTS order: survival, conf, drafts, context_lens, block_table, anchor_tokens,
+                # draft_tokens, weights, parents, budget)
+                return call.run_owned((None, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens,
+                                       weights, None, None if live else budget), table, capacity, token_offset,
+                                      max_step_ms, padded)
             except PreparedMismatch:  # a caller tensor of another layout than the prepared one: prepare again
                 pass
         kw = dict(mode=mode if live else "fixed", budget=None if live else budget, min_verify=min_verify,
@@ -107,7 +107,7 @@ class ChainSteps:
         call = self.stats_calls.get(conf.shape)
         try:
             if call is not None:
-                call.run(conf=conf, verify_lens=v, num_accepted=a)
+                call.run_owned((conf, v, a, None))  # (AcceptanceStats.update's inputs, in order)
         except PreparedMismatch:  # a caller tensor of another layout than the prepared one: prepare again
             call = None
         if call is None:

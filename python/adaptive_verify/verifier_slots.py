@@ -27,7 +27,6 @@ import torch
 from ._binding import SlotParams
 from ._ext import _C
 from .planner.lagged import prepare_lagged_budget
-from .planner.prepared import KEEP
 
 #: The lagged budget's prepared calls kept per SlotTable, one per (R, weighted): R wanders as requests join and leave.
 BUDGET_CALLS = 64
@@ -249,7 +248,7 @@ class SlotTable:
                 out=self._lag_budget).own_outputs(inputs=True)  # (every tensor of it is this table's own)
         if not (extra_tokens and max_step_ms is None and call.run_shifted(cost_table, extra_tokens, cap)):
             table = cost_table.shifted(extra_tokens) if extra_tokens else cost_table
-            call.run_step(None, (table, cap, KEEP, KEEP, KEEP, KEEP, max_step_ms, KEEP))
+            call.run_owned(None, table, cap, 0, max_step_ms, None)
         return int(self._lag_budget_np)
 
     def record(self, conf: torch.Tensor, req_indices, R: int, Kc: int) -> None:

@@ -190,6 +190,8 @@ _INPUTS = {"survival": ("survival", "survival"), "conf": ("conf", "conf"), "draf
            "context_lens": ("context_lens", "context_lens"), "block_table": ("block_table", "block_table"),
            "anchor_tokens": ("anchor_tokens", "anchor_tokens"), "draft_tokens": ("draft_tokens", "draft_tokens"),
            "weights": ("weights", "weights"), "parents": ("parents", "parents"), "budget": ("budget_in", "budget_in")}
+#: The planner's inputs in the order run_owned takes them.
+INPUTS = tuple(_INPUTS)
 _PLAIN = (int, float, type(None))  # per-step values compared by value (a bool is not an int here: its own type)
 
 
@@ -215,10 +217,9 @@ class PreparedPlan(Prepared):
     def __init__(self, call: _Call, values: tuple):
         a = call.a
         inputs = {}
-        for name, (attr, field) in _INPUTS.items():
+        for name, (attr, field) in _INPUTS.items():  # (in INPUTS order: run_owned's; None ones are not inputs)
             t = getattr(a, attr)
-            if t is not None and not (name == "survival" and a.conf is not None):  # survival_out is an output
-                inputs[name] = (t, field)
+            inputs[name] = (None if name == "survival" and a.conf is not None else t, field)  # survival_out: an output
         held = {"workspace": call.workspace, "expected": call.expected,
                 "survival_out": a.survival if a.conf is not None else None}
         if call.out is not None:
@@ -247,6 +248,37 @@ class PreparedPlan(Prepared):
             budget_in = inputs.get("budget")
             if budget_in is not None:  # (restep reads the tensor budget from the planner arguments)
                 call.a.budget_in = budget_in
+        return self._step_and_run(new)
+
+    def run_owned(self, tensors: tuple, cost_table, capacity, token_offset, max_step_ms, num_tokens_padded):
+        """The per-step form for an owner that calls it every step (AdaptiveVerifier): ``tensors`` are the inputs in
+        INPUTS order (None: not an input of this call, or keep it; None for all: keep every one), the rest as in
+        run(); for choose_budget token_offset and num_tokens_padded are its own (0, None). The same checks as run()
+        with less interpretation: no names to look up, and the usual case, the same per-step values as the last
+        run's, recognised by identity or (type, value) without rebuilding the step."""
+        self._bind_seq(tensors)
+        call = self.call
+        budget_in = tensors[-1] if tensors else None
+        if budget_in is not None and budget_in is not call.a.budget_in:  # (restep reads the tensor budget there)
+            call.a.budget_in = budget_in
+        v = self._values
+        if cost_table is v[0] and (capacity is v[1] or (type(capacity) is int is type(v[1]) and capacity == v[1])) \
+                and (token_offset is v[5] or (type(token_offset) is int is type(v[5]) and token_offset == v[5])) \
+                and (max_step_ms is v[6] or (type(max_step_ms) is float is type(v[6]) and max_step_ms == v[6])) \
+                and (num_tokens_padded is v[7] or (type(num_tokens_padded) is int is type(v[7])
+                                                    and num_tokens_padded == v[7])) \
+                and (call.step is self._step or call.step == self._step):
+            call.run()  # the last run's step: nothing to re-derive
+            return call.result
+        if call.out is None:  # choose_budget: no token_offset or T_pad (what it was prepared with is kept)
+            token_offset = num_tokens_padded = KEEP
+        return self._step_and_run((cost_table, capacity, KEEP, KEEP, KEEP, token_offset, max_step_ms,
+                                   num_tokens_padded))
+
+    def _step_and_run(self, new: tuple):
+        """Re-derives the step when ``new`` (run()'s scalars, KEEP where unchanged) differs from the last run's,
+        then launches."""
+        call = self.call
         cost_table, capacity, budget, extra_tokens, extra_emitting, token_offset, max_step_ms, num_tokens_padded = new
         values, step = self._values, self._step
         changed = False
