@@ -242,3 +242,30 @@ def test_an_unhashable_bias_with_out_is_named_not_a_cache_error():
     hidden, weight = torch.randn(2, 3, 4), torch.randn(4)
     with pytest.raises(TypeError, match="^bias"):
         av.confidence(hidden, weight, bias=[1.0], out=torch.empty(2, 3))
+
+
+def test_a_temperature_not_finite_and_positive_gives_nan_confidences_the_planner_counts(monkeypatch):
+    """The kernels' rule for temperatures the host does not read (a CUDA tensor's, confidence/math.h): a position
+    whose temperature is 0, negative, +inf or NaN gets a NaN confidence (never a silently flipped or saturated one),
+    which prefix_survival counts and never lets survive. Run on the C++ CPU kernel, which shares math.h with the
+    CUDA kernels, with the host's CPU check bypassed; without the bypass the CPU call is a ValueError naming it."""
+    import importlib
+
+    confidence_module = importlib.import_module("adaptive_verify.confidence")  # (the package's name is the op)
+    R, K, H = 3, 5, 8
+    g = torch.Generator().manual_seed(4)
+    hidden, weight = torch.randn(R, K, H, generator=g), torch.randn(H, generator=g)
+    temperature = torch.tensor([1.5, 0.0, -2.0, float("inf"), float("nan")])
+    with pytest.raises(ValueError, match="temperature"):
+        av.confidence(hidden, weight, temperature=temperature)
+    monkeypatch.setattr(confidence_module, "check_temperature", lambda name, t, K, device: t)
+    for conf in (av.confidence(hidden, weight, temperature=temperature),
+                 av.confidence_from_logits(torch.randn(R, K, generator=g), temperature)):
+        assert torch.isfinite(conf[:, 0]).all() and torch.isnan(conf[:, 1:]).all()
+    conf = av.confidence(hidden, weight, temperature=temperature)
+    want = ref.confidence(hidden, weight, temperature=torch.tensor([1.5, 1.0, 1.0, 1.0, 1.0]))
+    torch.testing.assert_close(conf[:, 0], want[:, 0].float(), atol=1e-5, rtol=1e-5)
+    av.reset_error_counts("cpu")
+    survival = av.prefix_survival(conf, torch.full((R,), K, dtype=torch.int32))
+    assert (survival[:, 1:] == 0).all() and av.error_counts("cpu")["nan_survival"] > 0
+    av.reset_error_counts("cpu")

@@ -95,16 +95,13 @@ def ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-_checked_positive: dict = {}
-
-
 def check_temperature(name: str, temperature, K: int, device: torch.device):
     """[K] positive temperatures as a float32 tensor on `device` (None stays None).
 
-    Accepts a sequence of numbers or a tensor. Values must be finite and > 0. A CUDA tensor is checked
-    with one host sync the first time each (storage, version) is seen, and not at all during CUDA-graph
-    capture: temperatures change rarely (a calibration refresh), decode steps pay nothing. Inference-mode
-    tensors (no version counter): see the comment below.
+    Accepts a sequence of numbers or a tensor. On the CPU (a sequence, or a CPU tensor) the values must be finite
+    and > 0, checked on every call. A tensor already on a CUDA device is not read on the host (that would stall it
+    on a sync every call): the kernels make the confidence of a position whose temperature is not finite and > 0
+    NaN (confidence/math.h), which prefix_survival and the planner count as ``nan_survival`` and never verify.
     """
     if temperature is None:
         return None
@@ -123,23 +120,10 @@ def check_temperature(name: str, temperature, K: int, device: torch.device):
     if temperature.device != device:
         if temperature.device.type != "cpu":
             raise ValueError(f"{name} must be on {device}, got {temperature.device}")
-    needs_check = (temperature.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()) and \
-        not torch.compiler.is_compiling()
-    # Tensors made under torch.inference_mode (as engines make theirs) have no version counter: a CPU one is then
-    # checked every call (no sync), a CUDA one once per storage (documented: an in-place change of such a tensor
-    # on CUDA is not re-checked; a bad value then gives NaN confidences, which the planner counts and skips).
-    version = None if temperature.is_inference() else temperature._version
-    key = (temperature.data_ptr(), version, temperature.device)
-    if version is None and temperature.device.type == "cpu":
-        key = None
-    if needs_check and (key is None or _checked_positive.get(key) is not temperature):
+    if temperature.device.type == "cpu" and not torch.compiler.is_compiling():
         bad = ~(torch.isfinite(temperature) & (temperature > 0))
         if bool(bad.any()):
             raise ValueError(f"{name} must be finite and > 0 at every position, got {temperature.tolist()}")
-        if len(_checked_positive) > 64:
-            _checked_positive.clear()
-        if key is not None:
-            _checked_positive[key] = temperature
     return temperature.to(device=device, dtype=torch.float32).contiguous()
 
 

@@ -60,8 +60,10 @@ def confidence(
         temperature: [K] per-position STS temperatures (> 0), or None.
         survival: return the cumulative product along K (prefix survival) instead.
     Accumulation is fp32. A decode loop's fast path is ``adaptive_verify.prepare(confidence, ...)``, whose run
-    takes new ``hidden`` and ``markov`` of the prepared layout; its temperature values are checked at prepare only
-    (an in-place change to a non-positive value later gives NaN confidences, which the planner counts and skips).
+    takes new ``hidden`` and ``markov`` of the prepared layout. Temperatures on the CPU are checked (finite, > 0)
+    at every call and at prepare; a CUDA tensor's, and a prepared call's later in-place values, are not read on the
+    host: a position whose temperature is not finite and > 0 gets a NaN confidence, which the planner counts
+    (``nan_survival``) and never verifies.
     With survival=True the result equals ``cumprod`` of the confidences computed
     left to right in float32.
     """

@@ -17,9 +17,16 @@ AV_HD float sigmoid(float x) {
 #endif
 }
 
-// Confidence of position j from its head logit z: sigmoid(z / T_j) (no temperature: sigmoid(z)).
+// Confidence of position j from its head logit z: sigmoid(z / T_j) (no temperature: sigmoid(z)). A temperature
+// that is not finite and > 0 means nothing (T <= 0 would flip or saturate the head's ranking silently): the
+// confidence is then NaN, which prefix_survival and the planner count ("nan_survival") and never verify. The Python
+// layer checks CPU temperatures before any kernel runs; a device tensor's values are left to this rule, since
+// checking them would stall the host on a sync.
 AV_HD float head_confidence(float z, const float* temperature, int32_t j) {
-  return sigmoid(temperature != nullptr ? z / temperature[j] : z);
+  if (temperature == nullptr) return sigmoid(z);
+  const float t = temperature[j];
+  if (!(t > 0.f) || !(t <= 3.402823466e38f)) return NAN;  // NaN, <= 0 or +inf
+  return sigmoid(z / t);
 }
 
 // Bin of a confidence among num_bins equal-width bins of [0, 1]; values outside are clamped.
