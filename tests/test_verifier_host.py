@@ -532,3 +532,39 @@ def test_record_confidence_refuses_a_sparse_conf_naming_it():
     v.plan_budget(2, [K, K])
     with pytest.raises(TypeError, match="conf must be a dense"):
         v.record_confidence(torch.ones(2, K).to_sparse())
+
+
+def test_caller_tensors_of_another_layout_prepare_the_step_again(monkeypatch):
+    """The verifier's prepared plan is bound to the layout of the caller's tensors: a step whose conf is a strided
+    view, whose block table is wider, or whose drafts come as int64, prepares the call again and still equals a fresh
+    planner call; switching back runs a prepared call again; a wrong type is refused by name, not run."""
+    prepared = count_prepares(monkeypatch)
+    ct = table()
+    R = 9
+    v = AdaptiveVerifier(ct, max_reqs=R, max_drafts=K, block_size=4)
+    rng = np.random.default_rng(12)
+    ctx, bt, anchors, dt = _plan_inputs(rng, R)
+    wide_bt = torch.cat([bt, bt], dim=1)
+    conf, d = torch.empty(R, K), torch.empty(R, dtype=torch.int32)
+    wide_conf = torch.empty(R, 2 * K)
+    for step, kind in enumerate(["plain", "plain", "strided", "wide table", "int64 drafts", "plain", "strided"]):
+        drafts = _new_step(rng, conf, d)
+        c, b_table, dd = conf, bt, d
+        if kind == "strided":
+            wide_conf[:, K:] = conf
+            c = wide_conf[:, K:]  # [R, K] with strides (2K, 1)
+        elif kind == "wide table":
+            b_table = wide_bt
+        elif kind == "int64 drafts":
+            dd = d.long()
+        b, padded = v.plan_budget(R, drafts)
+        v.record_confidence(conf)
+        plan = v.plan(c, dd, ctx, b_table, anchors, dt, b)
+        ref = _reference_plan(ct, conf, d, b, 0, ctx, bt, anchors, dt, padded)
+        for f in FIELDS:
+            assert torch.equal(getattr(plan, f), getattr(ref, f)), (step, kind, f)
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32))
+    plans = [op for op in prepared if op is av.plan_verification]
+    assert 3 <= len(plans) <= 6, len(plans)  # plain, strided, wide table, int64 (copied: each time), not per step
+    with pytest.raises(TypeError, match="drafts"):
+        v.plan(conf, [K] * R, ctx, bt, anchors, dt, b)

@@ -168,6 +168,10 @@ class Prepared:
                     t = slot[0]
                     if (t.data_ptr(), t.shape, t.stride()) != slot[3]:
                         raise PreparedMismatch(self._changed(name))
+        self._check_held()
+
+    def _check_held(self) -> None:
+        """Raises PreparedMismatch naming the first held tensor (output, settings tensor) whose layout changed."""
         for i, (t, sig) in enumerate(zip(self._held, self._held_sig)):
             if (t.data_ptr(), t.shape, t.stride()) != sig:
                 raise PreparedMismatch(self._changed(self._held_names[i]))
@@ -199,7 +203,7 @@ class Prepared:
                 slot[2], slot[3] = arg, (arg[0], arg[3], arg[4])
             slot[0] = t
         if self._held:
-            self._bind(None)
+            self._check_held()
 
     def _changed(self, name: str) -> str:
         return (f"{self.op}: {name} changed its data pointer, shape or strides since it was prepared (resize_, set_, "

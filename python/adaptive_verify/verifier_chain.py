@@ -20,7 +20,7 @@ from . import planner
 from .prepared import PreparedMismatch, prepare
 from .stats import AcceptanceStats
 from .verifier_buffers import BufferSet
-from .verifier_slots import SlotTable, check_conf
+from .verifier_slots import SlotTable, check_conf, int32_inputs
 
 __all__ = ["ChainSteps"]
 
@@ -60,6 +60,12 @@ class ChainSteps:
         cuts a shared eager buffer's views to the step's own size). Positional: it runs every step."""
         mode, min_verify, block_size, verification = settings
         live = mode in ("greedy", "global")
+        i64 = torch.int64  # (an int64 input is converted here, once per step, as the free planner would)
+        if getattr(drafts, "dtype", None) is i64 or getattr(budget, "dtype", None) is i64 or \
+                getattr(context_lens, "dtype", None) is i64 or getattr(block_table, "dtype", None) is i64 or \
+                getattr(anchor_tokens, "dtype", None) is i64 or getattr(draft_tokens, "dtype", None) is i64:
+            drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget = int32_inputs(
+                drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget)
         key = (conf.shape[1], draft_tokens is not None, weights is not None, live)
         call = bufs.calls.get(key)
         if call is not None:

@@ -84,6 +84,19 @@ def host_floats(name: str, values, n: int) -> np.ndarray:
     return arr
 
 
+def int32_inputs(*tensors) -> tuple:
+    """The planner's integer inputs as the kernel reads them: an int64 tensor becomes an int32 copy (a 0-d budget
+    clamped to [0, 2^31 - 1] first, as the planner does), anything else is passed on for the planner to check. The
+    verifier's prepared calls are bound to int32 inputs (prepare refuses a per-call conversion), so it converts
+    here, once per step, what the free planner would convert itself."""
+    out = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.int64:
+            t = (t.clamp(0, 2**31 - 1) if t.dim() == 0 else t).to(torch.int32)
+        out.append(t)
+    return tuple(out)
+
+
 def check_conf(conf, columns: str, limit_name: str, limit: int, max_reqs: int, device: torch.device) -> tuple[int, int]:
     """(R, columns) of record_confidence's conf: float32 [R, <= limit] on the verifier's device, R <= max_reqs."""
     if not isinstance(conf, torch.Tensor):

@@ -48,7 +48,7 @@ from ._checks import check_int
 from .planner import MAX_TREE_NODES, TreeVerifyPlan
 from .planner.lagged import lagged_tree_budget
 from .stats import AcceptanceStats
-from .verifier_slots import SlotTable, check_conf
+from .verifier_slots import SlotTable, check_conf, int32_inputs
 
 __all__ = ["TreeSteps"]
 
@@ -179,6 +179,10 @@ class TreeSteps:
         inputs, capacity, padded size, weights...)."""
         R, n = self.check(conf, parents, tree_sizes)
         live = mode in ("greedy", "global")
+        # int64 inputs as int32 copies, as the planner itself would (a prepared call is bound to int32 ones)
+        tree_sizes, parents, ctx, bt, anchors, tokens, budget = int32_inputs(
+            tree_sizes, parents, kw["context_lens"], kw["block_table"], kw["anchor_tokens"], kw["draft_tokens"], budget)
+        kw = dict(kw, context_lens=ctx, block_table=bt, anchor_tokens=anchors, draft_tokens=tokens)
         # (a fixed budget is a 0-d tensor here: the caller's, or the verifier's own that a host budget goes through)
         caller_budget = budget if not live and isinstance(budget, torch.Tensor) else None
         host_budget = None if live or caller_budget is not None else budget

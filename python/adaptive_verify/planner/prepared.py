@@ -289,7 +289,7 @@ class PreparedPlan(Prepared):
         if changed:
             if call.out is None and (budget is not KEEP or token_offset is not KEEP or num_tokens_padded is not KEEP):
                 raise TypeError("choose_budget's prepared call takes no budget, token_offset or num_tokens_padded")
-            if type(values[0]) is _LazyShift:
+            if type(values[0]) is _LazyShift and new[0] is KEEP:  # (a new table replaces it unbuilt)
                 values = (values[0].view(),) + values[1:]
             values = tuple(old if v is KEEP else v for old, v in zip(values, new))
             step = step_key(*values)
