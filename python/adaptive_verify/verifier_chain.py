@@ -60,22 +60,22 @@ class ChainSteps:
         cuts a shared eager buffer's views to the step's own size). Positional: it runs every step."""
         mode, min_verify, block_size, verification = settings
         live = mode in ("greedy", "global")
-        i64 = torch.int64  # (an int64 input is converted here, once per step, as the free planner would)
-        if getattr(drafts, "dtype", None) is i64 or getattr(budget, "dtype", None) is i64 or \
-                getattr(context_lens, "dtype", None) is i64 or getattr(block_table, "dtype", None) is i64 or \
-                getattr(anchor_tokens, "dtype", None) is i64 or getattr(draft_tokens, "dtype", None) is i64:
-            drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget = int32_inputs(
-                drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget)
         key = (conf.shape[1], draft_tokens is not None, weights is not None, live)
         call = bufs.calls.get(key)
         if call is not None:
             try:
-                # (planner.prepared.INPUTS order: survival, conf, drafts, context_lens, block_table, anchor_tokens,
-                # draft_tokens, weights, parents, budget)
-                return call.run_owned((None, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens,
-                                       weights, None, None if live else budget), table, capacity, token_offset,
-                                      max_step_ms, padded)
-            except PreparedMismatch:  # a caller tensor of another layout than the prepared one: prepare again
+                return self._run(call, live, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens,
+                                 weights, budget, table, capacity, padded, token_offset, max_step_ms)
+            except PreparedMismatch:  # another layout than the prepared one, or int64 where it holds int32
+                pass
+        # int64 inputs as the int32 copies the free planner would make (once per step: the prepared call holds int32)
+        drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget = int32_inputs(
+            drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget)
+        if call is not None:
+            try:
+                return self._run(call, live, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens,
+                                 weights, budget, table, capacity, padded, token_offset, max_step_ms)
+            except PreparedMismatch:  # another layout: prepare again below
                 pass
         kw = dict(mode=mode if live else "fixed", budget=None if live else budget, min_verify=min_verify,
                   capacity=capacity, context_lens=context_lens, block_table=block_table,
@@ -86,6 +86,14 @@ class ChainSteps:
         # (its buffers are the verifier's and this side's own: own_outputs)
         call = bufs.calls[key] = prepare(planner.plan_verification, None, drafts, table, **kw).own_outputs()
         return call.run()
+
+    @staticmethod
+    def _run(call, live, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights, budget, table,
+             capacity, padded, token_offset, max_step_ms):
+        # (planner.prepared.INPUTS order: survival, conf, drafts, context_lens, block_table, anchor_tokens,
+        # draft_tokens, weights, parents, budget)
+        return call.run_owned((None, conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, weights,
+                               None, None if live else budget), table, capacity, token_offset, max_step_ms, padded)
 
     def observe(self, verify_lens: torch.Tensor, num_accepted: torch.Tensor) -> int:
         """observe() of a chain step: verify_lens and num_accepted ([>= R] int32 or int64 on the device) counted into
