@@ -191,7 +191,7 @@ def test_verifier_respects_the_target_and_passes_weights():
 
 
 # ------------------------------------------------------------------------------------------------------
-# argument checks and the remembered path
+# argument checks and the prepared path
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -216,7 +216,9 @@ def test_bad_max_step_ms_names_the_argument(bad, exc):
         av.plan_verification(survival, drafts, mode="all", max_step_ms=5.0)  # no cost table
 
 
-def test_remembered_calls_follow_weights_and_targets():
+def test_prepared_calls_follow_weights_and_targets():
+    """A prepared global plan with weights, run every step with new survivals, drafts and weights written in place
+    and the latency target changed per run, equals a fresh call each step."""
     rng = np.random.default_rng(5)
     R, K = 20, 5
     ct = table()
@@ -224,13 +226,14 @@ def test_remembered_calls_follow_weights_and_targets():
     drafts = torch.empty(R, dtype=torch.int32)
     w = torch.empty(R)
     out = av.VerifyPlan.allocate(R, R + R * K)
+    handle = av.prepare(av.plan_verification, survival, drafts, ct, mode="global", weights=w, out=out,
+                        verification="onehot")
     for step, target in itertools.product(range(3), (None, 6.0, 8.0)):
         s, d = problem(rng, R, K)
         survival.copy_(s)
         drafts.copy_(d)
         w.copy_(weights_of(rng, R, "wide"))
-        got = av.plan_verification(survival, drafts, ct, mode="global", weights=w, max_step_ms=target, out=out,
-                                   verification="onehot")
+        got = handle.run(max_step_ms=target)
         want = av.plan_verification(survival.clone(), drafts.clone(), ct, mode="global", weights=w.clone(),
                                     max_step_ms=target, verification="onehot")
         assert_same(got, want, f"{step} {target}")

@@ -115,7 +115,7 @@ def split(fields: dict, keep: set):
 @given(data=st.data())
 def test_grouped_plan_equals_keyword_plan(tree, data):
     """Every mode (fixed with an int and a tensor budget), with and without metadata: the objects, the keywords and
-    any split between the two give the same plan, fresh and through a remembered call (``out=``)."""
+    any split between the two give the same plan, fresh, repeated with ``out=``, and through a prepared call."""
     inputs, step, metadata, mode, ct = data.draw(steps(tree))
     want = plan(inputs, ct, mode, **step, **metadata)
     assert_same_plan(plan(inputs, ct, mode, step=av.PlanStep(**step), metadata=av.MetadataInputs(**metadata)), want)
@@ -124,13 +124,23 @@ def test_grouped_plan_equals_keyword_plan(tree, data):
     in_meta, meta_kw = split(metadata, set(data.draw(st.sets(st.sampled_from(METADATA_FIELDS)))))
     assert_same_plan(plan(inputs, ct, mode, step=av.PlanStep(**in_step), metadata=av.MetadataInputs(**in_meta),
                           **step_kw, **meta_kw), want)
-    # with out=: the grouped and the keyword call, each repeated (the second of each is a remembered call)
+    # with out=: the grouped and the keyword call, each repeated; then each prepared and run twice
     kind = av.TreeVerifyPlan if tree else av.VerifyPlan
     out = kind.allocate(want.verify_lens.shape[0], want.token_req.shape[0], positions=want.positions is not None,
                         slot_mapping=want.slot_mapping is not None, input_ids=want.input_ids is not None)
     grouped = dict(step=av.PlanStep(**step), metadata=av.MetadataInputs(**metadata))
     for kwargs in (grouped, dict(**step, **metadata), grouped, dict(**step, **metadata)):
         assert_same_plan(plan(inputs, ct, mode, out=out, **kwargs), want)
+    survival, parents, drafts = inputs
+    for kwargs in (grouped, dict(**step, **metadata)):
+        if parents is None:
+            handle = av.prepare(av.plan_verification, survival, drafts, ct, mode=mode, verification="onehot",
+                                out=out, **kwargs)
+        else:
+            handle = av.prepare(av.plan_tree_verification, survival, parents, drafts, ct, mode=mode, out=out,
+                                **kwargs)
+        for _ in range(2):
+            assert_same_plan(handle.run(), want)
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])

@@ -652,20 +652,22 @@ def test_out_must_be_a_tree_plan():
         _tree(out=dataclasses.replace(out, tree_mask=torch.zeros(7, dtype=torch.int64)))
 
 
-def test_remembered_tree_calls_see_new_values():
-    """A decode loop's persistent buffers: the second call with the same objects takes the remembered launch and
-    still plans the new values (and the new tree shape)."""
+@pytest.mark.parametrize("prepared", [False, True])
+def test_repeated_tree_calls_see_new_values(prepared):
+    """A decode loop's persistent buffers, written in place every step: repeated free calls with ``out=``, and a
+    prepared call run every step, plan the new values (and the new tree shape)."""
     rng = np.random.default_rng(11)
     R, N = 6, 9
     parents, sizes = gen_parents(rng, R, N, "random"), torch.full((R,), N, dtype=torch.int32)
     survival = gen_node_survival(rng, "product", parents, sizes, 0.0)
     ct = av.CostTable.from_points({1: 4.0, 64: 4.4, 256: 5.5}, draft_ms=0.5)
     out = TreeVerifyPlan.allocate(R, R + R * N)
+    handle = av.prepare(av.plan_tree_verification, survival, parents, sizes, ct, out=out) if prepared else None
     for seed in range(4):
         rng = np.random.default_rng(seed)
         parents.copy_(gen_parents(rng, R, N, TREE_STYLES[seed]))
         survival.copy_(gen_node_survival(rng, "product", parents, sizes, 0.0))
-        got = av.plan_tree_verification(survival, parents, sizes, ct, out=out)
+        got = handle.run() if prepared else av.plan_tree_verification(survival, parents, sizes, ct, out=out)
         assert_plans_equal(got, ref.plan_tree_verification(survival, parents, sizes, ct), f"step {seed}: ")
 
 

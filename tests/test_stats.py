@@ -45,10 +45,10 @@ def test_counts_equal_the_literal_definition_over_many_steps():
     assert int(stats.trials.sum()) > 100
 
 
-def test_remembered_updates_follow_the_caller_tensors_layout_and_storage():
-    """Repeated updates launch a remembered call keyed by each caller tensor's pointer, dtype, shape and strides: the
-    same objects given new storage (set_), reshaped in place (resize_), or new slices of one buffer must each count
-    exactly what they hold now. Catches a remembered launch that reads an old pointer or layout."""
+def test_repeated_updates_follow_the_caller_tensors_layout_and_storage():
+    """Repeated free updates read each caller tensor as it is now: the same objects given new storage (set_),
+    reshaped in place (resize_), or new slices of one buffer each count exactly what they hold; a prepared update
+    rebinding new slices counts the same, and refuses a tensor resized in place by name."""
     g = torch.Generator().manual_seed(3)
     P = 6
     stats = av.AcceptanceStats(P, num_bins=10)
@@ -74,6 +74,18 @@ def test_remembered_updates_follow_the_caller_tensors_layout_and_storage():
         c3, v3, a3 = _step(5, 4, g)
         buf_v[:5], buf_a[:5] = v3, a3
         check(c3, buf_v[:5], buf_a[:5])
+    handle = av.prepare(stats.update, c3, buf_v[:5], buf_a[:5])
+    for step in range(3):  # the prepared update, rebinding each step's new slices
+        c4, v4, a4 = _step(5, 4, g)
+        buf_v[:5], buf_a[:5] = v4, a4
+        handle.run(conf=c4, verify_lens=buf_v[:5], num_accepted=buf_a[:5])
+        t, s, _ = ref.stats_update(c4, v4, a4, P, 10)
+        want[0].add_(t)
+        want[1].add_(s)
+        assert torch.equal(stats.trials, want[0]) and torch.equal(stats.survivals, want[1])
+    c4.resize_(2, 4)
+    with pytest.raises(av.PreparedMismatch, match="conf"):
+        handle.run()
 
 
 def test_report_matches_straightforward_formulas():
