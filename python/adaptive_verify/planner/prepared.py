@@ -239,9 +239,9 @@ class PreparedPlan(Prepared):
                                       max_step_ms, num_tokens_padded))
 
     def run_step(self, inputs: Optional[dict], new: tuple):
-        """run() with its arguments as a dict of inputs (a tensor budget among them, as ``budget``) and the tuple
-        (cost_table, capacity, budget, extra_tokens, extra_emitting, token_offset, max_step_ms, num_tokens_padded),
-        KEEP where unchanged: the form an owner calling it every step uses (no keyword parsing)."""
+        """run() with its arguments unpacked: a dict of inputs (a tensor budget among them, as ``budget``) and the
+        tuple (cost_table, capacity, budget, extra_tokens, extra_emitting, token_offset, max_step_ms,
+        num_tokens_padded), KEEP where unchanged. (An owner running it every step uses run_owned.)"""
         call = self.call
         self._bind(inputs)
         if inputs:
