@@ -260,6 +260,8 @@ def test_bundled_profiles_round_trip_and_run():
     for name in ("dsv4-pro-8xb300", "llama3-70b-8xh200"):
         prof = get_profile(name)
         again = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
+        # (the dicts, so that a failure shows the fields that differ: a CI run of 2026-12-03 failed here once)
+        assert again.cost_table.to_dict() == prof.cost_table.to_dict(), name
         assert again.cost_table == prof.cost_table and again.acceptance == prof.acceptance
         r = simulate(prof, parse_policy("greedy", prof.drafter.num_drafts), 8, steps=20)
         assert r["tokens_per_s"] > 0 and np.isfinite(r["tpot_ms"])
