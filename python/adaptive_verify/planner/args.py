@@ -118,11 +118,10 @@ def resolve_plan_args(
     survival, drafts, cost_table, *, mode, budget=None, min_verify=0, max_verify=None, extra_tokens=0,
     extra_emitting=0, capacity=None, context_lens=None, block_table=None, block_size=None, anchor_tokens=None,
     draft_tokens=None, token_offset=0, num_reqs_padded=None, num_tokens_padded=None, allowed_modes=tuple(MODES),
-    costs=None, conf=None, survival_out=None, weights=None, max_step_ms=None, parents=None,
+    conf=None, survival_out=None, weights=None, max_step_ms=None, parents=None,
 ) -> PlanArgs:
-    """Validates every planner argument (errors name the argument) and fills the defaults. ``costs(cost_table,
-    R, max_n, device, need_verify) -> (draft_cost, verify_cost)`` looks the cost arrays up (the ops pass a
-    cached lookup; the default asks the table).
+    """Validates every planner argument (errors name the argument) and fills the defaults; the cost arrays come from
+    the table's own cached arrays (_table_costs).
 
     With ``conf`` ([R, K] confidences) instead of ``survival`` (which must then be None), the kernel computes
     the survival itself into ``survival_out`` ([R, K] float32 contiguous, allocated when None): PlanArgs.survival
@@ -211,7 +210,7 @@ def resolve_plan_args(
         anchor_tokens=anchor_tokens, draft_tokens=draft_tokens, token_offset=0,
         num_reqs_padded=num_reqs_padded, num_tokens_padded=0, conf=conf, weights=weights, parents=parents,
     )
-    resolve_step(a, cost_table, capacity, num_tokens_padded, costs or _table_costs, budget=budget,
+    resolve_step(a, cost_table, capacity, num_tokens_padded, _table_costs, budget=budget,
                  extra_tokens=extra_tokens, extra_emitting=extra_emitting, token_offset=token_offset,
                  max_step_ms=max_step_ms)
     return a

@@ -18,7 +18,7 @@ from .._validate import check_tensor
 from ..cost import CostTable
 from .args import PlanArgs, check_out, resolve_plan_args
 from .launch import launch, make_params, run_traced, workspace_for
-from .prepared import PreparedPlan, _Call, _costs, step_key, token_views
+from .prepared import PreparedPlan, _Call, step_key, token_views
 from .step import MetadataInputs, PlanStep, merge_metadata, merge_step
 from .survival import prefix_survival
 from .verify_plan import VerifyPlan
@@ -141,7 +141,7 @@ def _choose_budget(survival, drafts, cost_table, *, mode, min_verify, max_verify
               extra_emitting=extra_emitting, capacity=capacity, draft_tokens=draft_tokens,
               allowed_modes=("global", "greedy", "all"), conf=conf, weights=weights, max_step_ms=max_step_ms,
               parents=parents)
-    a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
+    a = resolve_plan_args(survival, drafts, cost_table, **kw)
     if out is None:
         out = torch.empty((), dtype=torch.int32, device=a.device)
     else:
@@ -285,7 +285,7 @@ def plan_call(survival, drafts, cost_table, verification, kw: dict, out):
 def run_plan(op: str, plan_type: type, survival, drafts, cost_table, kw: dict, out):
     """plan_verification's and plan_tree_verification's call (kw: their keyword arguments, ``parents`` for trees):
     validation, then the launch (or, under prepare, its PreparedPlan). Returns the plan."""
-    a = resolve_plan_args(survival, drafts, cost_table, costs=_costs, **kw)
+    a = resolve_plan_args(survival, drafts, cost_table, **kw)
     if out is None:
         out = plan_type.allocate(
             a.num_reqs_padded, a.num_tokens_padded, a.device, positions=a.context_lens is not None,

@@ -19,11 +19,6 @@ from .launch import fill_step, launch_at
 from .verify_plan import VerifyPlan
 
 
-def _costs(cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
-    """(fixed_cost(R), verify_array(max_n)): the table's own cached arrays (CostTable.verify_array)."""
-    return _table_costs(cost_table, R, max_n, device, need_verify)
-
-
 class _ShiftCosts:
     """A prepared CPU call's verify costs for shifted cost tables (CostTable.shifted, one per prompt chunk), written
     into arrays the call owns. Chunked prefill brings a new shift almost every step; a view's own verify_array would
@@ -40,11 +35,11 @@ class _ShiftCosts:
         self.fixed = (None, -1, 0.0)  # (base table, R, its fixed cost)
 
     def __call__(self, cost_table: CostTable, R: int, max_n: int, device: torch.device, need_verify: bool):
-        """_costs for a shifted view (its drafter is its base's, so the fixed cost is the base's, remembered)."""
+        """_table_costs for a shifted view (its drafter is its base's, so the fixed cost is the base's, remembered)."""
         base, fixed_r, draft_cost = self.fixed
         unshifted = cost_table.unshifted
         if base is not unshifted or fixed_r != R:
-            draft_cost, _ = _costs(unshifted, R, 0, device, False)
+            draft_cost, _ = _table_costs(unshifted, R, 0, device, False)
             self.fixed = (unshifted, R, draft_cost)
         if not need_verify:
             return draft_cost, None
@@ -83,7 +78,7 @@ class _Call:
         _, _, capacity, _, budget, _, extra_tokens, _, extra_emitting, _, token_offset, _, max_step_ms, _, padded = step
         if budget is None and self.a.budget_in is not None:  # a tensor budget is in the key, not in the step
             budget = self.a.budget_in
-        costs = _costs
+        costs = _table_costs
         # A shifted view on the CPU: its verify costs go into this call's own arrays (_ShiftCosts).
         if not self.on_cuda and isinstance(cost_table, CostTable) and cost_table.shifted_by:
             if self.shift_costs is None:
