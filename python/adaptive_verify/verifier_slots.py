@@ -26,6 +26,7 @@ import torch
 
 from ._binding import SlotParams
 from ._ext import _C
+from .planner.args import as_int32
 from .planner.lagged import prepare_lagged_budget
 
 #: The lagged budget's prepared calls kept per SlotTable, one per (R, weighted): R wanders as requests join and leave.
@@ -85,16 +86,10 @@ def host_floats(name: str, values, n: int) -> np.ndarray:
 
 
 def int32_inputs(*tensors) -> tuple:
-    """The planner's integer inputs as the kernel reads them: an int64 tensor becomes an int32 copy (a 0-d budget
-    clamped to [0, 2^31 - 1] first, as the planner does), anything else is passed on for the planner to check. The
-    verifier's prepared calls are bound to int32 inputs (prepare refuses a per-call conversion), so it converts
-    here, once per step, what the free planner would convert itself."""
-    out = []
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.dtype == torch.int64:
-            t = (t.clamp(0, 2**31 - 1) if t.dim() == 0 else t).to(torch.int32)
-        out.append(t)
-    return tuple(out)
+    """The planner's integer inputs as the kernel reads them (planner.args.as_int32: an int64 tensor becomes the
+    int32 copy the free planner would make). The verifier's prepared calls are bound to int32 inputs (prepare refuses
+    a per-call conversion), so it converts here, once per step."""
+    return tuple(map(as_int32, tensors))
 
 
 def check_conf(conf, columns: str, limit_name: str, limit: int, max_reqs: int, device: torch.device) -> tuple[int, int]:

@@ -70,11 +70,17 @@ def _tensor(name, t, *, dtype, device, shape=None, ndim=None, inner_contiguous=F
                         inner_contiguous=inner_contiguous)
 
 
+def as_int32(t):
+    """An int64 tensor as the int32 copy the kernels read (a 0-d one, a budget, clamped to [0, INT32_MAX] first so
+    that a huge value cannot wrap around); anything else unchanged, for the caller to check."""
+    if isinstance(t, torch.Tensor) and t.dtype == torch.int64:
+        t = (t.clamp(0, INT32_MAX) if t.dim() == 0 else t).to(torch.int32)
+    return t
+
+
 def int32_tensor(name, t, device, shape):
     """int32 tensor, accepting int64 with a (documented) conversion."""
-    if isinstance(t, torch.Tensor) and t.dtype == torch.int64:
-        t = t.to(torch.int32)
-    return _tensor(name, t, dtype=torch.int32, device=device, shape=shape)
+    return _tensor(name, as_int32(t), dtype=torch.int32, device=device, shape=shape)
 
 
 def survival_and_drafts(survival, drafts, name="survival", tree=False):
@@ -104,9 +110,7 @@ def survival_and_drafts(survival, drafts, name="survival", tree=False):
 def parents_tensor(parents, R: int, N: int, device):
     """[R, N] int32 parents (int64 converted), last dim contiguous. Values are checked by the kernels (the CPU
     raises ValueError naming parents; CUDA counts them), since checking them here would sync a GPU."""
-    if isinstance(parents, torch.Tensor) and parents.dtype == torch.int64:
-        parents = parents.to(torch.int32)
-    return _tensor("parents", parents, dtype=torch.int32, device=device, shape=(R, N), inner_contiguous=True)
+    return _tensor("parents", as_int32(parents), dtype=torch.int32, device=device, shape=(R, N), inner_contiguous=True)
 
 
 def _table_costs(cost_table: CostTable, R: int, max_n: int, device, need_verify: bool):
@@ -159,9 +163,7 @@ def resolve_plan_args(
         if budget is None:
             raise ValueError("budget is required with mode='fixed' (a Python int or a 0-d int32 tensor)")
         if isinstance(budget, torch.Tensor):
-            if budget.dtype == torch.int64:  # clamp first (no sync) so a huge int64 cannot wrap around
-                budget = budget.clamp(0, INT32_MAX).to(torch.int32)
-            budget_in = _tensor("budget", budget, dtype=torch.int32, device=device, shape=())
+            budget_in = _tensor("budget", as_int32(budget), dtype=torch.int32, device=device, shape=())
     elif budget is not None:
         raise ValueError(f"budget is only used with mode='fixed', not mode={mode!r}")
 
@@ -176,8 +178,7 @@ def resolve_plan_args(
         if block_size is None:
             raise ValueError("block_size is required with block_table")
         check_int("block_size", block_size, lo=1, hi=INT32_MAX)
-        if isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int64:
-            block_table = block_table.to(torch.int32)
+        block_table = as_int32(block_table)
         _tensor("block_table", block_table, dtype=torch.int32, device=device, ndim=2, inner_contiguous=True)
         if block_table.shape[0] != R:
             raise ValueError(f"block_table must have R = {R} rows, got shape {tuple(block_table.shape)}")
@@ -190,8 +191,7 @@ def resolve_plan_args(
     if anchor_tokens is not None:
         anchor_tokens = int32_tensor("anchor_tokens", anchor_tokens, device, (R,))
     if draft_tokens is not None:  # alone it still ends each request's candidates at its first invalid (-1) draft
-        if isinstance(draft_tokens, torch.Tensor) and draft_tokens.dtype == torch.int64:
-            draft_tokens = draft_tokens.to(torch.int32)
+        draft_tokens = as_int32(draft_tokens)
         _tensor("draft_tokens", draft_tokens, dtype=torch.int32, device=device, ndim=2, inner_contiguous=True)
         if draft_tokens.shape[0] != R or draft_tokens.shape[1] < max_verify:
             raise ValueError(
