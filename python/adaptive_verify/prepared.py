@@ -137,73 +137,57 @@ class Prepared:
 
     def _bind(self, new: Optional[dict]) -> None:
         """Rebinds the input tensors in ``new`` (name -> tensor or None: keep) and checks every other tensor's
-        layout. Raises PreparedMismatch naming the tensor."""
-        slots, given = self._slots, 0
-        if new:
-            params = self.params
-            for name, t in new.items():
-                if t is None:
-                    continue
-                slot = slots.get(name)
-                if slot is None:
-                    raise TypeError(f"{self.op}: run() cannot rebind [{name!r}]: its inputs are {list(slots)} (an "
-                                    "input that was None at prepare stays None; prepare another call to pass one)")
-                given += 1
-                if t is slot[0]:  # the bound tensor: only an in-place change of its layout is possible
-                    if (t.data_ptr(), t.shape, t.stride()) != slot[3]:
-                        raise PreparedMismatch(self._changed(name))
-                    continue
-                if type(t) is not torch.Tensor:
-                    raise PreparedMismatch(self._mismatch(name, t, slot[2]))
-                arg = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
-                if arg != slot[2]:  # another pointer (or another layout, which is refused)
-                    if arg[1:] != slot[2][1:]:
-                        raise PreparedMismatch(self._mismatch(name, t, slot[2]))
-                    setattr(params, slot[1], arg[0])
-                    slot[2], slot[3] = arg, (arg[0], arg[3], arg[4])
-                slot[0] = t
-        if given != len(slots) and not self._own_inputs:  # the inputs not given: their layout is checked
-            for name, slot in slots.items():
-                if new is None or new.get(name) is None:
+        layout (_bind_seq). Raises TypeError for a name that is not an input, PreparedMismatch naming a tensor."""
+        if not new:
+            self._bind_seq(None)
+            return
+        unknown = sorted(name for name, t in new.items() if t is not None and name not in self._slots)
+        if unknown:
+            raise TypeError(f"{self.op}: run() cannot rebind {unknown}: its inputs are {list(self._slots)} (an input "
+                            "that was None at prepare stays None; prepare another call to pass one)")
+        self._bind_seq(tuple(map(new.get, self._order)))
+
+    def _bind_seq(self, tensors) -> None:
+        """Rebinds the inputs given positionally, ``tensors`` in the order they were given at construction (None:
+        keep; None for ``tensors``: keep every one), the form an owner passing every input each run uses, and checks
+        the layout of the bound ones (not with own_outputs(inputs=True)) and of the held ones."""
+        own = self._own_inputs
+        if tensors is None:
+            if not own:
+                for name, slot in self._slots.items():
                     t = slot[0]
                     if (t.data_ptr(), t.shape, t.stride()) != slot[3]:
                         raise PreparedMismatch(self._changed(name))
-        self._check_held()
+            if self._held:
+                self._check_held()
+            return
+        params = self.params
+        for name, slot, t in zip(self._order, self._seq, tensors):
+            if slot is None:
+                if t is not None:
+                    raise TypeError(f"{self.op}: run() cannot rebind [{name!r}]: its inputs are {list(self._slots)} "
+                                    "(an input that was None at prepare stays None; prepare another call to pass one)")
+                continue
+            cur = slot[0]
+            if t is None or t is cur:  # the bound tensor: only an in-place change of its layout is possible
+                if not own and (cur.data_ptr(), cur.shape, cur.stride()) != slot[3]:
+                    raise PreparedMismatch(self._changed(name))
+                continue
+            arg = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride()) if type(t) is torch.Tensor else None
+            if arg != slot[2]:  # another pointer (or another layout, which is refused)
+                if arg is None or arg[1:] != slot[2][1:]:
+                    raise PreparedMismatch(self._mismatch(name, t, slot[2]))
+                setattr(params, slot[1], arg[0])
+                slot[2], slot[3] = arg, (arg[0], arg[3], arg[4])
+            slot[0] = t
+        if self._held:
+            self._check_held()
 
     def _check_held(self) -> None:
         """Raises PreparedMismatch naming the first held tensor (output, settings tensor) whose layout changed."""
         for i, (t, sig) in enumerate(zip(self._held, self._held_sig)):
             if (t.data_ptr(), t.shape, t.stride()) != sig:
                 raise PreparedMismatch(self._changed(self._held_names[i]))
-
-    def _bind_seq(self, tensors) -> None:
-        """_bind for an owner that passes every input each run, positionally: ``tensors`` in the order the inputs
-        were given at construction (None: not an input of this call, or keep it). The same checks, with no names to
-        look up; None for ``tensors`` checks only."""
-        if tensors is None:
-            if not self._own_inputs or self._held:
-                self._bind(None)
-            return
-        params, own = self.params, self._own_inputs
-        for slot, t in zip(self._seq, tensors):
-            if slot is None:
-                if t is not None:
-                    self._bind(dict(zip(self._order, tensors)))  # (raises, naming what is not an input)
-                continue
-            cur = slot[0]
-            if t is None or t is cur:  # the bound tensor: only an in-place change of its layout is possible
-                if not own and (cur.data_ptr(), cur.shape, cur.stride()) != slot[3]:
-                    self._bind(None)  # (raises, naming it)
-                continue
-            arg = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride()) if type(t) is torch.Tensor else None
-            if arg != slot[2]:
-                if arg is None or arg[1:] != slot[2][1:]:
-                    self._bind(dict(zip(self._order, tensors)))  # (raises, naming it)
-                setattr(params, slot[1], arg[0])
-                slot[2], slot[3] = arg, (arg[0], arg[3], arg[4])
-            slot[0] = t
-        if self._held:
-            self._check_held()
 
     def _changed(self, name: str) -> str:
         return (f"{self.op}: {name} changed its data pointer, shape or strides since it was prepared (resize_, set_, "

@@ -230,20 +230,12 @@ class PreparedPlan(Prepared):
             inputs["budget"], budget = budget, KEEP
         elif budget is None:  # (like a None input: keeps the prepared budget)
             budget = KEEP
-        return self.run_step(inputs, (cost_table, capacity, budget, extra_tokens, extra_emitting, token_offset,
-                                      max_step_ms, num_tokens_padded))
-
-    def run_step(self, inputs: Optional[dict], new: tuple):
-        """run() with its arguments unpacked: a dict of inputs (a tensor budget among them, as ``budget``) and the
-        tuple (cost_table, capacity, budget, extra_tokens, extra_emitting, token_offset, max_step_ms,
-        num_tokens_padded), KEEP where unchanged. (An owner running it every step uses run_owned.)"""
-        call = self.call
         self._bind(inputs)
-        if inputs:
-            budget_in = inputs.get("budget")
-            if budget_in is not None:  # (restep reads the tensor budget from the planner arguments)
-                call.a.budget_in = budget_in
-        return self._step_and_run(new)
+        budget_in = inputs.get("budget")
+        if budget_in is not None:  # (restep reads the tensor budget from the planner arguments)
+            self.call.a.budget_in = budget_in
+        return self._step_and_run((cost_table, capacity, budget, extra_tokens, extra_emitting, token_offset,
+                                   max_step_ms, num_tokens_padded))
 
     def run_owned(self, tensors: tuple, cost_table, capacity, token_offset, max_step_ms, num_tokens_padded):
         """The per-step form for an owner that calls it every step (AdaptiveVerifier): ``tensors`` are the inputs in
