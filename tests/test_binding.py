@@ -72,7 +72,29 @@ def _captured(monkeypatch, module_name, struct, call):
 
 
 def _fields(p, cls):
-    return {name: getattr(p, name) for name in _binding.fields_of(cls)}
+    """Every field by name (an array field as a list)."""
+    values = {name: getattr(p, name) for name in _binding.fields_of(cls)}
+    return {name: list(v) if isinstance(v, ctypes.Array) else v for name, v in values.items()}
+
+
+def test_draft_depth_fields_by_name(monkeypatch):
+    """choose_draft_depth fills the planner struct's depth fields: the range, each depth's fixed cost and latency cap
+    (the arrays by value), and the depth output."""
+    R, K = 6, 5
+    survival = torch.rand(R, K)
+    drafts = torch.full((R,), K, dtype=torch.int32)
+    ct = av.CostTable.from_points({1: 1.0, 512: 3.0}, draft_ms=2.0, draft_levels=K, draft_level_ms=0.25,
+                                  request_ms=0.125)
+    p, out = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                       lambda: av.choose_draft_depth(survival, drafts, ct, min_verify=2, max_verify=4, min_depth=1,
+                                                     max_step_ms=1.9))
+    f = _fields(p, _binding.PlannerParams)
+    assert (f["choose_depth"], f["min_depth"], f["max_depth"], f["write_plan"]) == (1, 2, 4, 0)
+    assert f["depth_out"] == out[0].data_ptr() and f["budget_out"] == out[1].data_ptr()
+    assert f["depth_cost"][:5] == [pytest.approx(ct.fixed_cost(R, d)) for d in range(5)] and f["depth_cost"][5:] == \
+        [0.0] * 28
+    caps = f["depth_step_cap"]
+    assert caps[0] > caps[4] >= 0 and caps[5:] == [0] * 28  # a deeper draft leaves less of the target to verify
 
 
 def test_planner_fields_by_name(monkeypatch):
@@ -105,7 +127,8 @@ def test_planner_fields_by_name(monkeypatch):
                 query_start_loc=plan.query_start_loc.data_ptr(), seq_lens=plan.seq_lens.data_ptr(),
                 token_req=plan.token_req.data_ptr(), positions=plan.positions.data_ptr(),
                 slot_mapping=plan.slot_mapping.data_ptr(), input_ids=plan.input_ids.data_ptr(), tree_mask=None,
-                token_parent=None, token_node=None, token_depth=None, workspace=None)
+                token_parent=None, token_node=None, token_depth=None, workspace=None, choose_depth=0, min_depth=0,
+                max_depth=0, depth_cost=[0.0] * 33, depth_step_cap=[0] * 33, depth_out=None)
     assert f.pop("draft_cost") == pytest.approx(0.25)
     assert f.pop("error_counts") == av.errors.error_buffer("cpu").data_ptr()
     assert f == want

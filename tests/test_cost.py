@@ -152,7 +152,7 @@ def test_request_ms_is_a_per_request_fixed_term():
     assert plain.request_ms == 0.0 and plain.fixed_cost(100) == plain.draft_cost(100) == 0.5
     v2 = plain.to_dict()
     v2.update(format_version=2)
-    del v2["request_ms"]
+    del v2["request_ms"], v2["draft_levels"], v2["draft_level_ms"], v2["draft_catch_up"]
     assert CostTable.from_dict(v2).request_ms == 0.0
     roof = CostTable.roofline(hbm_gbps=1000.0, tflops=100.0, weight_bytes=1e9, active_params=1e9,
                               kv_bytes_per_token=0.0, context_len=0, max_tokens=64, request_ms=0.1)
@@ -242,7 +242,7 @@ def test_json_round_trip(tmp_path):
     )
     path = tmp_path / "cost.json"
     t.to_json(path)
-    assert json.loads(path.read_text())["format_version"] == cost.FORMAT_VERSION == 3
+    assert json.loads(path.read_text())["format_version"] == cost.FORMAT_VERSION == 4
     u = CostTable.from_json(path)
     assert u == t and u.draft_interpolation == "staircase"
     assert u.verify_ms == t.verify_ms and u.draft_ms == t.draft_ms
@@ -277,10 +277,14 @@ def test_json_deep_nesting_is_a_value_error(tmp_path):
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda d: d.update(format_version=4), "format_version=4 is not supported"),
+        (lambda d: d.update(format_version=5), "format_version=5 is not supported"),
         (lambda d: d.update(format_version=1),
-         r"unknown keys \['draft_interpolation', 'request_ms'\] in a format_version 1"),
-        (lambda d: d.update(format_version=2), r"unknown keys \['request_ms'\] in a format_version 2"),
+         r"unknown keys \['draft_interpolation', 'request_ms', 'draft_levels', 'draft_level_ms', 'draft_catch_up'\] "
+         r"in a format_version 1"),
+        (lambda d: d.update(format_version=2),
+         r"unknown keys \['request_ms', 'draft_levels', 'draft_level_ms', 'draft_catch_up'\] in a format_version 2"),
+        (lambda d: d.update(format_version=3),
+         r"unknown keys \['draft_levels', 'draft_level_ms', 'draft_catch_up'\] in a format_version 3"),
         (lambda d: d.update(request_ms=-0.5), "request_ms"),
         (lambda d: d.update(draft_interpolation="cubic"), "draft_interpolation"),
         (lambda d: d.pop("format_version"), "format_version missing"),

@@ -357,3 +357,35 @@ def test_cuda_tree_graph_capture_and_replay(mode):
         torch.cuda.synchronize()
         eager = _plan_tree(prob, ct, **{**kw, "out": None, **({"budget": b} if mode == "fixed" else {})})
         _assert_same_tree(out, eager, "replay")
+
+
+@needs_cuda
+@pytest.mark.parametrize("R,K", [(1, 1), (9, 5), (256, 8), (1200, 16)])
+def test_cuda_draft_depth_matches_cpu(R, K):
+    """choose_draft_depth's CUDA kernel (plan_kernel<true>, at most 512 threads) against the CPU kernel, on the
+    shared-memory and the global-workspace sizes, then replayed in a CUDA graph on new values."""
+    from test_planner_depth import chain_table, problem
+    survival, drafts, g = problem(R, K, R + K)
+    ct = chain_table({1: 0.02, 512: 0.04}, levels=K, max_tokens=8192)
+    weights = torch.rand(R, generator=g) * 2
+    for kw in (dict(), dict(min_verify=1), dict(weights=weights, extra_tokens=100), dict(max_step_ms=6.0)):
+        cpu = av.choose_draft_depth(survival, drafts, ct, **kw)
+        gkw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        gpu = av.choose_draft_depth(survival.cuda(), drafts.cuda(), ct, **gkw)
+        assert (int(cpu[0]), int(cpu[1])) == (int(gpu[0]), int(gpu[1])), kw
+    s_buf, d_buf = survival.cuda(), drafts.cuda()
+    out = (torch.zeros((), dtype=torch.int32, device="cuda"), torch.zeros((), dtype=torch.int32, device="cuda"))
+    av.choose_draft_depth(s_buf, d_buf, ct, out=out)  # warm up (cost arrays, shared-memory opt-in)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        av.choose_draft_depth(s_buf, d_buf, ct, out=out)
+    for seed, lo in ((1, 0.05), (2, 0.8)):
+        s2, d2, _ = problem(R, K, seed, lo=lo)
+        s_buf.copy_(s2)
+        d_buf.copy_(d2)
+        out[0].fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = av.choose_draft_depth(s2, d2, ct)
+        assert (int(out[0]), int(out[1])) == (int(want[0]), int(want[1]))

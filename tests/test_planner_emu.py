@@ -292,3 +292,50 @@ def test_emulated_kernel_makes_out_of_range_context_lengths_padding_and_counts_t
             assert torch.equal(got.slot_mapping[rows], want.slot_mapping[rows])
     for name in ("verify_lens", "budget", "query_start_loc", "token_req", "num_tokens"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@pytest.mark.parametrize("R,K", [(1, 1), (9, 5), (256, 8), (1200, 16)])
+def test_emulated_draft_depth_matches_cpu(R, K, emulated):
+    """choose_draft_depth (algorithm.h choose_depth: per depth the buckets counted again and the budget searched) on
+    the block, the shared-memory and the global-workspace paths: the same (depth, budget) as the CPU kernel."""
+    from test_planner_depth import chain_table, problem
+    survival, drafts, g = problem(R, K, R + K)
+    ct = chain_table({1: 0.02, 512: 0.04}, levels=K, max_tokens=8192)
+    weights = torch.rand(R, generator=g) * 2
+    cases = [dict(), dict(min_verify=1), dict(weights=weights, extra_tokens=100), dict(max_step_ms=6.0),
+             dict(capacity=R + R // 2 + 1)]
+    for kw in cases[:2] if R > 1000 else cases:  # (the global-workspace size is slow to emulate at 17 depths)
+        cpu = av.choose_draft_depth(survival, drafts, ct, **kw)
+        emu = emulated(lambda: av.choose_draft_depth(survival, drafts, ct, **kw))
+        assert (int(cpu[0]), int(cpu[1])) == (int(emu[0]), int(emu[1])), kw
+
+
+def test_emulated_draft_depth_replay_reads_the_new_values(monkeypatch, emu_lib):
+    """A CUDA graph of choose_draft_depth under the emulator: the kernel struct of the first call frozen (its bytes,
+    as a captured launch keeps its parameters), relaunched after new survivals and drafts land in the same buffers,
+    the outputs poisoned in between; each launch gives the eager call's (depth, budget) of the new values."""
+    from adaptive_verify._binding import PlannerParams
+    from test_planner_depth import chain_table, problem
+    R, K = 50, 6
+    ct = chain_table({1: 0.05, 512: 0.1}, levels=K, max_tokens=4096)
+    values = [problem(R, K, seed, lo=lo)[:2] for seed, lo in ((1, 0.3), (2, 0.8), (3, 0.05))]
+    survival, drafts = values[0][0].clone(), values[0][1].clone()
+    out = (torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.int32))
+    frozen = {}
+
+    def capture(params, on_cuda, stream):
+        frozen["struct"] = ctypes.create_string_buffer(ctypes.string_at(params, ctypes.sizeof(PlannerParams)))
+        return emu_build.status_of(emu_lib.av_emu_plan, params)
+
+    with monkeypatch.context() as m:
+        m.setattr(ops_module, "_C", emu_build.EmulatedC(ops_module._C, {"plan": capture}))
+        av.choose_draft_depth(survival, drafts, ct, min_verify=1, out=out)
+    for s, d in values[1:] + values[:1]:
+        survival.copy_(s)
+        drafts.copy_(d)
+        out[0].fill_(-7)
+        out[1].fill_(-7)
+        emu_build.status_of(emu_lib.av_emu_plan, ctypes.addressof(frozen["struct"]))
+        eager = av.choose_draft_depth(s, d, ct, min_verify=1)
+        assert (int(out[0]), int(out[1])) == (int(eager[0]), int(eager[1]))
+    assert len({int(av.choose_draft_depth(s, d, ct, min_verify=1)[0]) for s, d in values}) > 1  # not one answer

@@ -15,7 +15,7 @@ from adaptive_verify.sim import Profile, get_profile, parse_policy, profile_dict
 from adaptive_verify.sim.tree import TreeModel, accepted_depths, draft_trees, tree_draft_ms
 
 CHAIN_TWINS = [("global", "tree"), ("lagged", "tree-lagged"), ("k{K}", "eagle2-{K}")]
-SKIP = {"policy", "head_auc", "head_ece"}  # head quality: counted for chains only (AcceptanceStats is per position)
+SKIP = {"policy", "head_auc", "head_ece", "depth_per_step"}  # head quality and the draft depth: chains only
 
 
 def flat_profile(verify_ms, *, K=4, head_noise=0.5, capacity=4096):
@@ -42,7 +42,9 @@ def test_top1_tree_is_the_chain_bit_for_bit(name):
     chain_tree = TreeModel(top_k=1)
     for c in (3, 96):
         for chain_name, tree_name in CHAIN_TWINS:
-            chain = simulate(prof, parse_policy(chain_name.format(K=K), K), c, steps=40, warmup=10, seed=5)
+            # (full_draft: the chain drafts every level, as the tree policies do; the draft depth is the chains' own)
+            chain = simulate(prof, parse_policy(chain_name.format(K=K), K), c, steps=40, warmup=10, seed=5,
+                             full_draft=True)
             tree = simulate(prof, parse_policy(tree_name.format(K=K), K), c, steps=40, warmup=10, seed=5,
                             tree=chain_tree)
             assert chain["verified_per_step"] > 0.5
@@ -55,7 +57,8 @@ def test_top1_tree_is_the_chain_with_a_miscalibrated_head_and_priorities():
     d["workload"]["priority"] = {"fraction": 0.3, "weight": 4.0}
     prof = Profile.from_dict(d)
     for chain_name, tree_name in CHAIN_TWINS + [("k3", "eagle2-3")]:  # block drafter: eagle2-3 drafts what k3 does
-        chain = simulate(prof, parse_policy(chain_name.format(K=7), 7), 24, steps=40, warmup=10, seed=2)
+        chain = simulate(prof, parse_policy(chain_name.format(K=7), 7), 24, steps=40, warmup=10, seed=2,
+                         full_draft=True)
         tree = simulate(prof, parse_policy(tree_name.format(K=7), 7), 24, steps=40, warmup=10, seed=2,
                         tree=TreeModel(top_k=1))
         assert not _same(chain, tree), (chain_name, _same(chain, tree))

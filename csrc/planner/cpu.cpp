@@ -734,7 +734,8 @@ int plan_cpu(const Params& p_in) {
   const Buckets bk = Buckets::make(n_slots, p.min_verify > 0);
   const WorkspaceLayout layout = workspace_layout(n_slots, bk.num, p.num_reqs, 1, false, p.parents != nullptr);
   if (be.workspace.size() < size_t(layout.bytes)) be.workspace.resize(size_t(layout.bytes));
-  return plan(p, be, carve_workspace(be.workspace.data(), layout));
+  const Workspace ws = carve_workspace(be.workspace.data(), layout);
+  return p.choose_depth ? plan<CpuBackend, true>(p, be, ws) : plan(p, be, ws);
 }
 
 }  // namespace planner

@@ -12,8 +12,8 @@ from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
-from .planner import (MetadataInputs, PlanStep, TreeVerifyPlan, VerifyPlan, choose_budget, lagged_budget,
-                      plan_tree_verification, plan_verification, prefix_survival, tree_survival)
+from .planner import (MetadataInputs, PlanStep, TreeVerifyPlan, VerifyPlan, choose_budget, choose_draft_depth,
+                      lagged_budget, plan_tree_verification, plan_verification, prefix_survival, tree_survival)
 from .prepared import Prepared, PreparedMismatch, prepare
 from .sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
@@ -37,6 +37,7 @@ __all__ = [
     "build_info",
     "calibration_report",
     "choose_budget",
+    "choose_draft_depth",
     "commit_tree_kv",
     "confidence",
     "confidence_from_logits",

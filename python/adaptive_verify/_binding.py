@@ -20,12 +20,25 @@ _CTYPES = {
 }
 
 
+#: Array fields (fixed size, by value): their element type per kind.
+_ARRAY_ELEMENTS = {"F": ctypes.c_float, "I": ctypes.c_int64}
+
+
+def _ctype(kind: str, size: int):
+    element = _ARRAY_ELEMENTS.get(kind)
+    if element is None:
+        return _CTYPES[(kind, size)]
+    if size % ctypes.sizeof(element):
+        raise KeyError((kind, size))
+    return element * (size // ctypes.sizeof(element))
+
+
 def struct_type(name: str, layout) -> type:
     """A ctypes.Structure subclass with the fields of an exported layout ([(name, offset, size, kind)], sizeof)."""
     fields, size = layout
     fields = sorted(fields, key=lambda f: f[1])
     try:
-        ctype_fields = [(f_name, _CTYPES[(kind, f_size)]) for f_name, _, f_size, kind in fields]
+        ctype_fields = [(f_name, _ctype(kind, f_size)) for f_name, _, f_size, kind in fields]
     except KeyError as e:
         raise ImportError(f"adaptive_verify._C.{name}: unsupported field kind {e}") from None
     cls = type(name, (ctypes.Structure,), {"_fields_": ctype_fields, "__slots__": ()})

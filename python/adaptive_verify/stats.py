@@ -107,7 +107,13 @@ class AcceptanceStats:
         self._conf_fixed.zero_()
         self.totals.zero_()
 
-    def report(self) -> dict:
+    def snapshot(self) -> tuple:
+        """A copy of the counts (trials, survivals, confidence sums), for ``report(since=...)``: the figures of the
+        updates after it, while the counts keep running (a caller that reads the per-position acceptance, as
+        AdaptiveVerifier.plan_draft does, cannot have them zeroed)."""
+        return self.trials.clone(), self.survivals.clone(), self._conf_fixed.clone()
+
+    def report(self, since: Optional[tuple] = None) -> dict:
         """Host-side summary (syncs): per position j and overall,
 
         - ``ece``: sum over bins of |survivals - sum of conf| / trials, i.e. the trial-weighted gap between
@@ -115,10 +121,15 @@ class AcceptanceStats:
         - ``auc``: probability that a surviving trial got a higher bin than a failed one (ties count half),
           nan when a position has only one outcome;
         - ``acceptance``: observed survival rate given a trial; ``trials``: number of trials.
+
+        since: a :meth:`snapshot`: the figures of the updates after it.
         """
-        n = self.trials.cpu().double()
-        s = self.survivals.cpu().double()
-        c = self.conf_sum.cpu()
+        trials, survivals, conf = self.trials, self.survivals, self._conf_fixed
+        if since is not None:
+            trials, survivals, conf = trials - since[0], survivals - since[1], conf - since[2]
+        n = trials.cpu().double()
+        s = survivals.cpu().double()
+        c = conf.cpu().double() / _FIXED_ONE
         per = [_summary(n[j], s[j], c[j]) for j in range(self.num_positions)]
         overall = _summary(n.sum(0), s.sum(0), c.sum(0))
         return {

@@ -4,6 +4,8 @@ One decode step of an engine, in order::
 
     verifier.add_request(idx)                            # when a request takes persistent slot idx
     budget, padded = verifier.plan_budget(num_reqs, drafts_host, extra_tokens, req_indices=idx_host)  # host
+    #   (a level-by-level drafter: depth, budget, padded = verifier.plan_draft(num_reqs, ...), then draft `depth`
+    #    levels: conf [R, depth] below)
     ... draft, compute conf [R, K] on the device ...
     verifier.record_confidence(conf)                     # async copy for the NEXT step's budget
     plan = verifier.plan(conf, drafts, context_lens, block_table, anchor_tokens, draft_tokens, budget)
@@ -74,7 +76,7 @@ from ._validate import device_arg
 from .stats import AcceptanceStats
 from .verifier_buffers import BufferSet
 from .verifier_chain import ChainSteps
-from .verifier_slots import SlotTable, host_floats, host_ints
+from .verifier_slots import SlotTable, host_step
 
 __all__ = ["AdaptiveVerifier", "MODES", "PLAN_CACHE_SIZE"]
 
@@ -184,6 +186,7 @@ class AdaptiveVerifier:
         self._budget_count = 0
         self._budget_sum = 0
         self._budget_last = 0
+        self._depth_sum = self._depth_count = 0  # plan_draft's depths, for metrics()
         self._graph_use: Counter = Counter()
 
     # ------------------------------------------------------------------------------------------------
@@ -222,10 +225,12 @@ class AdaptiveVerifier:
         """[K] float32 temperatures of the online calibration (None without it)."""
         return self.sts.temperatures if self.sts is not None else None
 
-    def _bounds(self, R: int, drafts_sum: int, forced_sum: int, extra_tokens: int) -> tuple[int, int]:
+    def _bounds(self, R: int, drafts_sum: int, forced_sum: int, extra_tokens: int,
+                fixed_cost: Optional[float] = None) -> tuple[int, int]:
         """(B_min, B_max) of a step of R requests drafting drafts_sum drafts (values in [0, max_drafts], or a tree
         step's sizes in [0, max_nodes]), forced_sum of them forced (min(d, min_verify) summed: a tree's forced nodes
-        are those of index < min_verify); capacity and max_step_ms respected."""
+        are those of index < min_verify); capacity and max_step_ms respected, the step's fixed cost
+        ``fixed_cost`` (default the full draft's, cost_table.fixed_cost(R))."""
         room = max(self.capacity - R - extra_tokens, 0)
         b_room = min(drafts_sum, room)
         # As the planner: forced drafts (min_verify) never push the step past its capacity; they win over the
@@ -233,8 +238,8 @@ class AdaptiveVerifier:
         b_min = min(forced_sum, b_room)
         b_max = b_room
         if self._max_step_ms is not None and R:
-            cap = step_cap_of(self.cost_table, R, R + extra_tokens, b_room, float(self.cost_table.fixed_cost(R)),
-                              self._max_step_ms)
+            fixed = float(self.cost_table.fixed_cost(R)) if fixed_cost is None else float(fixed_cost)
+            cap = step_cap_of(self.cost_table, R, R + extra_tokens, b_room, fixed, self._max_step_ms)
             b_max = max(b_min, min(b_room, cap))
         return b_min, b_max
 
@@ -269,16 +274,8 @@ class AdaptiveVerifier:
         the live modes, which weigh on the device (plan).
         """
         tree_state = self._trees() if tree else None
-        R = check_int("num_reqs", num_reqs, lo=0)
-        if R > self.max_reqs:
-            raise ValueError(f"num_reqs {R} exceeds max_reqs {self.max_reqs}")
-        extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=planner.INT32_MAX)
-        drafts = host_ints("drafts_host", drafts_host, R)
-        if weights is not None:
-            weights = host_floats("weights", weights, R)
-        if R + extra_tokens > self.capacity:
-            raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {self.capacity}")
-        idx = None if req_indices is None else host_ints("req_indices", req_indices, R)
+        R, extra_tokens, drafts, weights, idx = host_step(num_reqs, drafts_host, extra_tokens, weights, req_indices,
+                                                          self.max_reqs, self.capacity)
         # One pass: drafts and req_indices checked, their sums, and for the lagged chain budget its inputs gathered.
         lag = self.mode == "lagged" and R > 0 and tree_state is None
         limit, name = (self.max_drafts, "max_drafts") if tree_state is None else (tree_state.N, "max_nodes")
@@ -298,11 +295,63 @@ class AdaptiveVerifier:
             budget = min(max(tree_state.lagged_budget(idx, drafts, weights, self.cost_table, extra_tokens,
                                                       self.capacity, self.min_verify, self._max_step_ms), b_min), b_max)
         padded = self.padded_tokens(R + extra_tokens + budget)
+        self._count_budget(budget, padded)
+        return budget, padded
+
+    def _count_budget(self, budget: int, padded: int) -> None:
+        """metrics()' running figures of a host budget and its padded size."""
         self._budget_count += 1
         self._budget_sum += budget
         self._budget_last = budget
         self._graph_use[padded] += 1
-        return budget, padded
+
+    def plan_draft(self, num_reqs: int, drafts_host=None, extra_tokens: int = 0, *, req_indices=None,
+                   weights=None) -> tuple[int, int, int]:
+        """(depth, budget, padded_tokens) of this step, on the host before drafting, with no device sync: how many
+        levels the drafter runs (the same for every request of the step) and what plan() will verify of them
+        (docs/design.md, "Drafting from the budget"). Call it in place of :meth:`plan_budget` with a level-by-level
+        drafter (EAGLE, multi-step MTP), then draft ``depth`` levels: request r drafts min(depth, drafts_host[r])
+        drafts, and record_confidence / plan take those (conf [R, depth]).
+
+        num_reqs, extra_tokens, req_indices, weights: as in :meth:`plan_budget`; drafts_host: [R] host ints, the most
+        each request may draft this step (its room before the output's end), default max_drafts.
+
+        The decision is :func:`adaptive_verify.choose_draft_depth`, priced at this step as the lagged budget is
+        (``fixed_cost(R, D)`` per depth, prompt tokens on the shifted curve, capacity, max_step_ms), on a prediction
+        of this step's confidences from earlier steps only (lossless): each request's last recorded ones blended with
+        each position's acceptance in the statistics, the statistics' alone where the last step did not draft, so the
+        depth grows again when acceptance rises (verifier_chain.depth_inputs). Call observe() every step.
+        A block drafter (the table's draft_levels None: one forward whatever it drafts) gets max_drafts or 0.
+        Modes: "lagged" returns the decision's budget; "greedy" and "global" decide the depth so and return B_max at
+        it (plan() chooses live); "all" drafts and verifies everything; "off" drafts nothing. Chains only.
+        """
+        K = self.max_drafts
+        R, extra_tokens, drafts, weights, idx = host_step(num_reqs, drafts_host, extra_tokens, weights, req_indices,
+                                                          self.max_reqs, self.capacity, default_drafts=K)
+        self.slots.inputs(drafts, idx, R, K, "max_drafts", R > 0)  # checks; gathers each slot's stale confidences
+        if idx is None:
+            idx = self.slots.arange[:R]
+        self.slots.pending_idx = idx
+        chain = self._chain
+        chain.track_depths = True
+        if self.mode == "off" or R == 0:
+            depth, budget = 0, 0
+        elif self.mode == "all":
+            depth = int(drafts.max())
+            budget = self._bounds(R, int(drafts.sum()), int(np.minimum(drafts, self.min_verify).sum()),
+                                  extra_tokens)[1]
+        else:
+            depth, budget = chain.lagged_depth(R, extra_tokens, weights, self.cost_table, self.capacity,
+                                               self.min_verify, self._max_step_ms, self.prior)
+            if self.mode != "lagged":  # the live modes: every draft of the chosen depth may be verified
+                at_depth = np.minimum(drafts, depth)
+                budget = self._bounds(R, int(at_depth.sum()), int(np.minimum(at_depth, self.min_verify).sum()),
+                                      extra_tokens, self.cost_table.fixed_cost(R, depth))[1]
+        padded = self.padded_tokens(R + extra_tokens + budget)
+        self._count_budget(budget, padded)
+        self._depth_sum += depth
+        self._depth_count += 1
+        return depth, budget, padded
 
     def stale_confidence(self, req_indices) -> np.ndarray:
         """[R, max_drafts] float32: the confidences the lagged budget ranks for requests in slots
@@ -516,7 +565,8 @@ class AdaptiveVerifier:
         """Figures since construction (one small device-to-host copy plus the stats' report):
         steps, budget_last, budget_mean, verified_per_step, accepted_per_step, predicted_accepted_per_step
         (the planner's P(B), what it expected), acceptance_rate (accepted / verified drafts), ece and auc
-        of the confidences (AcceptanceStats), graph_use {padded size: steps}. In "greedy" and "global"
+        of the confidences (AcceptanceStats), graph_use {padded size: steps}, depth_mean (plan_draft's depths; 0.0
+        without it). In "greedy" and "global"
         modes the budget figures are plan_budget's upper bound B_max (the device chooses the budget);
         verified_per_step is what it chose. The verified and accepted counts are ``stats.totals`` (so a
         ``verifier.stats.reset()`` restarts them too)."""
@@ -527,6 +577,7 @@ class AdaptiveVerifier:
             "steps": self._steps,
             "budget_last": self._budget_last,
             "budget_mean": self._budget_sum / self._budget_count if self._budget_count else 0.0,
+            "depth_mean": self._depth_sum / self._depth_count if self._depth_count else 0.0,
             "verified_per_step": acc[0] / steps,
             "accepted_per_step": acc[1] / steps,
             "predicted_accepted_per_step": acc[2] / steps,

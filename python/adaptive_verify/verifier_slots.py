@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ._binding import SlotParams
+from ._checks import INT32_MAX, check_int
 from ._ext import _C
 from .planner.args import as_int32
 from .planner.lagged import prepare_lagged_budget
@@ -32,7 +33,7 @@ from .planner.lagged import prepare_lagged_budget
 #: The lagged budget's prepared calls kept per SlotTable, one per (R, weighted): R wanders as requests join and leave.
 BUDGET_CALLS = 64
 
-__all__ = ["SlotTable", "check_conf", "host_floats", "host_ints"]
+__all__ = ["SlotTable", "check_conf", "host_floats", "host_ints", "host_step"]
 
 SLOT_DRAFTS_OUT_OF_RANGE, SLOT_INDEX_OUT_OF_RANGE, SLOT_INDEX_REPEATED = _C.SLOT_STATUS
 
@@ -83,6 +84,26 @@ def host_floats(name: str, values, n: int) -> np.ndarray:
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError(f"{name} must be finite and >= 0, got {arr[~np.isfinite(arr) | (arr < 0)][:4].tolist()}...")
     return arr
+
+
+def host_step(num_reqs, drafts_host, extra_tokens, weights, req_indices, max_reqs: int, capacity: int,
+              default_drafts: Optional[int] = None) -> tuple:
+    """AdaptiveVerifier.plan_budget's and plan_draft's host arguments checked: (R, extra_tokens, drafts [R] int64,
+    weights [R] float32 or None, req_indices [R] int64 or None). drafts_host None: default_drafts each where given
+    (plan_draft), else an error. The slot table's inputs() checks the drafts' values and the slots."""
+    R = check_int("num_reqs", num_reqs, lo=0)
+    if R > max_reqs:
+        raise ValueError(f"num_reqs {R} exceeds max_reqs {max_reqs}")
+    extra_tokens = check_int("extra_tokens", extra_tokens, lo=0, hi=INT32_MAX)
+    if drafts_host is None and default_drafts is not None:
+        drafts = np.full(R, default_drafts, dtype=np.int64)
+    else:
+        drafts = host_ints("drafts_host", drafts_host, R)
+    if weights is not None:
+        weights = host_floats("weights", weights, R)
+    if R + extra_tokens > capacity:
+        raise ValueError(f"num_reqs + extra_tokens = {R + extra_tokens} exceeds the capacity {capacity}")
+    return R, extra_tokens, drafts, weights, None if req_indices is None else host_ints("req_indices", req_indices, R)
 
 
 def int32_inputs(*tensors) -> tuple:
@@ -219,9 +240,9 @@ class SlotTable:
         if R > self.max_reqs:
             raise ValueError(f"req_indices has {R} entries, more than max_reqs = {self.max_reqs}")
         self.inputs(self.zeros[:R], idx, R, 0, "max_drafts", True)  # the lagged budget's own gather
-        return self._lag_inputs(R)[2].copy()
+        return self.lag_inputs(R)[2].copy()
 
-    def _lag_inputs(self, R: int) -> tuple:
+    def lag_inputs(self, R: int) -> tuple:
         """([R, K] stale confidences, [R] drafts): views of the lagged budget's persistent inputs, with numpy twins."""
         views = self._lag_views.get(R)
         if views is None:
@@ -248,7 +269,7 @@ class SlotTable:
         if call is None:
             if len(self._budget_calls) >= BUDGET_CALLS:  # the oldest R goes (requests join and leave: R wanders)
                 self._budget_calls.pop(next(iter(self._budget_calls)))
-            conf, d = self._lag_inputs(R)[:2]
+            conf, d = self.lag_inputs(R)[:2]
             call = self._budget_calls[key] = prepare_lagged_budget(
                 conf, d, cost_table, prompt_tokens=extra_tokens, prompt_pricing="marginal", capacity=capacity,
                 min_verify=min_verify, max_step_ms=max_step_ms,

@@ -18,8 +18,10 @@ import sys
 MODULES = (
     "vllm.utils.torch_utils",
     "vllm.v1.attention.backend",
+    "vllm.v1.core.sched.output",
     "vllm.v1.outputs",
     "vllm.v1.sample.rejection_sampler",
+    "vllm.v1.spec_decode.llm_base_proposer",
     "vllm.v1.spec_decode.metadata",
     "vllm.v1.utils",
     "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
@@ -27,6 +29,7 @@ MODULES = (
     "sglang.kernels.ops.speculative.dspark.dspark_schedule",
     "sglang.kernels.ops.speculative.eagle",
     "sglang.kernels.ops.speculative.spec_tree",
+    "sglang.srt.speculative.adaptive_runtime_state",
     "sglang.srt.speculative.ragged_verify",
     "sglang.srt.utils.async_probe",
     "sglang.srt.utils.common",

@@ -13,16 +13,26 @@ namespace adaptive_verify {
 struct FieldInfo {
   const char* name;
   size_t offset, size;
-  char kind;  // 'p' pointer, 'i' signed integer, 'u' unsigned integer, 'b' bool, 'f' floating point
+  char kind;  // 'p' pointer, 'i' signed integer, 'u' unsigned integer, 'b' bool, 'f' floating point, 'F' / 'I' an
+             // array of float32 / int64
 };
 
+// Scalars: 'p', 'b', 'f', 'i', 'u' (kind above). Fixed-size arrays, passed by value: 'F' of float32 elements, 'I' of
+// int64 elements (the size is the whole array's; Python reads the element type from the kind).
 template <typename T>
 constexpr char field_kind() {
-  return std::is_pointer<T>::value         ? 'p'
-         : std::is_same<T, bool>::value     ? 'b'
-         : std::is_floating_point<T>::value ? 'f'
-         : std::is_signed<T>::value         ? 'i'
-                                            : 'u';
+  if constexpr (std::is_array<T>::value) {
+    using E = std::remove_extent_t<T>;
+    static_assert(std::is_same<E, float>::value || std::is_same<E, int64_t>::value,
+                  "array fields hold float32 or int64 elements");
+    return std::is_same<E, float>::value ? 'F' : 'I';
+  } else {
+    return std::is_pointer<T>::value         ? 'p'
+           : std::is_same<T, bool>::value     ? 'b'
+           : std::is_floating_point<T>::value ? 'f'
+           : std::is_signed<T>::value         ? 'i'
+                                              : 'u';
+  }
 }
 
 // The name string and the member come from one token, so a field cannot be exported under another's name.

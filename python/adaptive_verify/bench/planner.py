@@ -16,7 +16,8 @@ call inside a CUDA graph, kernel launches per call, and the same chain on the GP
 empty one-kernel launch measured in the same process (the launch-latency floor).
 Inputs: confidences uniform in [0.4, 1], every request drafts K tokens, the bundled example cost table.
 
-``--tree`` benchmarks the draft-tree planner instead (bench/planner_tree.py).
+``--tree`` benchmarks the draft-tree planner instead (bench/planner_tree.py), ``--depth`` the draft-depth
+decision, choose_draft_depth (bench/planner_depth.py).
 """
 from __future__ import annotations
 
@@ -223,7 +224,18 @@ def _run_tree(args) -> dict:
     return result
 
 
+def _run_depth(args) -> dict:
+    from . import planner_depth
+
+    return planner_depth.run(args.reqs or planner_depth.R_VALUES, args.drafts or planner_depth.K_VALUES,
+                             use_cuda=_use_cuda(args.device), min_time_s=args.min_time)
+
+
 def _report(result: dict) -> str:
+    if result.get("depth"):
+        from . import planner_depth
+
+        return planner_depth.report(result)
     if result.get("tree"):
         from . import planner_tree
 
@@ -238,12 +250,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.add_argument("--drafts", type=int, nargs="+", default=None, help=f"K values (default {list(K_VALUES)}); "
                         "with --tree N, nodes per request (default 16 32 63)")
         ap.add_argument("--tree", action="store_true", help="the draft-tree planner (plan_tree_verification)")
+        ap.add_argument("--depth", action="store_true", help="the draft-depth decision (choose_draft_depth)")
         ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
     def run_args(a):
         if a.tree:
             return _run_tree(a)
+        if a.depth:
+            return _run_depth(a)
         return run(a.reqs or R_VALUES, a.drafts or K_VALUES, device=a.device, min_time_s=a.min_time)
 
     return cli_main(argv, prog="adaptive-verify bench planner", description=__doc__.split("\n\n")[0],

@@ -12,7 +12,8 @@ The planner (docs/design.md, "Planner") picks a verification budget B by maximis
 - ``n``: total query tokens of the target's verification forward (anchors + verified drafts + extra tokens).
 
 Where things are: ``curve.py`` the curve maths (float64, torch-free), ``table.py`` :class:`CostTable`,
-``checks.py`` its argument checks and size bounds (MAX_TOKENS_LIMIT, MAX_MS), ``serialize.py`` the JSON form,
+``checks.py`` its argument checks and size bounds (MAX_TOKENS_LIMIT, MAX_MS), ``levels.py`` the drafter's cost
+per level (``draft_cost(r, levels)``), ``serialize.py`` the JSON form,
 ``profile.py`` the measurement loop and the bodies of ``CostTable.profile`` / ``load_or_profile``,
 ``roofline.py`` the datasheet model.
 
@@ -52,7 +53,10 @@ The drafter curve (``draft_ms`` as a dict over request counts) uses the same run
 measured request counts it is a staircase by default (r requests cost what the next measured count >= r
 costs: drafters replay padded CUDA graphs, and vLLM prices them so), or linear with
 ``draft_interpolation="linear"``; flat below the first point (r = 0 included), linear extrapolation from
-the last two points above the last. A float ``draft_ms`` is a constant drafter cost.
+the last two points above the last. A float ``draft_ms`` is a constant drafter cost. A level-by-level drafter
+(``draft_levels`` = L, EAGLE or multi-step MTP) drafting D < L levels pays ``draft_ms(r) - (L - D) * level(r)``
+(``draft_level_ms``, or a uniform L-th of the draft), nothing at D = 0; a block drafter pays ``draft_ms(r)`` for any
+D >= 1 (docs/design.md, "Drafting from the budget").
 
 Floating point: costs are float64; the dense arrays handed to kernels are the scalar path's own values
 rounded once to float32, so ``verify_array(N)[n] == float32(verify_cost(n))`` holds exactly. Each

@@ -58,17 +58,28 @@ def device_name(dev: torch.device) -> str:
     return str(dev)
 
 
+def _point_timer(timer, reps: int, warmup: int) -> Callable:
+    """one(fn, arg): the median of ``reps`` timings of fn(arg) after ``warmup`` untimed calls, in ms."""
+    def one(fn: Callable[[int], Any], arg: int) -> float:
+        for _ in range(warmup):
+            fn(arg)
+        return float(statistics.median(timer(fn, arg) for _ in range(reps)))
+    return one
+
+
+def measure_points(fn: Callable[[int], Any], counts: Sequence[int], reps: int, warmup: int,
+                   dev: torch.device) -> dict[int, float]:
+    """{count: ms} of fn at each count, timed as :func:`measure` times its points (draft_level_fn's)."""
+    one = _point_timer(_make_timer(dev)[0], reps, warmup)
+    return {c: one(fn, c) for c in counts}
+
+
 def measure(step_fn: Callable[[int], Any], counts: Sequence[int], draft_fn: Callable[[int], Any] | None,
             request_counts: Sequence[int], reps: int, warmup: int, dev: torch.device):
     """(verify points {n: ms}, draft points {r: ms} or 0.0, recorded metadata), each point the median of
     ``reps`` timings after ``warmup`` untimed calls. Arguments are already validated."""
     timer, clock = _make_timer(dev)
-
-    def one(fn: Callable[[int], Any], arg: int) -> float:
-        for _ in range(warmup):
-            fn(arg)
-        return float(statistics.median(timer(fn, arg) for _ in range(reps)))
-
+    one = _point_timer(timer, reps, warmup)
     verify: dict[int, float] = {}
     for n in counts:
         ms = one(step_fn, n)
@@ -89,7 +100,7 @@ def measure(step_fn: Callable[[int], Any], counts: Sequence[int], draft_fn: Call
 
 
 def profile_table(cls, step_fn, token_counts, draft_fn, request_counts, graph_sizes, reps, warmup, max_tokens,
-                  metadata, device, draft_interpolation):
+                  metadata, device, draft_interpolation, draft_levels=None, draft_level_fn=None):
     """The body of ``CostTable.profile`` (arguments documented there): every argument is checked before the
     first measurement."""
     if not callable(step_fn):
@@ -104,6 +115,11 @@ def profile_table(cls, step_fn, token_counts, draft_fn, request_counts, graph_si
         raise ValueError("request_counts must be given with draft_fn (the request counts to time)")
     if draft_fn is None and request_counts is not None:
         raise ValueError("draft_fn must be given with request_counts (nothing to time at those counts)")
+    if draft_level_fn is not None:
+        if not callable(draft_level_fn):
+            raise TypeError(f"draft_level_fn must be callable or None, got {type(draft_level_fn).__name__}")
+        if draft_fn is None or draft_levels is None:
+            raise ValueError("draft_level_fn needs draft_fn and draft_levels (it times one level of that drafter)")
     reqs = ()
     if request_counts is not None:
         reqs = check_increasing_ints("request_counts", request_counts, allow_empty=False)
@@ -113,10 +129,16 @@ def profile_table(cls, step_fn, token_counts, draft_fn, request_counts, graph_si
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = normalize_device(device)
     # Validate the remaining table arguments before spending time on measurements.
-    cls.from_points({1: 1.0}, 0.0, sizes, max_tokens, metadata, draft_interpolation=draft_interpolation)
+    cls.from_points({1: 1.0}, 0.0, sizes, max_tokens, metadata, draft_interpolation=draft_interpolation,
+                    draft_levels=draft_levels)
     verify, draft, recorded = measure(step_fn, counts, draft_fn, reqs, reps, warmup, dev)
+    level = None
+    if draft_level_fn is not None:  # the same timer and counts as the full draft
+        level = measure_points(draft_level_fn, reqs, reps, warmup, dev)
+        recorded["draft_levels"] = f"{draft_levels} levels; one level after the first timed by draft_level_fn"
     recorded.update(metadata or {})
-    return cls.from_points(verify, draft, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation)
+    return cls.from_points(verify, draft, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation,
+                           draft_levels=draft_levels, draft_level_ms=level)
 
 
 def profile_points(graph_sizes, max_tokens, growth=1.5) -> list[int]:

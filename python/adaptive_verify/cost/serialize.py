@@ -1,5 +1,5 @@
 """The cost table's JSON form: the dict written by ``CostTable.to_dict`` / ``to_json`` and read back by
-``from_dict`` / ``from_json`` (format version 3; versions 1 and 2 read with their defaults).
+``from_dict`` / ``from_json`` (format version 4; versions 1 to 3 read with their defaults).
 
 Reading never trusts the file: unknown versions and keys are rejected, every value goes through
 ``CostTable.from_points`` (so the bounds of checks.py apply), and a file nested too deeply for the JSON parser
@@ -23,17 +23,22 @@ from .._checks import is_int, is_real
 #: Version of the JSON layout written by ``CostTable.to_json``. Version 2 added ``draft_interpolation``;
 #: version 1 files (written when the drafter curve was always linear) are read as ``"linear"``. Version 3
 #: added ``request_ms``; files before it are read with ``request_ms = 0`` (the step had no per-request term).
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
-JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "request_ms", "graph_sizes",
-             "max_tokens", "metadata")
+#: Version 4 added ``draft_levels``, ``draft_level_ms`` and ``draft_catch_up`` (a drafter that drafts level by
+#: level); files before it describe a drafter whose cost does not depend on the levels drafted.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+JSON_KEYS = ("format_version", "verify_ms", "draft_ms", "draft_interpolation", "request_ms", "draft_levels",
+             "draft_level_ms", "draft_catch_up", "graph_sizes", "max_tokens", "metadata")
 #: Keys each older version did not have yet (present in such a file: rejected as unknown).
-KEYS_ADDED_IN = {"draft_interpolation": 2, "request_ms": 3}
+KEYS_ADDED_IN = {"draft_interpolation": 2, "request_ms": 3, "draft_levels": 4, "draft_level_ms": 4,
+                 "draft_catch_up": 4}
 
 
 def to_dict(*, verify: Sequence[tuple[int, float]], draft: float | Sequence[tuple[int, float]],
             draft_interpolation: str, request_ms: float, graph_sizes: Sequence[int], max_tokens: int | None,
-            metadata: Mapping[str, Any]) -> dict[str, Any]:
+            metadata: Mapping[str, Any], draft_levels: int | None = None,
+            draft_level: float | Sequence[tuple[int, float]] | None = None,
+            draft_catch_up: bool = False) -> dict[str, Any]:
     """The JSON-ready dict of a table's fields. Points are [count, ms] pairs in increasing order (JSON keys are
     strings); metadata is deep-copied."""
     return {
@@ -42,6 +47,10 @@ def to_dict(*, verify: Sequence[tuple[int, float]], draft: float | Sequence[tupl
         "draft_ms": draft if isinstance(draft, float) else [[r, ms] for r, ms in draft],
         "draft_interpolation": draft_interpolation,
         "request_ms": request_ms,
+        "draft_levels": draft_levels,
+        "draft_level_ms": draft_level if draft_level is None or isinstance(draft_level, float) else
+        [[r, ms] for r, ms in draft_level],
+        "draft_catch_up": draft_catch_up,
         "graph_sizes": list(graph_sizes),
         "max_tokens": max_tokens,
         "metadata": copy.deepcopy(dict(metadata)),
@@ -87,7 +96,15 @@ def from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
         metadata=data.get("metadata"),
         draft_interpolation=mode,
         request_ms=data.get("request_ms", 0.0),
+        draft_levels=data.get("draft_levels"),
+        draft_level_ms=_levels(data.get("draft_level_ms")),
+        draft_catch_up=data.get("draft_catch_up", False),
     )
+
+
+def _levels(value: Any) -> Any:
+    """draft_level_ms as from_points takes it: None, a number, or {r: ms} from its pairs."""
+    return value if value is None or is_real(value) else _pairs("draft_level_ms", value)
 
 
 def write_json(data: dict, path: str | os.PathLike) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_int, is_real
+from .._checks import check_bool, check_int, is_real
+from . import levels as _levels
 from . import profile as _profile
 from . import roofline as _roofline
 from . import serialize as _serialize
@@ -72,13 +73,18 @@ class CostTable:
             drafters replay padded CUDA graphs) or "linear" (between measured counts).
         request_ms: milliseconds per request per step outside the drafter and the verify forward (sampling,
             scheduling, per-request host work), 0.0 unless given.
+        draft_levels: the levels of the full draft (K) of a drafter that drafts level by level (EAGLE, multi-step
+            MTP: one drafter forward per level), whose cost then depends on the levels drafted
+            (:meth:`draft_cost`); None for a block drafter (one forward whatever is drafted).
+        draft_level_ms: the cost of one level after the first, {r: ms} or a float, or None (every level costs the
+            same: draft_ms / draft_levels).
         shifted_by, unshifted: a :meth:`shifted` view's prompt tokens and the table it views (0 and the table
             itself otherwise).
         verify_curve: the float64 verify curve the costs come from (read-only).
     """
 
     def __init__(self, *, _verify, _draft, _draft_mode, _graph_sizes, _max_tokens, _metadata, _curve=None,
-                 _request_ms=0.0, _draft_curve=None):
+                 _request_ms=0.0, _draft_curve=None, _draft_levels=None, _draft_level=None, _draft_catch_up=False):
         # Private: use the classmethods, which validate. Arguments are already checked here.
         self._verify_points: tuple[tuple[int, float], ...] = _verify
         self._draft = _draft
@@ -89,6 +95,10 @@ class CostTable:
         self._metadata: dict | None = _metadata  # None on a shifted view until asked for (see _meta)
         self._curve = _curve if _curve is not None else VerifyCurve(_verify, _graph_sizes)
         self._draft_curve = _draft_curve if _draft_curve is not None else DraftCurve(_draft, _draft_mode)
+        self._draft_levels: int | None = _draft_levels
+        self._draft_level = _draft_level  # None (uniform levels), a float or ((r, ms), ...)
+        self._level_curve = None if _draft_level is None else DraftCurve(_draft_level, _draft_mode)
+        self._draft_catch_up: bool = _draft_catch_up
         self._dense: dict[tuple[str, torch.device], _DenseEntry] = {}
         self._shifted: collections.OrderedDict[int, CostTable] = collections.OrderedDict()
         self._shifted_pinned: dict[int, CostTable] = {}
@@ -110,6 +120,9 @@ class CostTable:
         *,
         draft_interpolation: str = "staircase",
         request_ms: float = 0.0,
+        draft_levels: int | None = None,
+        draft_level_ms: Mapping[int, float] | float | None = None,
+        draft_catch_up: bool = False,
     ) -> CostTable:
         """Build a table from measured points.
 
@@ -130,6 +143,16 @@ class CostTable:
             request_ms: milliseconds per request per step (>= 0), added to the drafter's cost in
                 :meth:`fixed_cost`: step work that grows with the batch's requests but not with its tokens.
                 Default 0.0 (a table measured by timing the forward and the drafter alone has none).
+            draft_levels: for a drafter that drafts level by level (EAGLE, multi-step MTP), the levels K its full
+                draft (``draft_ms``) has, an int in [1, 32]; None (default) for a block drafter, whose cost does not
+                depend on the levels drafted. See :meth:`draft_cost`.
+            draft_level_ms: with draft_levels, the cost of one level after the first ({r: ms} like draft_ms, on
+                the same interpolation, or a float), measured by timing one more drafter forward; None: every level
+                costs draft_ms / draft_levels. (draft_levels - 1) levels may not cost more than the full draft at
+                any measured request count.
+            draft_catch_up: the drafter's first forward runs every step, drafting or not (it reads the step's
+                accepted tokens to keep its own KV cache in step: vLLM's EAGLE proposer runs it at 0 speculative
+                tokens too), so drafting 0 levels costs what 1 does. Default False: 0 levels cost nothing.
 
         Raises:
             TypeError / ValueError naming the argument (first word of the message).
@@ -149,9 +172,12 @@ class CostTable:
             max_tokens = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT)
             if sizes and max_tokens < sizes[-1]:
                 raise ValueError(f"max_tokens={max_tokens} is smaller than the largest graph size {sizes[-1]}")
+        levels, level = _levels.check_levels(draft_levels, draft_level_ms, draft, draft_interpolation)
+        catch_up = check_bool("draft_catch_up", draft_catch_up)
         meta = copy.deepcopy(check_metadata(metadata))
         return cls(_verify=verify, _draft=draft, _draft_mode=draft_interpolation, _graph_sizes=sizes,
-                   _max_tokens=max_tokens, _metadata=meta, _request_ms=request_ms)
+                   _max_tokens=max_tokens, _metadata=meta, _request_ms=request_ms, _draft_levels=levels,
+                   _draft_level=level, _draft_catch_up=catch_up)
 
     @classmethod
     def profile(
@@ -168,6 +194,8 @@ class CostTable:
         device: torch.device | str | None = None,
         *,
         draft_interpolation: str = "staircase",
+        draft_levels: int | None = None,
+        draft_level_fn: Callable[[int], Any] | None = None,
     ) -> CostTable:
         """Measure a table: each point is the median of ``reps`` timings after ``warmup`` untimed calls.
 
@@ -181,7 +209,10 @@ class CostTable:
                 biases the planner towards verifying less; see docs/design.md, "Step cost").
             request_counts: the r to measure; required with draft_fn, an error without it. For a drafter
                 that replays CUDA graphs, measure its graph sizes (the staircase prices every r in between).
-            graph_sizes, max_tokens, draft_interpolation: as in :meth:`from_points`.
+            graph_sizes, max_tokens, draft_interpolation, draft_levels: as in :meth:`from_points`.
+            draft_level_fn: for a level-by-level drafter (draft_levels given, draft_fn timing its full draft),
+                ``draft_level_fn(r)`` runs one drafter level after the first at r requests; timed at request_counts,
+                it gives ``draft_level_ms`` (without it every level costs the same share of the full draft).
             reps: timed calls per point (in [1, 10000]); the median is used (mean of the middle two when even).
             warmup: untimed calls per point before timing (in [0, 10000]).
             metadata: user fields; they take precedence over the recorded ones (date, device, measured,
@@ -192,7 +223,7 @@ class CostTable:
                 synchronous there. None: the current CUDA device if CUDA is available, else CPU.
         """
         return _profile.profile_table(cls, step_fn, token_counts, draft_fn, request_counts, graph_sizes, reps, warmup,
-                                      max_tokens, metadata, device, draft_interpolation)
+                                      max_tokens, metadata, device, draft_interpolation, draft_levels, draft_level_fn)
 
     @staticmethod
     def profile_points(graph_sizes: Iterable[int], max_tokens: int | None, *, growth: float = 1.5) -> list[int]:
@@ -231,12 +262,14 @@ class CostTable:
                  max_tokens: int | None = None, draft_ms: Mapping[int, float] | float = 0.0,
                  overhead_ms: float = 0.0, token_counts: Iterable[int] | None = None,
                  metadata: Mapping[str, Any] | None = None, draft_interpolation: str = "staircase",
-                 request_ms: float = 0.0) -> CostTable:
+                 request_ms: float = 0.0, draft_levels: int | None = None,
+                 draft_level_ms: Mapping[int, float] | float | None = None, draft_catch_up: bool = False) -> CostTable:
         """A planning model without a profile: ``overhead_ms + max(memory_ms, compute_ms)`` per step
         (:func:`adaptive_verify.cost.roofline.roofline_points` says exactly how), evaluated at
         ``token_counts`` and passed through :meth:`from_points`, so the graph staircase and the eager
         interpolation apply exactly as for a measured table. metadata["roofline"] records all inputs;
-        draft_ms, draft_interpolation and request_ms go to :meth:`from_points` as they are."""
+        draft_ms, draft_interpolation, request_ms, draft_levels, draft_level_ms and draft_catch_up go to
+        :meth:`from_points` as they are."""
         sizes = check_increasing_ints("graph_sizes", graph_sizes, allow_empty=True)
         if max_tokens is not None:
             max_tokens = check_int("max_tokens", max_tokens, lo=1, hi=MAX_TOKENS_LIMIT)
@@ -248,7 +281,8 @@ class CostTable:
             max_tokens=max_tokens, overhead_ms=overhead_ms, token_counts=counts)
         recorded.update(metadata or {})
         return cls.from_points(verify, draft_ms, sizes, max_tokens, recorded, draft_interpolation=draft_interpolation,
-                               request_ms=request_ms)
+                               request_ms=request_ms, draft_levels=draft_levels, draft_level_ms=draft_level_ms,
+                               draft_catch_up=draft_catch_up)
 
     # ----------------------------------------------------------------------------------------------
     # Scalar costs
@@ -273,15 +307,24 @@ class CostTable:
             raise ValueError(f"n={n} exceeds the {self.token_limit} tokens a step can hold (MAX_TOKENS_LIMIT)")
         return self._curve.cost(n)
 
-    def draft_cost(self, r: int) -> float:
-        """Milliseconds of one drafter step at r requests (int in [0, MAX_TOKENS_LIMIT]; r = 0 costs the first
-        point)."""
-        return self._draft_curve.cost(check_int("r", r, lo=0, hi=MAX_TOKENS_LIMIT))
+    def draft_cost(self, r: int, levels: int | None = None) -> float:
+        """Milliseconds of the drafter's work in a step of r requests (int in [0, MAX_TOKENS_LIMIT]; r = 0 costs the
+        first point) drafting ``levels`` levels: None, the full draft ``draft_ms(r)`` (every table's meaning before
+        draft depths); else in [0, draft_levels] (a block drafter's: [0, 32]) as :func:`cost.levels.level_cost`
+        says (0 levels: nothing, or with ``draft_catch_up`` one level's cost)."""
+        r = check_int("r", r, lo=0, hi=MAX_TOKENS_LIMIT)
+        full = self._draft_curve.cost(r)
+        if levels is None:
+            return full
+        L = self._draft_levels
+        levels = check_int("levels", levels, lo=0, hi=L if L is not None else _levels.MAX_DRAFT_LEVELS)
+        return _levels.level_cost(full, self._level_curve, r, L, max(levels, int(self._draft_catch_up)))
 
-    def fixed_cost(self, r: int) -> float:
-        """draft_cost(r) + request_ms * r: what a step of r requests costs whatever it verifies (int r in
-        [0, MAX_TOKENS_LIMIT]). The planner's Theta uses it as the step's fixed term."""
-        return self.draft_cost(r) + self._request_ms * r
+    def fixed_cost(self, r: int, levels: int | None = None) -> float:
+        """draft_cost(r, levels) + request_ms * r: what a step of r requests drafting ``levels`` levels (None: the
+        full draft) costs whatever it verifies (int r in [0, MAX_TOKENS_LIMIT]). The planner's Theta uses it as
+        the step's fixed term."""
+        return self.draft_cost(r, levels) + self._request_ms * r
 
     def step_cost(self, r: int, n: int) -> float:
         """fixed_cost(r) + verify_cost(n): milliseconds of one whole step."""
@@ -431,7 +474,8 @@ class CostTable:
         """JSON-ready dict. Points are [count, ms] pairs in increasing order (JSON keys are strings). A shifted
         view is written as the table its curve is (sampled; graph sizes are already in its values)."""
         return _serialize.to_dict(verify=self._points(), draft=self._draft, draft_interpolation=self._draft_mode,
-                                  request_ms=self._request_ms,
+                                  request_ms=self._request_ms, draft_levels=self._draft_levels,
+                                  draft_level=self._draft_level, draft_catch_up=self._draft_catch_up,
                                   graph_sizes=self._graph_sizes if self._base is None else (),
                                   max_tokens=self._max_tokens, metadata=self._meta())
 
@@ -486,6 +530,22 @@ class CostTable:
         return self._request_ms
 
     @property
+    def draft_levels(self) -> int | None:
+        """The full draft's levels of a level-by-level drafter, None for a block drafter (:meth:`draft_cost`)."""
+        return self._draft_levels
+
+    @property
+    def draft_catch_up(self) -> bool:
+        """Whether drafting 0 levels still pays the drafter's first forward (:meth:`from_points`)."""
+        return self._draft_catch_up
+
+    @property
+    def draft_level_ms(self) -> dict[int, float] | float | None:
+        """The cost of one level after the first as given ({r: ms} or a float), None for uniform levels."""
+        level = self._draft_level
+        return level if level is None or isinstance(level, float) else dict(level)
+
+    @property
     def shifted_by(self) -> int:
         """The prompt tokens a :meth:`shifted` view sees its curve from (metadata["shifted_by"]); 0 for a table that
         is not a view."""
@@ -524,6 +584,10 @@ class CostTable:
                          f"({self._draft_mode})")
         if self._request_ms:
             parts.append(f"request_ms={self._request_ms:.3g}")
+        if self._draft_levels is not None:
+            parts.append(f"draft_levels={self._draft_levels}")
+        if self._draft_catch_up:
+            parts.append("draft_catch_up=True")
         sizes = self._graph_sizes
         if len(sizes) <= 6:
             parts.append(f"graph_sizes={list(sizes)}")

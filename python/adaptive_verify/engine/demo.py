@@ -71,20 +71,22 @@ def run(args) -> int:
         r = generate(target, drafter, prompts, mode=mode, max_new_tokens=args.max_new_tokens,
                      concurrency=args.concurrency, temperature=args.temperature, seed=args.seed, **tree)
         f, m = r.figures, r.figures["verifier"]
-        rows.append((mode, f["tokens_per_s"], f["steps"], f["emitted_per_step"], f["accepted_per_step"],
-                     f["verified_per_step"], m["acceptance_rate"], m["ece"]))
+        rows.append((mode, f["tokens_per_s"], f["steps"], f["emitted_per_step"], f["drafted_per_step"],
+                     f["accepted_per_step"], f["verified_per_step"], m["acceptance_rate"], m["ece"]))
         texts[mode] = r.texts
     print(f"{len(prompts)} prompts x {args.max_new_tokens} bytes, concurrency {args.concurrency}, "
           f"temperature {args.temperature}"
           + (f", trees k = {args.tree_topk}, N = {args.tree_nodes}" if any(m.startswith("tree") for m in modes) else "")
           + "\n")
-    print(f"{'mode':>10} | {'tokens/s':>8} | {'steps':>5} | {'tokens/step':>11} | {'accepted':>8} | "
+    print(f"{'mode':>10} | {'tokens/s':>8} | {'steps':>5} | {'tokens/step':>11} | {'drafted':>7} | {'accepted':>8} | "
           f"{'verified':>8} | {'accept rate':>11} | {'ECE':>6}")
-    for mode, tps, steps, emitted, acc, ver, rate, ece in rows:
-        print(f"{mode:>10} | {tps:8.1f} | {steps:5d} | {emitted:11.2f} | {acc:8.2f} | {ver:8.2f} | "
+    for mode, tps, steps, emitted, drafted, acc, ver, rate, ece in rows:
+        drafted = f"{drafted:7.2f}" if not mode.startswith("tree") else f"{'-':>7}"
+        print(f"{mode:>10} | {tps:8.1f} | {steps:5d} | {emitted:11.2f} | {drafted} | {acc:8.2f} | {ver:8.2f} | "
               f"{rate:11.2f} | {ece:6.3f}")
-    print("\n(per request-step: tokens emitted, drafts accepted, drafts verified (tree rows: nodes, accepted = the "
-          "accepted depth); ECE of the drafter's confidences on the drafts verified, per depth for trees)")
+    print("\n(per request-step: tokens emitted, drafts drafted (lagged, greedy: the draft depth decided with the "
+          "budget; all: every draft), accepted and verified (tree rows: nodes, accepted = the accepted depth); ECE of "
+          "the drafter's confidences on the drafts verified, per depth for trees)")
     first = modes[0]
     print(f"\n--- {first}: {prompts[0]!r} ->\n{prompts[0]}{texts[first][0]}")
     if args.temperature == 0 and len(modes) > 1:

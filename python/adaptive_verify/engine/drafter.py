@@ -84,10 +84,12 @@ class DSparkDrafter(nn.Module):
         self.register_buffer("conf_bias", torch.zeros(()))
         self.register_buffer("conf_temperature", torch.ones(c.num_drafts))
 
-    def backbone(self, h: torch.Tensor, anchor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(conf_hidden [R, K, H], backbone logits [R, K, V]) from h [R, d] and anchor ids [R]."""
+    def backbone(self, h: torch.Tensor, anchor: torch.Tensor,
+                 levels: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(conf_hidden [R, D, H], backbone logits [R, D, V]) from h [R, d] and anchor ids [R], for the first D =
+        levels positions (default K): a shallower draft runs a smaller forward."""
         base = self.inp(torch.cat([self.h_norm(h), self.anchor_embed(anchor.long())], dim=-1))  # [R, H]
-        z = base[:, None, :] + self.pos  # [R, K, H]
+        z = base[:, None, :] + self.pos[:levels]  # [R, D, H]
         for block in self.blocks:
             z = block(z)
         z = self.out_norm(z)
@@ -106,13 +108,18 @@ class DSparkDrafter(nn.Module):
         return torch.stack([logp, top2[..., 0] - top2[..., 1]], dim=-1)
 
     @torch.no_grad()
-    def draft(self, h: torch.Tensor, anchor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Greedy drafts: (draft_tokens [R, K] int32, conf_hidden [R, K, H], markov [R, K, Q]), all float32.
+    def draft(self, h: torch.Tensor, anchor: torch.Tensor,
+              levels: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy drafts: (draft_tokens [R, D] int32, conf_hidden [R, D, H], markov [R, D, Q]), all float32.
 
         h: [R, d] target hidden at the position before the anchor; anchor: [R] the last emitted token ids.
+        levels: D, the positions drafted (default K, in [1, K]): AdaptiveVerifier.plan_draft's depth, so the
+        backbone and the Markov head run for those positions only.
         """
-        K = self.config.num_drafts
-        conf_hidden, bb_logits = self.backbone(h, anchor)  # [R, K, H], [R, K, V]
+        K = self.config.num_drafts if levels is None else levels
+        if not 1 <= K <= self.config.num_drafts:
+            raise ValueError(f"levels must be in [1, {self.config.num_drafts}], got {levels!r}")
+        conf_hidden, bb_logits = self.backbone(h, anchor, K)  # [R, D, H], [R, D, V]
         prev = anchor.long()  # [R]
         tokens, markov = [], []
         for j in range(K):  # only the Markov term depends on the previous draft
@@ -125,10 +132,11 @@ class DSparkDrafter(nn.Module):
 
     def confidence(self, conf_hidden: torch.Tensor, markov: torch.Tensor, *, survival: bool = False,
                    calibrated: bool = True) -> torch.Tensor:
-        """conf [R, K] float32 (or prefix survival with survival=True) via the fused ``av.confidence`` op;
-        calibrated=False skips the fitted STS temperatures."""
+        """conf [R, D] float32 (or prefix survival with survival=True) via the fused ``av.confidence`` op, for the D
+        positions of conf_hidden [R, D, H]; calibrated=False skips the fitted STS temperatures."""
+        D = conf_hidden.shape[1]
         return av.confidence(conf_hidden, self.conf_weight, bias=self.conf_bias.to(torch.float32), markov=markov,
-                             temperature=self.conf_temperature if calibrated else None, survival=survival)
+                             temperature=self.conf_temperature[:D] if calibrated else None, survival=survival)
 
     def confidence_logits(self, conf_hidden: torch.Tensor, markov: torch.Tensor) -> torch.Tensor:
         """The head's raw logits [R, K] in torch (for fitting temperatures)."""

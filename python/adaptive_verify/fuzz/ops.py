@@ -18,7 +18,7 @@ from .confidence_cases import confidence_case, from_logits_case, margin_case, st
 from .core import Case
 from .guards import Guards
 from .host_cases import calibration_case, cost_table_case, margin_estimator_case, misc_case, verifier_case
-from .planner_cases import choose_case, plan_case, prepared_case, survival_case
+from .planner_cases import choose_case, depth_case, plan_case, prepared_case, survival_case
 from .sampling_cases import rejection_case, sample_case, tree_case
 from .tree_cases import commit_case as tree_commit_case
 from .tree_cases import plan_case as tree_plan_case
@@ -29,6 +29,7 @@ from .tree_cases import survival_case as tree_survival_case
 OPS = {
     "prefix_survival": (survival_case, 2),
     "choose_budget": (choose_case, 3),
+    "choose_draft_depth": (depth_case, 2),
     "plan_verification": (plan_case, 6),
     "plan_verification (prepared calls)": (prepared_case, 3),
     "confidence": (confidence_case, 3),

@@ -1,5 +1,5 @@
-"""Fuzz cases of the planner ops: prefix_survival, choose_budget, plan_verification, and their prepared calls
-(run again after one change: of a tensor they hold, a run() argument, a rebound input)."""
+"""Fuzz cases of the planner ops: prefix_survival, choose_budget, choose_draft_depth, plan_verification, and their
+prepared calls (run again after one change: of a tensor they hold, a run() argument, a rebound input)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,8 @@ import dataclasses
 import torch
 
 from .. import reference as ref
-from ..planner import MAX_CONTEXT_LEN, MAX_REQS, VerifyPlan, choose_budget, plan_verification, prefix_survival
+from ..planner import (MAX_CONTEXT_LEN, MAX_REQS, VerifyPlan, choose_budget, choose_draft_depth, plan_verification,
+                       prefix_survival)
 from ..planner.step import MetadataInputs, PlanStep
 from ..prepared import prepare
 from .core import Case, counts, same
@@ -217,8 +218,9 @@ _PLAN_INTS = {
 }
 
 
-def _plan_adversarial(rng, choose: bool) -> Case:
-    """One argument replaced by an adversarial value (every other argument valid)."""
+def _plan_adversarial(rng, choose: bool, depth: bool = False) -> Case:
+    """One argument replaced by an adversarial value (every other argument valid). depth: choose_draft_depth's call
+    (choose's arguments without a mode, which it does not take)."""
     p = plan_inputs(rng, metadata=not choose and maybe(rng, 0.6))
     g = Guards()
     survival, conf, drafts, kw = _guard_inputs(rng, g, p)
@@ -263,7 +265,7 @@ def _plan_adversarial(rng, choose: bool) -> Case:
     elif target == "table":
         value = pick(rng, [None, {1: 1.0}, "table", 3, p.table.to_dict()])
         args["table"] = value
-        kind = "invalid" if value is not None or kw.get("mode") in ("greedy", "global") else "maybe"
+        kind = "invalid" if value is not None or kw.get("mode") in ("greedy", "global") or depth else "maybe"
         names, what = ("cost_table",), f"cost_table={type(value).__name__}"
     elif target == "mode":
         kw["mode"] = pick(rng, ["GREEDY", "", None, 1, "fixed" if choose else "lagged", b"greedy", ["greedy"]])
@@ -317,6 +319,9 @@ def _plan_adversarial(rng, choose: bool) -> Case:
     def call():
         table = args.get("table", p.table)
         rest = {k: v for k, v in args.items() if k not in ("survival", "drafts", "table")}
+        if depth:  # (a mode is the adversarial value only where the target was the mode)
+            kw_d = {k: v for k, v in kw.items() if k != "mode" or target == "mode"}
+            return choose_draft_depth(args["survival"], args["drafts"], table, **rest, **kw_d)
         if choose:
             return choose_budget(args["survival"], args["drafts"], table, **rest, **kw)
         return plan_verification(args["survival"], args["drafts"], table, verification="onehot", **rest, **kw)
@@ -349,6 +354,41 @@ def choose_case(rng) -> Case:
         counts(_expected_counts(pp, s_in, mv))
 
     return Case("valid", call, check, guards=g, what=f"R={p.R} K={p.K} {mode}")
+
+
+def depth_case(rng) -> Case:
+    """choose_draft_depth on valid inputs (a level-by-level or a block drafter's table), against the reference's brute
+    force over (D, B)."""
+    if rng.random() < 0.4:
+        return _plan_adversarial(rng, True, depth=True)
+    p = plan_inputs(rng, metadata=False)
+    table = random_table(rng, levels=p.K) if maybe(rng, 0.6) else p.table
+    g = Guards()
+    survival, conf, drafts, kw = _guard_inputs(rng, g, p)
+    keep = ("min_verify", "max_verify", "extra_tokens", "extra_emitting", "capacity", "draft_tokens")
+    kw = {k: v for k, v in kw.items() if k in keep}
+    ref_kw = {k: v for k, v in p.kw.items() if k in keep}
+    if "capacity" in kw and table.max_tokens is not None and kw["capacity"] > table.max_tokens:
+        kw["capacity"] = ref_kw["capacity"] = table.max_tokens
+    if p.R + kw.get("extra_tokens", 0) > min(table.token_limit, kw.get("capacity", table.token_limit)):
+        return choose_case(rng)  # (the other table leaves these requests no room: a case of another kind)
+    mv = p.K if kw.get("max_verify") is None else kw["max_verify"]
+    min_depth = small_int(rng, mv) if maybe(rng, 0.3) else 0
+    out = (g.empty("out_depth", (), torch.int32), g.empty("out_budget", (), torch.int32)) if maybe(rng, 0.5) else None
+
+    def call():
+        if p.use_conf:
+            return choose_draft_depth(None, drafts, table, conf=conf, min_depth=min_depth, out=out, **kw)
+        return choose_draft_depth(survival, drafts, table, min_depth=min_depth, out=out, **kw)
+
+    def check(result):
+        s_in = ref.prefix_survival(p.conf, p.drafts) if p.use_conf else p.survival
+        depth, budget, _ = ref.choose_draft_depth(s_in, p.drafts, table, min_depth=min_depth, **ref_kw)
+        same("depth", result[0], depth)
+        same("budget", result[1], budget)
+        counts(_expected_counts(dataclasses.replace(p, kw=ref_kw), s_in, mv))
+
+    return Case("valid", call, check, guards=g, what=f"R={p.R} K={p.K} levels={table.draft_levels}")
 
 
 def survival_case(rng) -> Case:

@@ -21,9 +21,10 @@ def random_points(rng: np.random.Generator, n_max: int, *, lo_ms: float = 0.05, 
     return {x: float(y) for x, y in zip(xs, ys)}
 
 
-def random_table(rng: np.random.Generator, *, max_n: int = 2048) -> CostTable:
+def random_table(rng: np.random.Generator, *, max_n: int = 2048, levels: int | None = None) -> CostTable:
     """A valid table over counts up to max_n: graph sizes, a capacity, a drafter curve and a per-request term, each
-    sometimes; and sometimes a shifted view of it."""
+    sometimes; and sometimes a shifted view of it. levels: a level-by-level drafter of that many levels (uniform
+    levels, or a constant drafter's cost per level), else a block drafter."""
     verify = random_points(rng, max_n)
     sizes = ()
     if maybe(rng, 0.5):
@@ -38,7 +39,9 @@ def random_table(rng: np.random.Generator, *, max_n: int = 2048) -> CostTable:
         draft = float(pick(rng, [0.0, 0.3, 2.5]))
     table = CostTable.from_points(verify, draft, sizes, max_tokens,
                                   draft_interpolation=pick(rng, ["staircase", "linear"]),
-                                  request_ms=float(pick(rng, [0.0, 0.0, 0.01, 0.2])))
+                                  request_ms=float(pick(rng, [0.0, 0.0, 0.01, 0.2])), draft_levels=levels,
+                                  draft_level_ms=None if levels is None or levels == 1 or not isinstance(draft, float)
+                                  or maybe(rng, 0.5) else draft * float(rng.random()) / (levels - 1))
     if maybe(rng, 0.25):
         top = table.token_limit if max_tokens is not None else max_n
         if top > 1:

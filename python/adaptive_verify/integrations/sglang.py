@@ -29,7 +29,7 @@ from .sglang_tree import (SGLangTree, mask_bits_from_sglang, tree_from_eagle_dra
 
 __all__ = ["verify_input", "verify_output", "chain_from_sglang", "ragged_layout_fields", "TESTED_SGLANG_VERSION",
            "SGLangTree", "tree_from_sglang", "tree_from_eagle_draft", "tree_from_sglang_mask", "mask_bits_from_sglang",
-           "tree_to_sglang", "tree_mask_to_sglang", "tree_verify_input", "tree_verify_output"]
+           "tree_to_sglang", "tree_mask_to_sglang", "tree_verify_input", "tree_verify_output", "DraftDepthPolicy"]
 
 #: The SGLang release the adapter is tested against (tests/integration/peers.txt).
 TESTED_SGLANG_VERSION = "0.5.23"
@@ -181,3 +181,48 @@ def ragged_layout_fields(plan, graph_num_tokens: int, num_reqs: Optional[int] = 
         d["verify_lens_cpu"] = host
         d["total_verify_tokens"] = sum(host)
     return d
+
+
+class DraftDepthPolicy:
+    """SGLang's adaptive speculation policy (``AdaptiveSpecPolicy``: ``candidate_steps``, ``get_steps_for_batch``,
+    ``on_verify_complete``, ...) driven by ``AdaptiveVerifier.plan_draft``, for SGLang's ``AdaptiveController``:
+    each step the fork calls :meth:`decide` with the step's requests (before ``activate_step_by_batch``), and the
+    controller switches the worker to the runtime state of ``speculative_num_steps`` = the decided depth.
+
+    SGLang captures a runtime state (its CUDA graphs) per candidate step count, so a depth is served by the smallest
+    candidate >= it (the plan then verifies only what its budget allows; the largest candidate when none is
+    larger), and a depth of 0 by the smallest candidate (SGLang's adaptive worker has no state without drafting).
+    ``on_verify_complete`` returns None: the outcomes reach the verifier through ``observe``."""
+
+    def __init__(self, verifier, candidate_steps):
+        steps = sorted({_check_int("candidate_steps[i]", k, lo=1, hi=MAX_DRAFTS) for k in candidate_steps})
+        if not steps:
+            raise ValueError("candidate_steps must hold at least one step count")
+        self.verifier, self._steps, self._graph_bs = verifier, steps, None
+        self.depth = self.budget = self.padded = 0
+        self._serve = steps[-1]
+
+    @property
+    def candidate_steps(self) -> list:
+        return list(self._steps)
+
+    def decide(self, num_reqs: int, drafts_host=None, extra_tokens: int = 0, *, req_indices=None,
+               weights=None) -> tuple:
+        """plan_draft's (depth, budget, padded_tokens) for this step (arguments as there); the step count
+        get_steps_for_batch then serves."""
+        self.depth, self.budget, self.padded = self.verifier.plan_draft(num_reqs, drafts_host, extra_tokens,
+                                                                        req_indices=req_indices, weights=weights)
+        self._serve = next((k for k in self._steps if k >= self.depth), self._steps[-1])
+        return self.depth, self.budget, self.padded
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        return self._serve
+
+    def on_verify_complete(self, num_correct_drafts_per_req, batch_size: int):
+        return None
+
+    def set_cuda_graph_bs(self, cuda_graph_bs) -> None:
+        self._graph_bs = None if cuda_graph_bs is None else list(cuda_graph_bs)
+
+    def cuda_graph_bs_for_step(self, step: int):
+        return self._graph_bs

@@ -50,6 +50,7 @@ __all__ = [
     "cost_table_from_vllm",
     "budget_kwargs",
     "patch_manager",
+    "schedule_draft_depth",
 ]
 
 #: The vLLM release the manager patch and the differential tests were checked against
@@ -508,3 +509,17 @@ def patch_manager(manager):
     manager.get_num_tokens = types.MethodType(_patched_get_num_tokens, manager)
     manager.reallocate_drafts = types.MethodType(_patched_reallocate_drafts, manager)
     return manager
+
+
+def schedule_draft_depth(scheduler_output, depth: int) -> None:
+    """Hands this step's draft depth (``AdaptiveVerifier.plan_draft``) to vLLM: its ``SchedulerOutput`` carries
+    ``num_spec_tokens_to_schedule``, the K of dynamic speculative decoding, which the model runner passes to the
+    proposer's ``propose(num_speculative_tokens, ...)``, and an EAGLE proposer drafts that many levels (its first
+    forward runs at 0 too, to keep the drafter's KV cache in step: price it with ``CostTable(...,
+    draft_catch_up=True)``). Call it in a scheduler fork where vLLM sets the field from its batch-size lookup, after
+    ``plan_draft`` (host, no sync). TypeError for an object without the field (a vLLM before dynamic speculation);
+    ValueError for a depth that is not an int >= 0."""
+    if not hasattr(scheduler_output, "num_spec_tokens_to_schedule"):
+        raise TypeError(f"scheduler_output must be a vLLM SchedulerOutput with num_spec_tokens_to_schedule (vLLM >= "
+                        f"0.33), got {type(scheduler_output).__name__}")
+    scheduler_output.num_spec_tokens_to_schedule = _check_int("depth", depth, lo=0, hi=MAX_DRAFTS)

@@ -116,20 +116,31 @@ def choose_budget(
     :class:`MetadataInputs`, of which only ``draft_tokens`` is read. A field given both as its keyword and in its
     object raises ValueError naming both.
     """
+    min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, draft_tokens = budget_step(
+        "choose_budget", step, metadata, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms,
+        weights, draft_tokens)
+    return _choose_budget(survival, drafts, cost_table, mode=mode, min_verify=min_verify, max_verify=max_verify,
+                          extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
+                          draft_tokens=draft_tokens, conf=conf, out=out, weights=weights, max_step_ms=max_step_ms,
+                          parents=parents)
+
+
+def budget_step(op: str, step, metadata, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms,
+                weights, draft_tokens) -> tuple:
+    """The step= and metadata= objects of choose_budget and choose_draft_depth merged with their keywords: (min_verify,
+    max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, draft_tokens). A step's budget or T_pad
+    is refused (these ops choose the budget; plan_verification clamps it to its T_pad)."""
     if step is not None:
         budget, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, _, padded = \
             merge_step(step, None, min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms,
                        weights, None, None)
         if budget is not None or padded is not None:
             name, value = ("budget", budget) if budget is not None else ("num_tokens_padded", padded)
-            raise ValueError(f"step.{name} must be None for choose_budget, got {value!r}: choose_budget chooses the "
-                             "budget, and plan_verification clamps it to its T_pad")
+            raise ValueError(f"step.{name} must be None for {op}, got {value!r}: {op} chooses the budget, and "
+                             "plan_verification clamps it to its T_pad")
     if metadata is not None:
         draft_tokens = merge_metadata(metadata, None, None, None, None, draft_tokens, 0)[4]
-    return _choose_budget(survival, drafts, cost_table, mode=mode, min_verify=min_verify, max_verify=max_verify,
-                          extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
-                          draft_tokens=draft_tokens, conf=conf, out=out, weights=weights, max_step_ms=max_step_ms,
-                          parents=parents)
+    return min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, draft_tokens
 
 
 def _choose_budget(survival, drafts, cost_table, *, mode, min_verify, max_verify, extra_tokens, extra_emitting,

@@ -227,6 +227,52 @@ def choose_budget(survival, drafts, cost_table, *, parents=None, **kwargs) -> to
     return torch.tensor(choose(a, order)[0], dtype=torch.int32, device=a.device)
 
 
+def choose_draft_depth(survival, drafts, cost_table, *, min_depth=0, max_step_ms=None, **kwargs):
+    """Reference of adaptive_verify.choose_draft_depth by brute force: Theta(D, B) at every depth D and every budget B
+    of that depth's [B_min, B_max] (candidates of positions < D, the step's fixed cost cost_table.fixed_cost(R, D),
+    the latency cap from that cost), then the largest Theta, ties to the smallest D and then the smallest B (NaN never
+    wins). Returns (depth, budget, expected_tokens) as 0-d tensors."""
+    R, K = survival.shape if survival is not None else kwargs["conf"].shape
+    if survival is None:
+        survival = prefix_survival(kwargs.pop("conf"), drafts)
+    max_verify = kwargs.pop("max_verify", None)
+    max_verify = K if max_verify is None else max_verify
+    d_lo = max(min_depth, min(kwargs.get("min_verify", 0), max_verify))
+    found = []  # (theta, depth, budget, P fixed)
+    for d in range(d_lo, max_verify + 1):
+        a = resolve_args(survival, drafts, cost_table, mode="global", max_verify=d, **kwargs)
+        budget_cap = a.budget_cap
+        if max_verify != d:  # the step's room is its own, whatever the depth (capacity, T_pad): only positions change
+            budget_cap = resolve_args(survival, drafts, cost_table, mode="global", max_verify=max_verify,
+                                      **kwargs).budget_cap
+        a = dataclasses.replace(a, draft_cost=float(cost_table.fixed_cost(R, d)), budget_cap=budget_cap)
+        req, pos, s, n_forced = candidate_order(a)
+        b_room = min(req.numel(), a.budget_cap)
+        b_min = min(n_forced, b_room)
+        b_max = b_room
+        if max_step_ms is not None:
+            real, shift = cost_table.unshifted, cost_table.shifted_by
+            for b in range(b_room + 1):
+                verify = torch.tensor(real.verify_cost(R + a.extra_tokens + shift + b), dtype=torch.float64).float()
+                if float(torch.tensor(a.draft_cost, dtype=torch.float32) + verify) > float(max_step_ms):
+                    b_max = max(b_min, min(b_room, b - 1))
+                    break
+        prefix = torch.cat([torch.zeros(1, dtype=torch.long), (s.cpu() * FIXED_ONE).long().cumsum(0)])
+        bs = torch.arange(b_min, b_max + 1)
+        for b, t in zip(bs.tolist(), theta(a, prefix[bs], bs).tolist()):
+            found.append((t, d, b, int(prefix[b])))
+    real = [f for f in found if f[0] == f[0]]
+    if real:
+        t_best = max(f[0] for f in real)
+        _, d, b, p = min((f for f in real if f[0] == t_best), key=lambda f: (f[1], f[2]))
+    else:
+        _, d, b, p = min(found, key=lambda f: (f[1], f[2]))
+    dev = survival.device
+    expected = torch.tensor((R * FIXED_ONE + p) / FIXED_ONE, dtype=torch.float64).float()
+    return (torch.tensor(d, dtype=torch.int32, device=dev), torch.tensor(b, dtype=torch.int32, device=dev),
+            expected.to(dev))
+
+
 def plan_verification(survival, drafts, cost_table=None, **kwargs) -> Plan:
     """Reference of adaptive_verify.plan_verification (same arguments, ``out`` excepted)."""
     kwargs.setdefault("mode", "greedy")

@@ -124,6 +124,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--tree-draft-cost", default="levels", choices=("levels", "chain"),
                    help="tree policies: levels = one drafter forward per level over the beam; chain = a tree costs "
                         "what the chain costs (an upper bound) (default %(default)s)")
+    s.add_argument("--full-draft", action="store_true",
+                   help="adaptive chain policies draft every level (the budget alone is adaptive), for comparison "
+                        "with the default, which decides the draft depth too")
     s.add_argument("--out", default=None, metavar="DIR", help="output folder (default sweep-<profile name>)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -232,7 +235,8 @@ def run_sweep(args) -> int:
             raise _InputError(f"{flag.get(field, '--tree')}: {e}") from None
         start = time.perf_counter()
         result = sweep(profile, concurrency=cs, policies=pols, steps=args.steps, seed=args.seed, seeds=args.seeds,
-                       overhead=args.overhead, priority=priority, tree=tree, progress=not args.quiet)
+                       overhead=args.overhead, priority=priority, tree=tree, progress=not args.quiet,
+                       full_draft=args.full_draft)
         elapsed = time.perf_counter() - start
         out = args.out or f"sweep-{profile.name}"
         paths = result.write(out, plot=not args.no_plot)

@@ -254,8 +254,15 @@ class _Metrics:
 
 
 def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int = 400, warmup: int = 100,
-             seed: int = 0, trace: list | None = None, tree: Optional[TreeModel] = None) -> dict:
+             seed: int = 0, trace: list | None = None, tree: Optional[TreeModel] = None,
+             full_draft: bool = False) -> dict:
     """Runs ``warmup + steps`` steps of ``policy`` at ``concurrency`` and returns the metrics dict.
+
+    Drafting (docs/design.md, "Drafting from the budget"): the adaptive chain policies (greedy, lagged, global,
+    slo<ms>) draft only the depth ``AdaptiveVerifier.plan_draft`` decides before drafting, and pay the drafter's
+    ``cost_table.draft_cost(R, depth)``; ``full_draft=True`` keeps the earlier behaviour for comparison (every request
+    drafts K, ``plan_budget`` chooses only the budget). ``depth_per_step`` in the result: the mean levels drafted per
+    step (NaN for policies that do not decide it).
 
     tree: the draft-tree model of the tree policies (tree, tree-lagged, eagle2-<N>; default ``TreeModel()``:
     top-4, the profile's depth, a pool of 63 nodes; see :mod:`adaptive_verify.sim.tree`); other policies ignore
@@ -284,6 +291,8 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         tree = TreeModel()
     if not isinstance(tree, TreeModel):
         raise TypeError(f"tree must be a TreeModel or None, got {type(tree).__name__}")
+    depth_mode = policy.kind == "adaptive" and not policy.tree and not full_draft
+    depths: list[int] = []  # plan_draft's depth of every measured step
     D = tree.depth(K) if policy.tree else 0  # the trees' deepest level
     M = tree.pool_size(D) if policy.tree else 0  # nodes per request the planner sees
     reqs = _Requests(profile, concurrency, seed, track_joins=policy.kind == "adaptive")
@@ -300,11 +309,12 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     kt = tree.top_k
     classes = profile.workload.priority is not None
     metrics, measured = _Metrics(classes), None
+    stats_since = None
     for step in range(warmup + steps):
         if step == warmup:
             measured = metrics = _Metrics(classes)
-            if verifier is not None:
-                verifier.stats.reset()  # head_auc / head_ece over the measured steps
+            if verifier is not None:  # head_auc / head_ece over the measured steps (the counts keep running: the
+                stats_since = verifier.stats.snapshot()  # draft depth reads each position's acceptance from them)
         # Per-step draws, fixed shapes whatever the policy (common random numbers).
         eps = noise.normal(0.0, 1.0, (concurrency, K)) * acc.token_sigma
         head = noise.normal(0.0, 1.0, (concurrency, K)) * acc.head_noise
@@ -330,8 +340,11 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         else:
             if policy.speculates and R:
                 draft_factor = float(drafts.max() / K) if chain else 1.0
+                if chain and ct.draft_levels is not None:  # the table prices each level (CostTable.draft_cost)
+                    draft_factor = ct.draft_cost(R, int(drafts.max())) / ct.draft_cost(R) if ct.draft_cost(R) else 0.0
             draft_ms = ct.draft_cost(R) * draft_factor if draft_factor else 0.0
 
+        depth = -1
         verify = np.zeros(R, dtype=np.int64)
         high = reqs.high[dec]  # [R] priority class of each decode (read before finished requests are replaced)
         weights = None
@@ -361,13 +374,24 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         elif verifier is not None and R:
             conf = _sigmoid(z + head[dec]) if acc.head_temperature == 1.0 and acc.head_bias == 0.0 else \
                 _sigmoid((z + head[dec]) / acc.head_temperature + acc.head_bias)
-            conf_t = torch.from_numpy(conf.astype(np.float32))  # [R, K]
+            # An engine's step (AdaptiveVerifier's docstring): the draft depth and the budget on the host before
+            # the drafts exist (lagged: from each slot's last recorded confidences), the depth drafted, this step's
+            # confidences recorded for the next steps, then the plan on the live confidences.
+            host_w = None if weights is None else weights.numpy()
+            if depth_mode:
+                depth, budget, _ = verifier.plan_draft(R, drafts, prefill_tokens, req_indices=dec, weights=host_w)
+                drafts = np.minimum(drafts, depth).astype(np.int32)
+                draft_ms = ct.draft_cost(R, depth) if chain and ct.draft_levels is not None else \
+                    (ct.draft_cost(R) * (float(drafts.max()) / K if chain else 1.0) if depth else 0.0)
+                draft_factor = draft_ms / ct.draft_cost(R) if draft_ms else 0.0
+                if measured is not None:
+                    depths.append(depth)
+            else:
+                budget, _ = verifier.plan_budget(R, drafts, prefill_tokens, req_indices=dec, weights=host_w)
+            Kd = K if depth < 0 else depth  # the columns drafted
+            conf_t = torch.from_numpy(conf[:, :Kd].astype(np.float32))  # [R, Kd]
             drafts_t = torch.from_numpy(drafts)  # [R] int32
-            # An engine's step (AdaptiveVerifier's docstring): the budget on the host before the drafts exist
-            # (lagged: from each slot's last recorded confidences), this step's confidences recorded for the next
-            # steps, then the plan on the live confidences.
-            budget, _ = verifier.plan_budget(R, drafts, prefill_tokens, req_indices=dec,
-                                             weights=None if weights is None else weights.numpy())
+        if verifier is not None and R and not policy.tree and depth != 0:
             verifier.record_confidence(conf_t, req_indices=dec)
             with warnings.catch_warnings():  # "global" is simulated on purpose, as the upper bound
                 if policy.mode == "global":
@@ -409,7 +433,8 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 np.add.at(metrics.class_decode_tokens, reqs.high[rows], emitted)
                 np.add.at(metrics.class_tokens, reqs.high[rows], emitted)
             metrics.verified += int(v.sum())
-            if verifier is not None and not policy.tree and measured is not None:  # the head's quality, as served
+            if verifier is not None and not policy.tree and depth != 0 and (measured is not None or depth_mode):
+                # the head's quality, as served, and with the draft depth every step's per-position acceptance
                 # (an adaptive plan fits the capacity, so every decode is scheduled: rows back in plan order)
                 acc_rows = np.zeros(R, dtype=np.int32)
                 acc_rows[scheduled] = accepted
@@ -433,9 +458,10 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
         metrics.step_tokens += decode_tokens + prefill_tokens
         reqs.replace_finished()
     out = (measured or metrics).result()
-    report = verifier.stats.report() if verifier is not None and not policy.tree else None
+    report = verifier.stats.report(since=stats_since) if verifier is not None and not policy.tree else None
     out["head_auc"] = float(report["auc_overall"]) if report else float("nan")
     out["head_ece"] = float(report["ece_overall"]) if report else float("nan")
+    out["depth_per_step"] = float(np.mean(depths)) if depths else float("nan")
     out.update(policy=policy.name, concurrency=concurrency)
     return out
 

@@ -370,7 +370,8 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
     rows = _rows(fit_points, tput.numpy(), tpot.numpy(), step_tokens, held_back=False)
 
     table = _table(vk, verify, dk, draft, req, cap, {"source": f"adaptive-verify fit {source}".strip(),
-                                                        **({"tensor_parallel": tensor_parallel} if tensor_parallel else {})})
+                                                        **({"tensor_parallel": tensor_parallel} if tensor_parallel else {})},
+                   levels=num_drafts if drafter_kind == "chain" else None)
     tp = f" at TP{tensor_parallel}" if tensor_parallel else ""
     profile = Profile(name=name, description=f"fitted to {len(fit_points)} measured points{tp} "
                       f"({source or 'adaptive-verify fit'}), {num_drafts}-token {drafter_kind} drafter",
@@ -420,6 +421,8 @@ def fit_profile(points: Sequence[MeasuredPoint], *, num_drafts: int, acceptance:
                      settings=settings)
 
 
-def _table(vk, verify, dk, draft, request_ms, cap, meta):
+def _table(vk, verify, dk, draft, request_ms, cap, meta, levels=None):
+    """The fitted table; a chain drafter's with its levels (uniform: the simulator prices a chain of D drafts as D / K
+    of the full draft, which is what the fit measured it by), so the draft depth can price each level."""
     return CostTable.from_points(dict(zip(vk, verify)), dict(zip(dk, draft)), max_tokens=cap, metadata=meta,
-                                 draft_interpolation="linear", request_ms=request_ms)
+                                 draft_interpolation="linear", request_ms=request_ms, draft_levels=levels)

@@ -90,8 +90,10 @@ LLAMA3_70B_8XH200: dict[str, Any] = {
         "context_len": 1280,
         "graph_sizes": _VLLM_GRAPH_SIZES,
         "max_tokens": 8192,
-        # One EAGLE head forward per draft: the table's draft cost is for all 4 (chain drafter).
+        # One EAGLE head forward per draft: the table's draft cost is for all 4 (chain drafter), a quarter per
+        # level (draft_levels, no draft_level_ms: uniform levels), so a step drafting D levels pays D quarters.
         "draft_ms": {"1": 1.6, "256": 3.2},
+        "draft_levels": 4,
         "overhead_ms": 1.0,
     }},
     "acceptance": {

@@ -226,7 +226,7 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
           policies: Optional[Iterable[str]] = None, steps: int = 400, warmup: Optional[int] = None, seed: int = 0,
           seeds: int = 1, overhead: Union[str, Overhead, None] = None,
           priority: Union[str, Priority, None] = None, tree: Optional[TreeModel] = None,
-          progress: bool = False) -> SweepResult:
+          progress: bool = False, full_draft: bool = False) -> SweepResult:
     """Simulates every policy at every concurrency and marks the Pareto frontier.
 
     profile: a :class:`Profile` or a bundled profile's name (``adaptive-verify profiles`` lists them).
@@ -244,7 +244,8 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
     keeps the profile's. With classes every row also has CLASS_COLUMNS (TPOT and tokens/s per class).
     tree: the draft-tree model of the tree policies (``tree``, ``tree-lagged``, ``eagle2-<N>``), a
     :class:`~adaptive_verify.sim.tree.TreeModel` (default ``TreeModel()``: top-4, the profile's depth, 63 nodes).
-    Same arguments and seed, same numbers.
+    full_draft: the adaptive chain policies draft every level and decide only the budget (before the draft depth;
+    :func:`~adaptive_verify.sim.engine.simulate`'s flag), for comparison. Same arguments and seed, same numbers.
     """
     if isinstance(profile, str):
         profile = get_profile(profile)
@@ -299,7 +300,8 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
             n = steps * max(1, 16 // c)
             runs = []
             for s in range(seed, seed + seeds):
-                runs.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=s, tree=tree))
+                runs.append(simulate(profile, pol, c, steps=n, warmup=warmup * max(1, 16 // c), seed=s, tree=tree,
+                                     full_draft=full_draft))
                 done += 1
                 if bar:
                     bar(done, f"{pol.name} c={c}")
@@ -312,4 +314,6 @@ def sweep(profile: Profile | str = "dsv4-pro-8xb300", *, concurrency: Iterable[i
                 "priority": None if profile.workload.priority is None else profile.workload.priority.to_dict()}
     if any(p.tree for p in pols):  # absent otherwise: chain-only sweeps write what they wrote before
         settings["tree"] = tree.to_dict()
+    if full_draft:
+        settings["full_draft"] = True
     return SweepResult(profile=profile.to_dict(), rows=rows, settings=settings)

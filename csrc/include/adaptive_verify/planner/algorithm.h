@@ -34,6 +34,9 @@
 #include "adaptive_verify/planner/params.h"
 #include "adaptive_verify/planner/tree.h"
 
+static_assert(adaptive_verify::planner::kMaxDepths == adaptive_verify::planner::kMaxDrafts + 1,
+              "Params' per-depth arrays hold depths 0..kMaxDrafts");
+
 namespace adaptive_verify {
 namespace planner {
 
@@ -274,6 +277,22 @@ struct WalkTotals {
   int64_t cand, forced, nan_rows, bad_drafts, bad_parents, duplicates;  // the last two: trees only
 };
 
+// Each slot's candidate counted into its bucket (count) with its fixed-point survival (sum); returns this thread's
+// forced candidates (the caller's reduction publishes the histogram).
+template <typename Backend>
+AV_HD uint64_t histogram(Backend& be, const Workspace& ws, const Buckets& bk, int64_t n_slots) {
+  uint64_t forced = 0;
+  for (int64_t i = be.tid(); i < n_slots; i += be.threads()) {
+    const int32_t u = ws.words[i];
+    if (u < 0) continue;
+    const int32_t k = bk.of(u);
+    be.add(&ws.count[k], int32_t(1));
+    be.add(&ws.sum[k], word_fixed(u));
+    forced += u >= kForcedTag;
+  }
+  return forced;
+}
+
 // Phases 1-2: every request's slot words (walk_row), then per bucket the candidates (count) and their fixed-point
 // survival sum (sum); the order's ready and keep flags cleared. Returns the totals (the same on every thread).
 template <typename Backend>
@@ -306,13 +325,7 @@ AV_HD WalkTotals generic_walk_and_count(const Params& p, Backend& be, const Work
   }
   for (int64_t i = n_slots + be.tid(); i < (n_slots + 15) / 16 * 16; i += be.threads()) ws.words[i] = kNoSlot;
   be.sync();
-  for (int64_t i = be.tid(); i < n_slots; i += be.threads()) {
-    const int32_t u = ws.words[i];
-    if (u < 0) continue;
-    const int32_t k = bk.of(u);
-    be.add(&ws.count[k], int32_t(1));
-    be.add(&ws.sum[k], word_fixed(u));
-  }
+  histogram(be, ws, bk, n_slots);
   WalkTotals t;
   t.cand = int64_t(be.sum(cand));
   t.forced = int64_t(be.sum(forced));
@@ -702,11 +715,110 @@ AV_HD uint64_t unweighted_verified_fixed(const Params& p, Backend& be, const Wor
   return be.sum(part);
 }
 
+// Exclusive scan over buckets: ws.count[k] becomes the first rank of bucket k and ws.sum[k] P there (index num: the
+// candidates and their sum in all).
+template <typename Backend>
+AV_HD void bucket_starts(Backend& be, const Workspace& ws, const Buckets& bk) {
+  const int32_t per = (bk.num + 1 + be.threads() - 1) / be.threads();
+  const int32_t k_lo = be.tid() * per < bk.num + 1 ? be.tid() * per : bk.num + 1;
+  const int32_t k_hi = k_lo + per < bk.num + 1 ? k_lo + per : bk.num + 1;
+  uint64_t c = 0, s = 0, c_total, s_total;
+  for (int32_t k = k_lo; k < k_hi; ++k) {
+    c += uint64_t(ws.count[k]);
+    s += ws.sum[k];
+  }
+  uint64_t rank = be.exclusive_scan(c, &c_total), psum = be.exclusive_scan(s, &s_total);
+  for (int32_t k = k_lo; k < k_hi; ++k) {
+    const uint64_t ck = uint64_t(ws.count[k]), sk = ws.sum[k];
+    ws.count[k] = int32_t(rank);
+    ws.sum[k] = psum;
+    rank += ck;
+    psum += sk;
+  }
+  be.sync();
+}
+
+// [B_min, B_max] of n_cand candidates, n_forced of them forced: capacity (budget_cap) wins over min_verify, and
+// min_verify over the latency target (step_cap).
+struct BudgetRange {
+  int64_t b_min, b_max;
+};
+AV_HD BudgetRange budget_range(int64_t n_cand, int64_t n_forced, int64_t budget_cap, int64_t step_cap) {
+  const int64_t b_room = n_cand < budget_cap ? n_cand : budget_cap;
+  const int64_t b_min = n_forced < b_room ? n_forced : b_room;
+  int64_t b_max = b_room < step_cap ? b_room : step_cap;
+  return BudgetRange{b_min, b_max < b_min ? b_min : b_max};
+}
+
+// greedy (Algorithm 1) or the first argmax of Theta over [b_min, b_max] (b_min < b_max): the pruned search where the
+// cost is positive and non-decreasing, else the plain scan.
+template <typename Backend>
+AV_HD int64_t search_budget(Backend& be, Order<Backend>& order, const ThetaEval& theta, int64_t b_min, int64_t b_max,
+                            bool greedy) {
+  if (!greedy && cost_monotone_positive(be, theta, b_min, b_max)) return global_argmax(be, order, theta, b_min, b_max);
+  return scan_budget(be, order, theta, b_min, b_max, greedy);
+}
+
+// ---- the draft depth (choose_draft_depth, docs/design.md "Drafting from the budget") ----
+
+// For each depth D from max_depth down to min_depth: the walk's words of positions >= D leave (a column per depth:
+// those above went at the depths before), the buckets are counted again, and the budget search runs with the step's
+// fixed cost at D. The best (D, B): the largest Theta, ties to the smaller D (visited later, so an equal Theta
+// replaces), and within a depth the search's first argmax (the smallest B). NaN never wins; when no depth gives a
+// number, min_depth's budget stands. Writes budget_out, depth_out and (without weights) expected_tokens.
+template <typename Backend>
+AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const Buckets& bk, uint64_t base_fixed) {
+  const int32_t R = p.num_reqs, K = p.max_drafts;
+  const int64_t n_slots = int64_t(R) * K;
+  if (p.min_depth < 0 || p.min_depth > p.max_depth || p.max_depth > K) return kErrBadArgument;
+  double best_t = 0.0;
+  int64_t best_b = -1;
+  int32_t best_d = -1;
+  uint64_t best_p = 0;
+  for (int32_t D = p.max_depth; D >= p.min_depth; --D) {
+    be.sync();  // every thread is done reading the last depth's words and buckets before they change
+    const int32_t j_end = D == p.max_depth ? K : D + 1;  // the columns that leave at this depth
+    for (int32_t r = be.tid(); r < R; r += be.threads())
+      for (int32_t j = D; j < j_end; ++j) ws.words[int64_t(r) * K + j] = kNoSlot;
+    for (int32_t k = be.tid(); k <= bk.num; k += be.threads()) {
+      ws.count[k] = 0;
+      ws.sum[k] = 0;
+      if (k < bk.num) ws.ready[k] = ws.keep[k] = 0;
+    }
+    be.sync();
+    const int64_t n_forced = int64_t(be.sum(histogram(be, ws, bk, n_slots)));  // (its barrier publishes the counts)
+    bucket_starts(be, ws, bk);
+    const int64_t n_cand = ws.count[bk.num];
+    Order<Backend> order{be, ws, bk, K, n_slots};
+    const BudgetRange range = budget_range(n_cand, n_forced, p.budget_cap, p.depth_step_cap[D]);
+    const ThetaEval theta{base_fixed, R + p.extra_tokens, p.verify_cost, p.verify_cost_len, p.depth_cost[D]};
+    const int64_t b = range.b_min < range.b_max ? search_budget(be, order, theta, range.b_min, range.b_max, false)
+                                                : range.b_max;
+    const uint64_t prefix = order.prefix(b);
+    const double t = theta(b, prefix);
+    if (best_d < 0 ? (t == t || D == p.min_depth) : (t == t && t >= best_t)) {
+      best_t = t;
+      best_b = b;
+      best_d = D;
+      best_p = prefix;
+    }
+  }
+  if (be.tid() == 0) {
+    *p.budget_out = int32_t(best_b);
+    if (p.depth_out != nullptr) *p.depth_out = best_d;
+    if (p.expected_tokens != nullptr && p.weights == nullptr)
+      *p.expected_tokens = float(double((uint64_t(R) << 32) + best_p) / kFixedOne);
+  }
+  return kOk;
+}
+
 // ---- the whole plan ----
 // Returns kOk, or on a strict backend (the CPU's) the first invalid input: context lengths, drafts (tree sizes)
 // out of range, a tree's bad parent or duplicate sibling before any output is written, a block table too short
 // after writing (the slot is -1 there, as on CUDA, which counts all of them instead).
-template <typename Backend>
+// kDepth: choose_draft_depth's instantiation (Params::choose_depth set), a kernel of its own on CUDA, so that the
+// depth loop never weighs on the plan kernel's registers.
+template <typename Backend, bool kDepth = false>
 AV_HD int plan(const Params& p, Backend& be, const Workspace& ws_in) {
   const int32_t R = p.num_reqs, K = p.max_drafts;
   const int64_t n_slots = int64_t(R) * K;
@@ -778,41 +890,21 @@ AV_HD int plan(const Params& p, Backend& be, const Workspace& ws_in) {
     if (totals.bad_parents) be.count_error(p.error_counts, kCountBadParent, int32_t(totals.bad_parents));
     if (totals.duplicates) be.count_error(p.error_counts, kCountDuplicateSibling, int32_t(totals.duplicates));
   }
-  {  // exclusive scan over buckets: first rank of each bucket, and P there
-    const int32_t per = (bk.num + 1 + be.threads() - 1) / be.threads();
-    const int32_t k_lo = be.tid() * per < bk.num + 1 ? be.tid() * per : bk.num + 1;
-    const int32_t k_hi = k_lo + per < bk.num + 1 ? k_lo + per : bk.num + 1;
-    uint64_t c = 0, s = 0, c_total, s_total;
-    for (int32_t k = k_lo; k < k_hi; ++k) {
-      c += uint64_t(ws.count[k]);
-      s += ws.sum[k];
-    }
-    uint64_t rank = be.exclusive_scan(c, &c_total), psum = be.exclusive_scan(s, &s_total);
-    for (int32_t k = k_lo; k < k_hi; ++k) {
-      const uint64_t ck = uint64_t(ws.count[k]), sk = ws.sum[k];
-      ws.count[k] = int32_t(rank);
-      ws.sum[k] = psum;
-      rank += ck;
-      psum += sk;
-    }
+  if constexpr (kDepth) {
+    return choose_depth(p, be, ws, bk, base_fixed);  // choose_draft_depth: (D, B) only
+  } else if (p.choose_depth) {
+    return kErrBadArgument;  // the host launches the depth instantiation for these
   }
-  be.sync();
+  bucket_starts(be, ws, bk);
   Order<Backend> order{be, ws, bk, K, n_slots};
 
   // ---- 3. budget ----
-  // Capacity wins over min_verify; min_verify wins over the latency target (step_cap).
-  const int64_t b_room = n_cand < p.budget_cap ? n_cand : p.budget_cap;
-  const int64_t b_min = n_forced < b_room ? n_forced : b_room;
-  int64_t b_max = b_room < p.step_cap ? b_room : p.step_cap;
-  b_max = b_max < b_min ? b_min : b_max;
+  const BudgetRange range = budget_range(n_cand, n_forced, p.budget_cap, p.step_cap);
+  const int64_t b_min = range.b_min, b_max = range.b_max;
   const ThetaEval theta{base_fixed, R + p.extra_tokens, p.verify_cost, p.verify_cost_len, p.draft_cost};
   int64_t budget = b_max;
   if ((p.mode == kGreedy || p.mode == kGlobal) && b_min < b_max) {
-    if (p.mode == kGlobal && cost_monotone_positive(be, theta, b_min, b_max)) {
-      budget = global_argmax(be, order, theta, b_min, b_max);
-    } else {
-      budget = scan_budget(be, order, theta, b_min, b_max, p.mode == kGreedy);
-    }
+    budget = search_budget(be, order, theta, b_min, b_max, p.mode == kGreedy);
   } else if (p.mode == kFixed) {
     const int64_t want = p.budget_in != nullptr ? int64_t(*p.budget_in) : p.fixed_budget;
     budget = want < b_min ? b_min : (want > b_max ? b_max : want);

@@ -12,6 +12,7 @@ namespace planner {
 
 struct KernelConfig {
   static constexpr int kMaxThreads = 1024;
+  static constexpr int kMaxDepthThreads = 512;  // choose_draft_depth's kernel (kernel.cuh)
   static constexpr int kMinThreads = 128;
   static constexpr int kSlotsPerThread = 4;  // threads ~ slots / 4: enough parallelism for the walk and sort
   // Dynamic shared memory a plan may use before its workspace moves to global memory (within the 227 KiB a

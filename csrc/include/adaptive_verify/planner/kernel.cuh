@@ -218,13 +218,18 @@ __global__ void __launch_bounds__(KernelConfig::kMaxThreads) prefix_survival_ker
   if (bad_parents) atomicAdd(p.error_counts + kCountBadParent, bad_parents);
 }
 
-__global__ void __launch_bounds__(KernelConfig::kMaxThreads) plan_kernel(const Params p) {
+// kDepth: choose_draft_depth (algorithm.h plan's depth instantiation), the same workspace on at most
+// kMaxDepthThreads threads: its depth loop holds the budget search and the per-depth state together, which at 1024
+// threads' 64 registers spilled; at 512 it has 128 (the walk and the per-depth counts are strided loops anyway).
+template <bool kDepth>
+__global__ void __launch_bounds__(kDepth ? KernelConfig::kMaxDepthThreads : KernelConfig::kMaxThreads)
+    plan_kernel(const Params p) {
   AV_DYNAMIC_SMEM(smem);
   __shared__ detail::Scratch scratch;
   const WorkspaceLayout layout = plan_layout(p.num_reqs, p.max_drafts, p.min_verify > 0, p.parents != nullptr);
   unsigned char* base = p.workspace != nullptr ? static_cast<unsigned char*>(p.workspace) : smem;
   CudaBackend be{scratch};
-  plan(p, be, carve_workspace(base, layout));  // device statuses are counters, never a return value
+  plan<CudaBackend, kDepth>(p, be, carve_workspace(base, layout));  // device statuses are counters, never a return
 }
 
 inline cudaError_t launch_prefix_survival(const SurvivalParams& p, cudaStream_t stream) {
@@ -238,13 +243,15 @@ inline cudaError_t launch_plan(const Params& p, cudaStream_t stream) {
   const WorkspaceLayout layout = plan_layout(p.num_reqs, p.max_drafts, p.min_verify > 0, p.parents != nullptr);
   const bool smem = layout.bytes <= KernelConfig::kMaxSmemBytes;
   if (!smem && p.workspace == nullptr) return cudaErrorInvalidValue;
-  static bool opted_in[64] = {};
-  const cudaError_t err = opt_in_smem(plan_kernel, int(KernelConfig::kMaxSmemBytes), opted_in);
+  static bool opted_in[2][64] = {};  // per kernel (plan, depth), per device
+  const auto kernel = p.choose_depth ? plan_kernel<true> : plan_kernel<false>;
+  const cudaError_t err = opt_in_smem(kernel, int(KernelConfig::kMaxSmemBytes), opted_in[p.choose_depth ? 1 : 0]);
   if (err != cudaSuccess) return err;
   Params q = p;
   if (smem) q.workspace = nullptr;
-  const int threads = plan_threads(int64_t(p.num_reqs) * p.max_drafts, p.num_reqs);
-  return launch_kernel(plan_kernel, dim3(1), dim3(unsigned(threads)), smem ? size_t(layout.bytes) : 0, stream, q);
+  int threads = plan_threads(int64_t(p.num_reqs) * p.max_drafts, p.num_reqs);  // (the layout is sized for these)
+  if (p.choose_depth && threads > KernelConfig::kMaxDepthThreads) threads = KernelConfig::kMaxDepthThreads;
+  return launch_kernel(kernel, dim3(1), dim3(unsigned(threads)), smem ? size_t(layout.bytes) : 0, stream, q);
 }
 
 }  // namespace planner

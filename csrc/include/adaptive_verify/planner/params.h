@@ -23,6 +23,7 @@ enum Mode : int32_t {
 };
 
 constexpr int64_t kNoStepCap = int64_t(1) << 62;
+constexpr int kMaxDepths = 33;  // draft depths 0..K, K <= kMaxDrafts (math.h checks it)
 
 struct Params {
   // ---- candidates ----
@@ -62,6 +63,19 @@ struct Params {
   // Most drafts the step's latency target allows (the host derives it from max_step_ms and the cost curve);
   // B_min wins over it. kNoStepCap when there is no target.
   int64_t step_cap = kNoStepCap;
+
+  // ---- draft depth (choose_draft_depth; write_plan 0, chains only). With choose_depth set the kernel chooses
+  // (D, B) maximising Theta(D, B) = (base + P_D(B)) / (depth_cost[D] + verify_cost[R + extra_tokens + B]) over D in
+  // [min_depth, max_depth] (max_depth <= min(K, max_verify)), P_D over the candidates of positions < D, B in that
+  // depth's [B_min, B_max] with B_max capped by depth_step_cap[D] (mode, draft_cost and step_cap are not read).
+  // Ties: the smallest D, then the smallest B. Arrays by value: host-known per step, nothing to copy to a device,
+  // and a captured CUDA graph keeps them as it keeps draft_cost. ----
+  int32_t choose_depth = 0;
+  int32_t min_depth = 0;
+  int32_t max_depth = 0;
+  float depth_cost[kMaxDepths] = {};        // the step's fixed cost at depth D: drafter(R, D) + request_ms * R
+  int64_t depth_step_cap[kMaxDepths] = {};  // most drafts the latency target allows at depth D (kNoStepCap: none)
+  int32_t* depth_out = nullptr;             // 0-d int32: the chosen D
 
   // ---- cost: step_cost(R, n) = draft_cost + verify_cost[n] ----
   const float* verify_cost = nullptr;  // [verify_cost_len] float32 ms, indexed by total tokens n

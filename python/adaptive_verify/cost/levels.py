@@ -1,0 +1,56 @@
+"""The drafter's cost per level: a level-by-level drafter (EAGLE, multi-step MTP: one forward per level) pays for
+the levels it drafts, a block drafter for its one forward whatever it drafts (CostTable.draft_cost's ``levels``).
+
+A leaf of the package beside checks.py and curve.py: CostTable validates its draft_levels / draft_level_ms here and
+prices a depth with :func:`level_cost`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .._checks import check_int, is_real
+from .checks import check_ms, check_points
+from .curve import DraftCurve
+
+__all__ = ["MAX_DRAFT_LEVELS", "check_levels", "level_cost"]
+
+#: Most levels a drafter drafts (the planner's K limit); a block drafter's draft_cost takes levels up to it.
+MAX_DRAFT_LEVELS = 32
+
+
+def check_levels(draft_levels, draft_level_ms, draft, mode: str):
+    """(draft_levels, draft_level as stored) of from_points, checked: the levels an int in [1, MAX_DRAFT_LEVELS] or
+    None; the level cost only with them, a float or points like draft_ms, and (L - 1) levels never above the full
+    draft at a request count where either curve bends (both are piecewise linear or steps between those)."""
+    if draft_levels is None:
+        if draft_level_ms is not None:
+            raise ValueError("draft_level_ms needs draft_levels (the levels of the full draft)")
+        return None, None
+    L = check_int("draft_levels", draft_levels, lo=1, hi=MAX_DRAFT_LEVELS)
+    if draft_level_ms is None:
+        return L, None
+    if isinstance(draft_level_ms, Mapping):
+        level = check_points("draft_level_ms", draft_level_ms, positive=False)
+    elif is_real(draft_level_ms):
+        level = check_ms("draft_level_ms", draft_level_ms, what="constant", positive=False)
+    else:
+        raise TypeError(f"draft_level_ms must be a dict {{r: ms}}, a float or None, got {type(draft_level_ms).__name__}")
+    full, one = DraftCurve(draft, mode), DraftCurve(level, mode)
+    for r in sorted({1, *full.xs, *one.xs}):
+        if (L - 1) * one.cost(r) > full.cost(r) * (1 + 1e-9):
+            raise ValueError(f"draft_level_ms: {L - 1} levels after the first cost {(L - 1) * one.cost(r):.6g} ms at "
+                             f"r={r}, more than the full draft's {full.cost(r):.6g} ms (draft_ms)")
+    return L, level
+
+
+def level_cost(full: float, level_curve, r: int, L, levels: int) -> float:
+    """Milliseconds of drafting ``levels`` levels at r requests (checked), ``full`` the full draft's: 0 at 0 levels
+    (a drafter with draft_catch_up is asked for 1: its first forward runs anyway); a block drafter (L None) or the full
+    L levels ``full``; else ``max(0, full - (L - levels) * level(r))``, level(r) being draft_level_ms (the first
+    level carries the rest: an EAGLE drafter's first forward reads the step's accepted tokens), or with uniform
+    levels (level_curve None) ``full * levels / L``."""
+    if levels == 0 or L is None or levels == L:
+        return 0.0 if levels == 0 else full
+    if level_curve is None:
+        return full * levels / L
+    return max(0.0, full - (L - levels) * level_curve.cost(r))
