@@ -81,6 +81,11 @@ timeout "$(cap 60)" python3 benchmarks/bench_planner.py --depth --device cuda --
   --markdown "$log/bench_planner_depth.md" --json "$log/bench_planner_depth.json" >"$log/bench_planner_depth.txt" 2>&1
 bench_depth_rc=$?
 stamp bench_depth_rc
+timeout "$(cap 60)" python3 benchmarks/bench_planner.py --tree-shape --device cuda --min-time 0.1 \
+  --markdown "$log/bench_planner_tree_shape.md" --json "$log/bench_planner_tree_shape.json" \
+  >"$log/bench_planner_tree_shape.txt" 2>&1
+bench_shape_rc=$?
+stamp bench_shape_rc
 timeout "$(cap 90)" python3 benchmarks/bench_confidence.py --device cuda --min-time 0.1 --markdown "$log/bench_confidence.md" \
   --json "$log/bench_confidence.json" >"$log/bench_confidence.txt" 2>&1
 bench_conf_rc=$?
@@ -134,6 +139,7 @@ stamp sanitizer_rc
   echo "| CUDA tests (candidates: mma attention, sampler splitv, the one-algorithm planner, the tree sampler) | $(status $cuda_cand_rc): $(tail -1 "$log/cuda_tests_candidates.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| draft-depth benchmark (choose_draft_depth, not yet run on a GPU) | $(status $bench_depth_rc) |"
+  echo "| tree-shape benchmark (choose_tree_shape, not yet run on a GPU) | $(status $bench_shape_rc) |"
   echo "| confidence benchmark | $(status $bench_conf_rc) |"
   echo "| sampling benchmark | $(status $bench_samp_rc) |"
   echo "| attention benchmark (rowwise, mma, mma_fused) | $(status $bench_att_rc) |"
@@ -147,7 +153,7 @@ stamp sanitizer_rc
   cat "$log/ptxas.txt"
   echo '```'
   echo
-  for b in planner planner_depth confidence sampling attention attention_large; do
+  for b in planner planner_depth planner_tree_shape confidence sampling attention attention_large; do
     if [ -s "$log/bench_$b.md" ]; then cat "$log/bench_$b.md"; else echo '```'; tail -40 "$log/bench_$b.txt"; echo '```'; fi
     echo
   done

@@ -92,9 +92,10 @@ def test_draft_depth_fields_by_name(monkeypatch):
     assert (f["choose_depth"], f["min_depth"], f["max_depth"], f["write_plan"]) == (1, 2, 4, 0)
     assert f["depth_out"] == out[0].data_ptr() and f["budget_out"] == out[1].data_ptr()
     assert f["depth_cost"][:5] == [pytest.approx(ct.fixed_cost(R, d)) for d in range(5)] and f["depth_cost"][5:] == \
-        [0.0] * 28
+        [0.0] * 123
     caps = f["depth_step_cap"]
-    assert caps[0] > caps[4] >= 0 and caps[5:] == [0] * 28  # a deeper draft leaves less of the target to verify
+    assert caps[0] > caps[4] >= 0 and caps[5:] == [0] * 123  # a deeper draft leaves less of the target to verify
+    assert f["num_widths"] == 0 and f["width_out"] is None  # (chains: one width)
 
 
 def test_planner_fields_by_name(monkeypatch):
@@ -128,7 +129,8 @@ def test_planner_fields_by_name(monkeypatch):
                 token_req=plan.token_req.data_ptr(), positions=plan.positions.data_ptr(),
                 slot_mapping=plan.slot_mapping.data_ptr(), input_ids=plan.input_ids.data_ptr(), tree_mask=None,
                 token_parent=None, token_node=None, token_depth=None, workspace=None, choose_depth=0, min_depth=0,
-                max_depth=0, depth_cost=[0.0] * 33, depth_step_cap=[0] * 33, depth_out=None)
+                max_depth=0, num_widths=0, depth_cost=[0.0] * 128, depth_step_cap=[0] * 128, depth_out=None,
+                width_out=None)
     assert f.pop("draft_cost") == pytest.approx(0.25)
     assert f.pop("error_counts") == av.errors.error_buffer("cpu").data_ptr()
     assert f == want

@@ -106,7 +106,9 @@ def test_greedy_is_lossless_in_every_tree_mode(models, plain_greedy, kw):
     assert spec.tokens == plain_greedy.tokens
     f = spec.figures
     assert f["accepted_per_step"] > 0.5 and f["steps"] < plain_greedy.figures["steps"]
-    assert f["moved_paths"] > 0
+    # (greedy-k2 decides its shape, plan_tree_draft, and drafts a beam of 1 here: every accepted path is then on the
+    # first branch, which commit_tree_kv leaves in place)
+    assert f["moved_paths"] > 0 or kw == dict(mode="greedy", tree_topk=2, tree_nodes=24)
     m = f["verifier"]
     assert m["steps"] == f["steps"] and 0.0 < m["acceptance_rate"] <= 1.0 and np.isfinite(m["ece"])
 

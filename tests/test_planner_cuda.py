@@ -389,3 +389,35 @@ def test_cuda_draft_depth_matches_cpu(R, K):
         torch.cuda.synchronize()
         want = av.choose_draft_depth(s2, d2, ct)
         assert (int(out[0]), int(out[1])) == (int(want[0]), int(want[1]))
+
+
+@needs_cuda
+@pytest.mark.parametrize("R,N", [(1, 4), (37, 21), (700, 63)])
+def test_cuda_tree_shape_matches_cpu(R, N):
+    """choose_tree_shape's CUDA kernel (choose_depth's tree branch) against the CPU kernel, then in a CUDA graph."""
+    from test_planner_depth import chain_table
+    from test_planner_tree_shape import random_trees
+    survival, parents, sizes, g = random_trees(R, N, R + N)
+    ct = chain_table({1: 0.01, 4096: 0.05}, levels=4, max_tokens=65536)
+    weights = torch.rand(R, generator=g) * 2
+    for kw in (dict(max_width=3), dict(max_width=2, weights=weights, extra_tokens=100), dict(max_width=4, max_step_ms=6.0)):
+        cpu = av.choose_tree_shape(survival, parents, sizes, ct, **kw)
+        gkw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        gpu = av.choose_tree_shape(survival.cuda(), parents.cuda(), sizes.cuda(), ct, **gkw)
+        assert tuple(int(x) for x in cpu) == tuple(int(x) for x in gpu), kw
+    bufs = [t.cuda() for t in (survival, parents, sizes)]
+    out = tuple(torch.zeros((), dtype=torch.int32, device="cuda") for _ in range(3))
+    av.choose_tree_shape(*bufs, ct, max_width=3, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        av.choose_tree_shape(*bufs, ct, max_width=3, out=out)
+    for seed in (1, 2):
+        new = random_trees(R, N, seed, lo=0.05 + 0.7 * (seed - 1))[:3]
+        for b, t in zip(bufs, new):
+            b.copy_(t)
+        out[0].fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = av.choose_tree_shape(*new, ct, max_width=3)
+        assert tuple(int(x) for x in out) == tuple(int(x) for x in want)

@@ -339,3 +339,24 @@ def test_emulated_draft_depth_replay_reads_the_new_values(monkeypatch, emu_lib):
         eager = av.choose_draft_depth(s, d, ct, min_verify=1)
         assert (int(out[0]), int(out[1])) == (int(eager[0]), int(eager[1]))
     assert len({int(av.choose_draft_depth(s, d, ct, min_verify=1)[0]) for s, d in values}) > 1  # not one answer
+
+
+@pytest.mark.parametrize("R,N", [(1, 4), (13, 21), (300, 63)])
+def test_emulated_tree_shape_matches_cpu(R, N, emulated):
+    """choose_tree_shape (choose_depth's tree branch: per width a fresh walk and the width filter, then per depth the
+    buckets counted again) on the block, the shared-memory and the global-workspace paths: the CPU kernel's
+    (depth, width, budget)."""
+    from test_planner_depth import chain_table
+    from test_planner_tree_shape import random_trees
+    survival, parents, sizes, g = random_trees(R, N, R + N)
+    ct = chain_table({1: 0.01, 4096: 0.05}, levels=4, max_tokens=32768)
+    weights = torch.rand(R, generator=g) * 2
+    cases = [dict(max_width=3), dict(max_width=2, weights=weights, extra_tokens=100), dict(max_width=4, max_step_ms=6.0),
+             dict(max_width=2, capacity=R + R // 2 + 1)]
+    seen = set()
+    for kw in cases[:2] if R > 100 else cases:  # (the global-workspace size is slow to emulate)
+        cpu = tuple(int(x) for x in av.choose_tree_shape(survival, parents, sizes, ct, **kw))
+        emu = tuple(int(x) for x in emulated(lambda: av.choose_tree_shape(survival, parents, sizes, ct, **kw)))
+        assert cpu == emu, kw
+        seen.add(cpu)
+    assert len(seen) > 1 or R == 1

@@ -47,6 +47,11 @@ class _Recording(av.AdaptiveVerifier):
         type(self).calls.append("plan_draft" if depth else "plan_draft (depth 0)")
         return (depth, 0, padded) if type(self).zero else (depth, budget, padded)
 
+    def plan_tree_draft(self, *a, **kw):
+        depth, width, budget, padded = super().plan_tree_draft(*a, **kw)
+        type(self).calls.append("plan_tree_draft" if depth else "plan_tree_draft (depth 0)")
+        return (depth, width, 0, padded) if type(self).zero else (depth, width, budget, padded)
+
     def record_confidence(self, *a, **kw):
         type(self).calls.append("record_confidence")
         return super().record_confidence(*a, **kw)
@@ -75,17 +80,20 @@ def test_simulator_runs_the_engine_per_step_path(monkeypatch, policy):
     assert {k: x for k, x in same.items() if k not in nan} == {k: x for k, x in honest.items() if k not in nan}
     assert all(same[k] != same[k] for k in nan)  # recording changes nothing
     calls = _Recording.calls
-    # A chain policy decides the draft depth with its budget (plan_draft); a tree policy the budget (plan_budget).
-    steps = [i for i, c in enumerate(calls) if c.startswith("plan_budget") or c.startswith("plan_draft")]
+    # A chain policy decides the draft depth with its budget (plan_draft), a tree policy its depth, width and budget
+    # (plan_tree_draft: the profile's drafter drafts level by level).
+    steps = [i for i, c in enumerate(calls) if c.startswith(("plan_budget", "plan_draft", "plan_tree_draft"))]
     assert len(steps) >= 100  # one per step with decodes (warmup 100 + 60 measured, a few without decodes)
-    for i in steps:  # each step: budget on the host, confidences recorded, then the plan (nothing at depth 0)
-        if calls[i] != "plan_draft (depth 0)":
+    for i in steps:  # each step: budget on the host, confidences recorded, then the plan (nothing at depth 0 for
+        if calls[i] != "plan_draft (depth 0)":  # a chain; a tree step of depth 0 records and plans no nodes)
             assert calls[i + 1:i + 3] == ["record_confidence", "plan"], calls[i - 2:i + 4]
     assert "add_request" in calls  # finished requests are replaced by new ones in their slots
     if policy == "lagged":
         assert {calls[i] for i in steps} <= {"plan_draft", "plan_draft (depth 0)"}
-        # every drafting step's outcomes feed the per-depth statistics (and the measured ones the head's figures)
-        assert calls.count("observe") == calls.count("plan") >= 100
+    else:
+        assert {calls[i] for i in steps} <= {"plan_tree_draft", "plan_tree_draft (depth 0)"}
+    # every drafting step's outcomes feed the per-depth statistics (and the measured ones the head's figures)
+    assert calls.count("observe") == calls.count("plan") >= 100
     _Recording.calls, _Recording.zero = [], True
     try:
         broken = simulate(prof, parse_policy(policy, 4), 16, steps=60, seed=3)

@@ -15,7 +15,7 @@ from adaptive_verify.sim import Profile, get_profile, parse_policy, profile_dict
 from adaptive_verify.sim.tree import TreeModel, accepted_depths, draft_trees, tree_draft_ms
 
 CHAIN_TWINS = [("global", "tree"), ("lagged", "tree-lagged"), ("k{K}", "eagle2-{K}")]
-SKIP = {"policy", "head_auc", "head_ece", "depth_per_step"}  # head quality and the draft depth: chains only
+SKIP = {"policy", "head_auc", "head_ece", "depth_per_step", "width_per_step"}  # head quality, draft shapes
 
 
 def flat_profile(verify_ms, *, K=4, head_noise=0.5, capacity=4096):
@@ -46,7 +46,7 @@ def test_top1_tree_is_the_chain_bit_for_bit(name):
             chain = simulate(prof, parse_policy(chain_name.format(K=K), K), c, steps=40, warmup=10, seed=5,
                              full_draft=True)
             tree = simulate(prof, parse_policy(tree_name.format(K=K), K), c, steps=40, warmup=10, seed=5,
-                            tree=chain_tree)
+                            tree=chain_tree, full_draft=True)
             assert chain["verified_per_step"] > 0.5
             assert not _same(chain, tree), (name, c, chain_name, _same(chain, tree))
 
@@ -191,6 +191,56 @@ def test_accepted_depth_is_the_sample_and_match_walk():
                 break
             depth, node = d + 1, kids[0]
         assert got[r] == depth, r
+
+
+def test_a_narrower_beam_drafts_a_subtree_of_the_full_beam():
+    """draft_trees(width=W): level j > 1 expands the W best nodes of level j - 1 with the draws of the full beam's
+    first W slots, so levels 1 and 2 are the full tree's nodes (deeper ones hang from the narrow beam's own
+    parents); k + (D - 1) W k nodes, and the pool keeps its columns (padding past the nodes)."""
+    for W in (1, 2):
+        tree, full = _random_trees(R=40, seed=8)
+        rng = np.random.default_rng(8)
+        R, k, D = 40, 3, 4
+        args = (tree, D, np.log(np.array([0.8, 0.7, 0.6, 0.5, 0.4]) / (1 - np.array([0.8, 0.7, 0.6, 0.5, 0.4]))),
+                rng.normal(0, 0.5, R), rng.normal(1.0, 1.0, (R, D)), rng.normal(0, 0.6, (R, D)), rng.random((R, D)),
+                rng.normal(0, 1.0, (R, D, k)), rng.normal(0, 0.6, (R, D, k, k)), rng.random((R, D, k)),
+                np.full(R, D))
+        narrow = draft_trees(*args, width=W)
+        assert narrow.survival.shape == full.survival.shape
+        assert narrow.sizes.tolist() == [k + (D - 1) * W * k] * R
+        for r in range(R):
+            n = narrow.sizes[r]
+            depth = np.zeros(n, dtype=int)
+            for j in range(n):
+                p = narrow.parents[r, j]
+                depth[j] = 1 if p < 0 else depth[p] + 1
+            have = set(full.survival[r, :full.sizes[r]].tolist())
+            assert (depth == 1).sum() == k and (depth == 2).sum() == W * k
+            assert all(s in have for s in narrow.survival[r, :n][depth <= 2].tolist())
+        # the acceptance walk and its offsets: the accepted path's nodes are verified, at increasing offsets
+        verified = np.arange(narrow.survival.shape[1])[None, :] < narrow.sizes[:, None]
+        depth, offs = accepted_depths(narrow, verified, offsets=True)
+        assert np.array_equal(depth, accepted_depths(narrow, verified))
+        for r in range(R):
+            path = offs[r, :depth[r] + 1]
+            assert path[0] == 0 and np.all(np.diff(path) > 0) and np.all(offs[r, depth[r] + 1:] == -1)
+
+
+def test_adaptive_trees_draft_the_decided_shape_and_pay_for_it():
+    """On a level-by-level drafter's profile the adaptive tree policies draft plan_tree_draft's shape: at high
+    concurrency a shallow, narrow tree, faster than drafting the whole tree (full_draft); a block drafter's trees
+    are drafted whole (its cost does not depend on the levels)."""
+    prof = get_profile("llama3-70b-8xh200")
+    for name in ("tree", "tree-lagged"):
+        shaped = simulate(prof, parse_policy(name, 4), 128, steps=60, warmup=30, seed=2)
+        whole = simulate(prof, parse_policy(name, 4), 128, steps=60, warmup=30, seed=2, full_draft=True)
+        assert shaped["depth_per_step"] < 3 and shaped["width_per_step"] < 2, shaped
+        assert whole["depth_per_step"] != whole["depth_per_step"]  # NaN: not decided
+        assert shaped["mean_step_ms"] < whole["mean_step_ms"] and shaped["tokens_per_s"] > 1.05 * whole["tokens_per_s"]
+    low = simulate(prof, parse_policy("tree", 4), 2, steps=60, warmup=30, seed=2)
+    assert low["depth_per_step"] > 3 and low["width_per_step"] > 2  # a small batch drafts deep and wide
+    block = simulate(get_profile("dsv4-pro-8xb300"), parse_policy("tree", 7), 16, steps=20, warmup=10, seed=2)
+    assert block["depth_per_step"] != block["depth_per_step"]
 
 
 def test_tree_policies_call_the_library_tree_planner_and_verify_no_more_than_allowed(monkeypatch):

@@ -35,10 +35,12 @@ void register_planner(py::module_& m) {
       AV_FIELD(P, token_req), AV_FIELD(P, positions), AV_FIELD(P, slot_mapping), AV_FIELD(P, input_ids),
       AV_FIELD(P, tree_mask), AV_FIELD(P, token_parent), AV_FIELD(P, token_node), AV_FIELD(P, token_depth),
       AV_FIELD(P, error_counts), AV_FIELD(P, workspace), AV_FIELD(P, choose_depth), AV_FIELD(P, min_depth),
-      AV_FIELD(P, max_depth), AV_FIELD(P, depth_cost), AV_FIELD(P, depth_step_cap), AV_FIELD(P, depth_out)});
+      AV_FIELD(P, max_depth), AV_FIELD(P, num_widths), AV_FIELD(P, depth_cost), AV_FIELD(P, depth_step_cap),
+      AV_FIELD(P, depth_out), AV_FIELD(P, width_out)});
   m.attr("PLANNER_MAX_DRAFTS") = int(planner::kMaxDrafts);
   m.attr("PLANNER_MAX_REQS") = int64_t(planner::kMaxReqs);
   m.attr("PLANNER_MAX_TREE_NODES") = int(planner::kMaxTreeNodes);
+  m.attr("PLANNER_MAX_SHAPES") = int(planner::kMaxShapes);
   m.attr("PLANNER_MAX_TREE_REQS") = int64_t(planner::kMaxTreeReqs);
   m.attr("PLANNER_MAX_CONTEXT_LEN") = int(planner::kMaxContextLen);
   m.attr("PLANNER_MODES") = py::make_tuple(int(planner::kGreedy), int(planner::kGlobal), int(planner::kFixed),

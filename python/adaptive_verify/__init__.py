@@ -13,7 +13,8 @@ from .cost import CostTable
 from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
 from .planner import (MetadataInputs, PlanStep, TreeVerifyPlan, VerifyPlan, choose_budget, choose_draft_depth,
-                      lagged_budget, plan_tree_verification, plan_verification, prefix_survival, tree_survival)
+                      choose_tree_shape, lagged_budget, plan_tree_verification, plan_verification, prefix_survival,
+                      tree_survival)
 from .prepared import Prepared, PreparedMismatch, prepare
 from .sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
@@ -38,6 +39,7 @@ __all__ = [
     "calibration_report",
     "choose_budget",
     "choose_draft_depth",
+    "choose_tree_shape",
     "commit_tree_kv",
     "confidence",
     "confidence_from_logits",

@@ -17,13 +17,13 @@ Draft trees (``max_nodes=N``; verifier_tree.py holds the tree logic and its deci
 plan_budget (drafts_host are then tree sizes, the budget a node count), ``parents=`` and ``tree_sizes=`` to
 record_confidence (conf [R, N] conditional per node), ``parents=`` to plan (drafts are the tree sizes; it returns
 a TreeVerifyPlan) and ``accepted_offsets=`` to observe (num_accepted is the accepted depth). Every mode serves
-trees, losslessly (they are verified one-hot).
+trees, losslessly (they are verified one-hot). An EAGLE-2 drafter (``tree_top_k=k``) calls plan_tree_draft in
+place of plan_budget: depth, width, budget, padded, then it drafts depth levels expanding width nodes per level.
 
-Why the budget comes from an earlier step (mode "lagged", the default): the budget decides the padded
-token count and so which CUDA graph the engine replays; the host must know it before the step's drafts
-exist, and a budget that does not look at the current drafts keeps verification lossless (docs/design.md,
-"When is which mode lossless"). The confidences reach the host through pinned, double-buffered memory: the
-copy started in step t is complete long before step t + 1 asks for its budget, so nothing waits.
+Why the budget comes from an earlier step (mode "lagged", the default): it decides the padded token count (the
+CUDA graph replayed), which the host needs before the drafts exist, and ignoring the current drafts keeps
+verification lossless (docs/design.md, "When is which mode lossless"). Confidences reach the host through
+pinned, double-buffered memory, copied in step t long before step t + 1 asks: nothing waits.
 
 Decisions (docs/design.md, "What engines rely on every step"):
 - Request identity: engines reorder, add and drop requests between steps, so the confidences kept for the
@@ -42,17 +42,14 @@ Decisions (docs/design.md, "What engines rely on every step"):
   trees) and is the best live mode there; declare how drafts are verified with ``verification``.
 - Padded tokens: the smallest graph size >= R + extra_tokens + B; above the largest, exactly that count
   (an eager step). Graph sizes default to the cost table's.
-- Bounded host state: persistent plan buffers are kept per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE``
-  entries (entries created during CUDA-graph capture are never evicted); every eager step of R requests (above
-  the largest graph size), and every step with prompt tokens that is not being captured, shares one entry sized
-  for the largest eager step, and its plan is views of the first padded tokens (kept per size, VIEW_CACHE_SIZE per
-  buffer set, dropped with it); metrics keep running sums.
+- Bounded host state: plan buffers per (R, padded size) in an LRU of ``PLAN_CACHE_SIZE`` (never evicted when made
+  during capture); eager steps and uncaptured steps with prompt tokens share one entry per R, their plans views
+  of its first padded tokens (VIEW_CACHE_SIZE per buffer set); metrics keep running sums.
 - Chains and trees are two strategies with their own state: ``ChainSteps`` (verifier_chain.py) and ``TreeSteps``
   (verifier_tree.py); a call with ``parents=`` (or ``tree=True``) is a tree step. This class keeps what both share.
-- Fast path: each buffer set holds the prepared planner calls (adaptive_verify.prepare) that write into it, one per
-  shape of the caller's inputs (the confidences' width, which are given, live or fixed mode); a step runs its call
-  with the caller's tensors rebound and the step's scalars (docs/design.md, "Host overhead"). A caller tensor of
-  another dtype or strides than the prepared one prepares the call again.
+- Fast path: each buffer set holds its prepared planner calls (adaptive_verify.prepare), one per shape of the
+  caller's inputs; a step rebinds the caller's tensors and scalars (docs/design.md, "Host overhead"); another
+  dtype or strides prepares the call again.
 """
 from __future__ import annotations
 
@@ -116,13 +113,15 @@ class AdaptiveVerifier:
             lagged one and the live ones, never make the step's modelled time exceed it (min_verify still wins).
         max_nodes: N, the most nodes of a request's draft tree (1..63), or 0 (default): chains only. With it the
             statistics keep max(max_drafts, N) positions (one per depth); see verifier_tree.py.
+        tree_top_k: k, the children an EAGLE-2 drafter drafts per expanded node (1..16), for plan_tree_draft
+            (needs max_nodes; trees then have at most max_drafts levels); 0 (default): no tree shapes.
     """
 
     def __init__(self, cost_table: CostTable, *, max_reqs: int, max_drafts: int, block_size: int,
                  mode: str = "lagged", graph_sizes: Sequence[int] = (), min_verify: int = 0,
                  device: Union[str, torch.device] = "cpu", online_calibration: bool = False,
                  refresh_every: int = 100, prior: float = 1.0, verification: Optional[str] = None,
-                 max_step_ms: Optional[float] = None, max_nodes: int = 0):
+                 max_step_ms: Optional[float] = None, max_nodes: int = 0, tree_top_k: int = 0):
         if not isinstance(cost_table, CostTable):
             raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
         if not isinstance(mode, str) or mode not in MODES:
@@ -168,8 +167,9 @@ class AdaptiveVerifier:
         max_nodes = check_int("max_nodes", max_nodes, lo=0)
         # Draft trees (verifier_tree.py): their own slot table of node survivals; statistics per depth, and a depth is
         # at most N, so the statistics keep max(K, N) positions.
+        top_k = check_int("tree_top_k", tree_top_k, lo=0, hi=16 if max_nodes else 0)
         self._tree = verifier_tree.TreeSteps(max_nodes, max_reqs=self.max_reqs, prior=self.prior, device=self.device,
-                                             slots=self.slots) if max_nodes else None
+                                             slots=self.slots, top_k=top_k, max_depth=K) if max_nodes else None
         positions = max(K, max_nodes)
         self._stats = AcceptanceStats(positions, device=self.device)
         # Chains (verifier_chain.py): the survival buffers of their plans, observe's prepared statistics updates.
@@ -268,10 +268,8 @@ class AdaptiveVerifier:
         request's persistent slot in [0, max_reqs), distinct (default: the row number).
         tree: this step drafts trees (needs max_nodes): drafts_host are the tree sizes, in [0, max_nodes], and the
         budget is a node count (lagged: priced from each slot's last recorded node survivals, verifier_tree.py).
-        weights: [R] host floats, request priorities (as ``plan(weights=)``'s, which rank the allocation): the lagged
-        budget is then the argmax of the weighted Theta, so a step with high-priority requests may verify more.
-        Priorities are host knowledge (the scheduler's), so they cost no sync; None weighs every request 1. Ignored by
-        the live modes, which weigh on the device (plan).
+        weights: [R] host floats, request priorities (as ``plan(weights=)``'s): the lagged budget is the argmax of
+        the weighted Theta (host knowledge, no sync); None weighs every request 1; the live modes weigh in plan().
         """
         tree_state = self._trees() if tree else None
         R, extra_tokens, drafts, weights, idx = host_step(num_reqs, drafts_host, extra_tokens, weights, req_indices,
@@ -307,11 +305,10 @@ class AdaptiveVerifier:
 
     def plan_draft(self, num_reqs: int, drafts_host=None, extra_tokens: int = 0, *, req_indices=None,
                    weights=None) -> tuple[int, int, int]:
-        """(depth, budget, padded_tokens) of this step, on the host before drafting, with no device sync: how many
-        levels the drafter runs (the same for every request of the step) and what plan() will verify of them
-        (docs/design.md, "Drafting from the budget"). Call it in place of :meth:`plan_budget` with a level-by-level
-        drafter (EAGLE, multi-step MTP), then draft ``depth`` levels: request r drafts min(depth, drafts_host[r])
-        drafts, and record_confidence / plan take those (conf [R, depth]).
+        """(depth, budget, padded_tokens) of this step, on the host before drafting, with no device sync: the levels
+        the drafter runs (the same for every request) and what plan() will verify (docs/design.md, "Drafting from the
+        budget"). In place of :meth:`plan_budget` with a level-by-level drafter (EAGLE, multi-step MTP): request r
+        then drafts min(depth, drafts_host[r]), and record_confidence / plan take those (conf [R, depth]).
 
         num_reqs, extra_tokens, req_indices, weights: as in :meth:`plan_budget`; drafts_host: [R] host ints, the most
         each request may draft this step (its room before the output's end), default max_drafts.
@@ -353,6 +350,25 @@ class AdaptiveVerifier:
         self._depth_count += 1
         return depth, budget, padded
 
+    def plan_tree_draft(self, num_reqs: int, drafts_host=None, extra_tokens: int = 0, *, req_indices=None,
+                        weights=None) -> tuple[int, int, int, int]:
+        """(depth, width, budget, padded_tokens) of a tree step, on the host before drafting, no device sync: draft
+        ``depth`` levels (request r: min(depth, drafts_host[r])), each expanding the ``width`` best nodes of the last
+        (path confidence) into their top tree_top_k children. Arguments and modes as :meth:`plan_draft`'s
+        (drafts_host: the most levels per request); the decision is :func:`adaptive_verify.choose_tree_shape` on a
+        prediction from earlier steps only (verifier_tree_shape.py)."""
+        R, extra_tokens, lim, weights, idx = host_step(num_reqs, drafts_host, extra_tokens, weights, req_indices,
+                                                       self.max_reqs, self.capacity, default_drafts=self.max_drafts)
+        self.slots.inputs(lim, idx, R, self.max_drafts, "max_drafts", False)  # checks
+        idx = self.slots.pending_idx = self.slots.arange[:R] if idx is None else idx
+        depth, width, budget = self._trees().plan_draft(
+            idx, lim, self.cost_table, self.mode, extra_tokens, self.capacity, weights, self._max_step_ms,
+            lambda n, fixed: self._bounds(R, n, 0, extra_tokens, fixed)[1], self.stats)
+        padded = self.padded_tokens(R + extra_tokens + budget)
+        self._count_budget(budget, padded)
+        self._depth_sum, self._depth_count = self._depth_sum + depth, self._depth_count + 1
+        return depth, width, budget, padded
+
     def stale_confidence(self, req_indices) -> np.ndarray:
         """[R, max_drafts] float32: the confidences the lagged budget ranks for requests in slots
         ``req_indices`` (host ints): each one's last recorded confidences, or the prior for a slot with no
@@ -361,15 +377,12 @@ class AdaptiveVerifier:
 
     def record_confidence(self, conf: torch.Tensor, req_indices=None, *, parents: Optional[torch.Tensor] = None,
                           tree_sizes: Optional[torch.Tensor] = None) -> None:
-        """Starts the copy of this step's conf [R, K'] (float32, K' <= K) to pinned host memory for the
-        next steps' budgets (asynchronous on CUDA). req_indices: [R] persistent slots (host ints, or an
-        int32/int64 tensor on the verifier's device); default: plan_budget's of this step when it had R
-        requests, else the row numbers. Call after plan_budget, once per step.
-        parents [R, N] int32 and tree_sizes [R] int32 (on the device): a tree step, conf [R, N] each node's
-        conditional acceptance probability (verifier_tree.record_confidence)."""
-        if parents is not None:
-            self._trees().record(conf, req_indices, parents, tree_sizes)
-        else:
+        """Starts the copy of this step's conf [R, K'] (float32, K' <= K) to pinned host memory for the next steps'
+        budgets (asynchronous on CUDA), once per step after plan_budget. req_indices: [R] persistent slots (host
+        ints, or an int32/int64 tensor on the verifier's device); default: plan_budget's of this step when it had R
+        requests, else the row numbers. parents [R, N] int32 and tree_sizes [R] int32 (device): a tree step, conf
+        [R, N] each node's conditional acceptance probability (verifier_tree.record_confidence)."""
+        self._trees().record(conf, req_indices, parents, tree_sizes) if parents is not None else \
             self._chain.record(conf, req_indices)
 
     def _step_buffers(self, R: int, budget, extra_tokens, padded_tokens, wants: tuple, per_request: int, kind: type):
@@ -565,10 +578,9 @@ class AdaptiveVerifier:
         """Figures since construction (one small device-to-host copy plus the stats' report):
         steps, budget_last, budget_mean, verified_per_step, accepted_per_step, predicted_accepted_per_step
         (the planner's P(B), what it expected), acceptance_rate (accepted / verified drafts), ece and auc
-        of the confidences (AcceptanceStats), graph_use {padded size: steps}, depth_mean (plan_draft's depths; 0.0
-        without it). In "greedy" and "global"
-        modes the budget figures are plan_budget's upper bound B_max (the device chooses the budget);
-        verified_per_step is what it chose. The verified and accepted counts are ``stats.totals`` (so a
+        of the confidences (AcceptanceStats), graph_use {padded size: steps}, depth_mean (plan_draft's and
+        plan_tree_draft's depths; 0.0 without them). In "greedy" and "global" modes the budget figures are the
+        upper bound B_max (the device chooses the budget); verified_per_step is what it chose. The verified and accepted counts are ``stats.totals`` (so a
         ``verifier.stats.reset()`` restarts them too)."""
         acc = [*self.stats.totals.cpu().tolist(), float(self._expected) + self._expected_host - self._rows]
         steps = max(self._steps, 1)

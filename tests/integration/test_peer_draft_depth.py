@@ -89,3 +89,46 @@ def test_sglang_controller_switches_to_the_decided_depth():
     assert len(served) >= 2, served
     with pytest.raises(ValueError, match="candidate_steps"):
         avs.DraftDepthPolicy(v, [])
+
+
+@pytest.mark.skipif(bool(missing("sglang")), reason="peer sglang not installed (tests/integration/install_peers.sh)")
+def test_sglang_controller_serves_the_decided_tree_depth():
+    """decide_tree: plan_tree_draft's depth switches SGLang's controller like a chain's; the width is reported."""
+    sglang = import_peer("sglang.srt.speculative.adaptive_runtime_state")
+    ct = av.CostTable.from_points({1: 5.0, 64: 5.2, 256: 6.0, 1024: 9.0}, {1: 1.6}, max_tokens=2048, draft_levels=4,
+                                  draft_level_ms=0.3)
+    k, R = 2, 8
+    v = av.AdaptiveVerifier(ct, max_reqs=R, max_drafts=4, block_size=16, max_nodes=14, tree_top_k=k)
+    policy = avs.DraftDepthPolicy(v, [1, 2, 4])
+    worker = _Worker(4)
+    controller = sglang.AdaptiveController(worker, policy)
+    controller.init_states([8])
+    served = set()
+    for accept in [0.95] * 8 + [0.05] * 30:
+        depth, width, budget, padded = policy.decide_tree(R)
+        controller.activate_step_by_batch(R)
+        assert worker.speculative_num_steps == min(s for s in (1, 2, 4) if s >= max(depth, 1)) and 1 <= width <= k
+        served.add(worker.speculative_num_steps)
+        if not depth:
+            continue
+        # the worker's tree: level 1 the anchor's k children, then k children of each of the first `width` nodes of
+        # the level before (already in path-confidence order: siblings' confidences fall with their index)
+        parents, level, conf = [-1] * k, list(range(k)), [accept * 0.9 ** i for i in range(k)]
+        for _ in range(depth - 1):
+            nxt = []
+            for p in level[:width]:
+                for i in range(k):
+                    parents.append(p)
+                    conf.append(accept * 0.9 ** i)
+                    nxt.append(len(parents) - 1)
+            level = nxt
+        n = len(parents)
+        conf_t = torch.tensor([conf] * R, dtype=torch.float32)
+        par_t = torch.tensor([parents] * R, dtype=torch.int32)
+        sizes = torch.full((R,), n, dtype=torch.int32)
+        v.record_confidence(conf_t, parents=par_t, tree_sizes=sizes)
+        plan = v.plan(conf_t, sizes, budget=budget, parents=par_t)
+        offs = torch.full((R, n + 1), -1, dtype=torch.int32)
+        offs[:, 0] = 0
+        v.observe(plan.verify_lens, torch.zeros(R, dtype=torch.int32), accepted_offsets=offs)
+    assert len(served) >= 2, served

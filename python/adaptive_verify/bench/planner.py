@@ -17,7 +17,8 @@ empty one-kernel launch measured in the same process (the launch-latency floor).
 Inputs: confidences uniform in [0.4, 1], every request drafts K tokens, the bundled example cost table.
 
 ``--tree`` benchmarks the draft-tree planner instead (bench/planner_tree.py), ``--depth`` the draft-depth
-decision, choose_draft_depth (bench/planner_depth.py).
+decision, choose_draft_depth (bench/planner_depth.py), ``--tree-shape`` a tree's depth, width and budget,
+choose_tree_shape (bench/planner_tree_shape.py).
 """
 from __future__ import annotations
 
@@ -231,7 +232,19 @@ def _run_depth(args) -> dict:
                              use_cuda=_use_cuda(args.device), min_time_s=args.min_time)
 
 
+def _run_tree_shape(args) -> dict:
+    from . import planner_tree_shape
+
+    return planner_tree_shape.run(args.reqs or planner_tree_shape.R_VALUES,
+                                  args.drafts or planner_tree_shape.K_VALUES, use_cuda=_use_cuda(args.device),
+                                  min_time_s=args.min_time)
+
+
 def _report(result: dict) -> str:
+    if result.get("tree_shape"):
+        from . import planner_tree_shape
+
+        return planner_tree_shape.report(result)
     if result.get("depth"):
         from . import planner_depth
 
@@ -251,6 +264,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "with --tree N, nodes per request (default 16 32 63)")
         ap.add_argument("--tree", action="store_true", help="the draft-tree planner (plan_tree_verification)")
         ap.add_argument("--depth", action="store_true", help="the draft-depth decision (choose_draft_depth)")
+        ap.add_argument("--tree-shape", action="store_true", help="a draft tree's depth, width and budget "
+                        "(choose_tree_shape; --drafts: the beam widths k)")
         ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
 
@@ -259,6 +274,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return _run_tree(a)
         if a.depth:
             return _run_depth(a)
+        if a.tree_shape:
+            return _run_tree_shape(a)
         return run(a.reqs or R_VALUES, a.drafts or K_VALUES, device=a.device, min_time_s=a.min_time)
 
     return cli_main(argv, prog="adaptive-verify bench planner", description=__doc__.split("\n\n")[0],

@@ -17,9 +17,6 @@ Inputs: confidences uniform in [0.4, 1], every request may draft K.
 from __future__ import annotations
 
 import ctypes
-import datetime
-import platform
-
 import torch
 
 from .. import errors
@@ -29,7 +26,7 @@ from ..planner import choose_draft_depth, resolve_plan_args
 from ..planner.depth import depth_costs, fill_depths
 from ..planner.launch import launch, make_params, workspace_for
 from .planner import example_cost_table, make_inputs
-from .report import markdown_table
+from .report import cpu_cuda_report, cpu_cuda_result
 from .timing import cuda_graph_time_us, cuda_kernel_stats, cuda_time_us, host_time_us
 
 R_VALUES = (1, 16, 64, 256, 1024)
@@ -104,32 +101,14 @@ def bench_cuda(R: int, K: int) -> dict:
 
 
 def run(r_values=R_VALUES, k_values=K_VALUES, *, use_cuda: bool = False, min_time_s: float = 0.2) -> dict:
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "depth": True,
-        "cpu": [bench_cpu(R, K, min_time_s=min_time_s) for R in r_values for K in k_values],
-    }
-    if use_cuda:
-        result["gpu"] = torch.cuda.get_device_name()
-        result["cuda"] = [bench_cuda(R, K) for R in r_values for K in k_values]
-    return result
+    return cpu_cuda_result("depth", [(R, K) for R in r_values for K in k_values], bench_cpu, bench_cuda,
+                           use_cuda=use_cuda, min_time_s=min_time_s)
 
 
 def report(result: dict) -> str:
-    lines = [
-        f"## Draft depth: choose_draft_depth ({result['date']}, torch {result['torch']}, {result['threads']} CPU "
-        "threads)",
-        "",
+    return cpu_cuda_report(
+        "Draft depth: choose_draft_depth",
         "Depths 0..K, confidences U[0.4, 1], every request may draft K, the example cost table priced per level "
         "(uniform). Medians per call. 'kernel': the C++ CPU kernel via the extension; 'op': the public call; "
         "'K+1 budgets': the baseline, one budget-only kernel call per depth 1..K (depth 0 needs none), raw; "
-        "'one budget': a single choose_budget kernel call.",
-        "",
-        markdown_table(result["cpu"], CPU_COLUMNS),
-    ]
-    if "cuda" in result:
-        lines += ["", f"### CUDA: {result['gpu']}", "", markdown_table(result["cuda"], CUDA_COLUMNS)]
-    return "\n".join(lines) + "\n"
+        "'one budget': a single choose_budget kernel call.", result, CPU_COLUMNS, CUDA_COLUMNS)

@@ -38,3 +38,35 @@ def cli_main(argv, *, prog: str, description: str, add_arguments, run, report) -
         with open(args.markdown, "w") as f:
             f.write(text)
     return 0
+
+
+def cpu_cuda_result(kind: str, cases, bench_cpu, bench_cuda, *, use_cuda: bool, min_time_s: float) -> dict:
+    """A CPU-and-CUDA microbenchmark's result: the date, host, torch and threads, ``kind: True`` (which report reads
+    it), bench_cpu(*case, min_time_s=) per case, and on CUDA the device's name and bench_cuda(*case) per case."""
+    import datetime
+    import platform
+
+    import torch
+
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        kind: True,
+        "cpu": [bench_cpu(*case, min_time_s=min_time_s) for case in cases],
+    }
+    if use_cuda:
+        result["gpu"] = torch.cuda.get_device_name()
+        result["cuda"] = [bench_cuda(*case) for case in cases]
+    return result
+
+
+def cpu_cuda_report(title: str, intro: str, result: dict, cpu_columns, cuda_columns) -> str:
+    """The report of a cpu_cuda_result: a heading with the date, torch and threads, the intro, the CPU table and,
+    when measured, the CUDA table."""
+    lines = [f"## {title} ({result['date']}, torch {result['torch']}, {result['threads']} CPU threads)", "", intro, "",
+             markdown_table(result["cpu"], cpu_columns)]
+    if "cuda" in result:
+        lines += ["", f"### CUDA: {result['gpu']}", "", markdown_table(result["cuda"], cuda_columns)]
+    return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ The planner (docs/design.md, "Planner") picks a verification budget B by maximis
 
 Where things are: ``curve.py`` the curve maths (float64, torch-free), ``table.py`` :class:`CostTable`,
 ``checks.py`` its argument checks and size bounds (MAX_TOKENS_LIMIT, MAX_MS), ``levels.py`` the drafter's cost
-per level (``draft_cost(r, levels)``), ``serialize.py`` the JSON form,
+per level (``draft_cost(r, levels)``, ``tree_draft_cost`` for trees), ``serialize.py`` the JSON form,
 ``profile.py`` the measurement loop and the bodies of ``CostTable.profile`` / ``load_or_profile``,
 ``roofline.py`` the datasheet model.
 
@@ -66,6 +66,7 @@ down at a measured point.
 Prefill in the same step: ``CostTable.shifted(x)`` is the curve seen from x prompt tokens, an O(1) view
 (an engine calls it every step with a new x); see its docstring for why it beats ``extra_tokens=x``.
 """
+from .levels import tree_draft_cost
 from .table import FORMAT_VERSION, MAX_TOKENS_LIMIT, CostTable
 
-__all__ = ["CostTable", "FORMAT_VERSION", "MAX_TOKENS_LIMIT"]
+__all__ = ["CostTable", "FORMAT_VERSION", "MAX_TOKENS_LIMIT", "tree_draft_cost"]

@@ -12,7 +12,7 @@ from .._checks import check_int, is_real
 from .checks import check_ms, check_points
 from .curve import DraftCurve
 
-__all__ = ["MAX_DRAFT_LEVELS", "check_levels", "level_cost"]
+__all__ = ["MAX_DRAFT_LEVELS", "check_levels", "level_cost", "tree_draft_cost"]
 
 #: Most levels a drafter drafts (the planner's K limit); a block drafter's draft_cost takes levels up to it.
 MAX_DRAFT_LEVELS = 32
@@ -54,3 +54,23 @@ def level_cost(full: float, level_curve, r: int, L, levels: int) -> float:
     if level_curve is None:
         return full * levels / L
     return max(0.0, full - (L - levels) * level_curve.cost(r))
+
+
+def tree_draft_cost(cost_table, r: int, depth: int, width: int) -> float:
+    """Milliseconds for a level-by-level drafter (a table with ``draft_levels``) to draft r requests' trees ``depth``
+    levels deep, expanding the ``width`` best nodes of each level, as EAGLE-2 drafts: level 1 is one forward over the
+    r anchors (``draft_cost(r, 1)``, which carries the first level's extra work), each later level one forward over
+    the r * width expanded nodes (one later level at n rows: ``draft_cost(n, L) - draft_cost(n, L - 1)``). Width 1
+    is the chain's ``draft_cost(r, depth)``; depth 0 is ``draft_cost(r, 0)``. depth in [0, draft_levels], width >= 1.
+    A block drafter drafts its chain in one forward and has no per-level cost: ValueError."""
+    L = cost_table.draft_levels
+    if L is None:
+        raise ValueError("cost_table: pricing a tree's levels needs a level-by-level drafter's table (draft_levels); "
+                         "a block drafter's cost does not depend on what it drafts")
+    depth = check_int("depth", depth, lo=0, hi=L)
+    width = check_int("width", width, lo=1)
+    if depth <= 1:
+        return cost_table.draft_cost(r, depth)
+    n = r * width
+    later = cost_table.draft_cost(n, L) - cost_table.draft_cost(n, L - 1)
+    return cost_table.draft_cost(r, 1) + (depth - 1) * later

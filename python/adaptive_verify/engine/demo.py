@@ -81,12 +81,12 @@ def run(args) -> int:
     print(f"{'mode':>10} | {'tokens/s':>8} | {'steps':>5} | {'tokens/step':>11} | {'drafted':>7} | {'accepted':>8} | "
           f"{'verified':>8} | {'accept rate':>11} | {'ECE':>6}")
     for mode, tps, steps, emitted, drafted, acc, ver, rate, ece in rows:
-        drafted = f"{drafted:7.2f}" if not mode.startswith("tree") else f"{'-':>7}"
-        print(f"{mode:>10} | {tps:8.1f} | {steps:5d} | {emitted:11.2f} | {drafted} | {acc:8.2f} | {ver:8.2f} | "
+        print(f"{mode:>10} | {tps:8.1f} | {steps:5d} | {emitted:11.2f} | {drafted:7.2f} | {acc:8.2f} | {ver:8.2f} | "
               f"{rate:11.2f} | {ece:6.3f}")
     print("\n(per request-step: tokens emitted, drafts drafted (lagged, greedy: the draft depth decided with the "
-          "budget; all: every draft), accepted and verified (tree rows: nodes, accepted = the accepted depth); ECE of "
-          "the drafter's confidences on the drafts verified, per depth for trees)")
+          "budget; all: every draft; tree: the depth and beam decided with the budget, nodes), accepted and verified "
+          "(tree rows: nodes, accepted = the accepted depth); ECE of the drafter's confidences on the drafts verified, "
+          "per depth for trees)")
     first = modes[0]
     print(f"\n--- {first}: {prompts[0]!r} ->\n{prompts[0]}{texts[first][0]}")
     if args.temperature == 0 and len(modes) > 1:

@@ -27,7 +27,7 @@ k + (D - 1) * k * k candidate nodes, so its tree size ``tree_size(k, D, N)`` is 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -38,11 +38,13 @@ from .drafter import DSparkDrafter
 __all__ = ["draft_tree", "tree_size", "verify_tree_step"]
 
 
-def tree_size(topk: int, depth: int, max_nodes: int) -> int:
-    """Nodes ``draft_tree`` drafts for a request with ``topk`` alternatives and depth limit ``depth``."""
+def tree_size(topk: int, depth: int, max_nodes: int, beam: Optional[int] = None) -> int:
+    """Nodes ``draft_tree`` drafts for a request with ``topk`` alternatives, depth limit ``depth`` and a beam of
+    ``beam`` nodes expanded per level (None: topk)."""
     if depth <= 0 or topk <= 0:
         return 0
-    return min(max_nodes, topk + (depth - 1) * topk * topk)
+    b = topk if beam is None else min(beam, topk)
+    return min(max_nodes, topk + (depth - 1) * b * topk)
 
 
 def width(topk_max: int, num_drafts: int, max_nodes: int) -> int:
@@ -52,13 +54,15 @@ def width(topk_max: int, num_drafts: int, max_nodes: int) -> int:
 
 @torch.no_grad()
 def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, topk: Sequence[int], max_nodes: int,
-               max_depth: Sequence[int]):
+               max_depth: Sequence[int], beam: Optional[int] = None):
     """A draft tree per request (module docstring).
 
     h: [R, d] target hidden before the anchor; anchor: [R] ids; topk: R host ints >= 1 (1: a chain); max_nodes: N
-    in [1, 63]; max_depth: R host ints in [0, K]. Returns (tokens [R, W] int32, parents [R, W] int32, conf [R, W]
-    float32, tree_sizes [R] int32) with W = width(max(topk), K, N); entries past a request's tree size are tokens
-    0, parents -1 and conf 0.
+    in [1, 63]; max_depth: R host ints in [0, K]; beam: the nodes of each depth expanded into the next (None: each
+    request's topk; AdaptiveVerifier.plan_tree_draft's width), so a request drafts tree_size(topk, depth, N, beam)
+    nodes (the Markov steps after depth 1 shrink with it). Returns (tokens [R, W] int32, parents [R, W] int32,
+    conf [R, W] float32, tree_sizes [R] int32) with W = min(width(max(topk), K, N), the nodes drafted); entries
+    past a request's tree size are tokens 0, parents -1 and conf 0.
     """
     c = drafter.config
     K, V = c.num_drafts, c.vocab
@@ -73,6 +77,8 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
     kmax = max(topk) if R else 1
     W = width(kmax, K, max_nodes)
     k_t = torch.tensor(list(topk), dtype=torch.int64, device=dev)  # [R]
+    b_t = k_t if beam is None else k_t.clamp(max=beam)  # [R] nodes expanded per depth
+    fw = kmax if beam is None else min(kmax, beam)  # frontier width
     depth_t = torch.tensor(list(max_depth), dtype=torch.int64, device=dev)  # [R]
     conf_hidden, bb_logits = drafter.backbone(h, anchor)  # [R, K, H], [R, K, V]
     H = conf_hidden.shape[-1]
@@ -87,7 +93,8 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
     fr_id = torch.full((R, 1), -1, dtype=torch.int64, device=dev)
     toks, pars, confs, survs = [], [], [], []
     count = 0
-    for d in range(1, K + 1):
+    levels = max([1, *max_depth])  # the Markov steps stop at the deepest level any request drafts
+    for d in range(1, levels + 1):
         F = fr_tok.shape[1]
         m = drafter.markov_embed(fr_tok)  # [R, F, M]
         logits = bb_logits[:, d - 1, None, :] + drafter.markov_out(m)  # [R, F, V]
@@ -106,20 +113,21 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
         pars.append(fr_id[..., None].expand(R, F, kmax).reshape(R, n))
         confs.append(cconf.reshape(R, n))
         survs.append(surv)
-        # The next frontier: this depth's kmax best nodes (valid first, then survival, then drafted first); a
-        # request expands only its first topk[r] of them.
-        order = surv.sort(dim=1, descending=True, stable=True).indices[:, :kmax]  # [R, kmax]
+        # The next frontier: this depth's best nodes (valid first, then survival, then drafted first); a request
+        # expands only its first min(topk[r], beam) of them.
+        order = surv.sort(dim=1, descending=True, stable=True).indices[:, :fw]  # [R, fw]
         fr_tok = toks[-1].gather(1, order)
-        fr_surv = torch.where(ranks[None, :] < k_t[:, None], surv.gather(1, order), torch.full_like(order, -1.0,
-                                                                                                    dtype=surv.dtype))
+        fr_surv = torch.where(ranks[None, :fw] < b_t[:, None], surv.gather(1, order),
+                              torch.full_like(order, -1.0, dtype=surv.dtype))
         fr_id = order + count
         count += n
     tok, par, cf, key = (torch.cat(x, dim=1) for x in (toks, pars, confs, survs))  # [R, M]; key: -1 if invalid
     ok = key >= 0
-    per_depth = [kmax] + [kmax * kmax] * (K - 1)
-    dp = torch.repeat_interleave(torch.arange(1, K + 1, device=dev), torch.tensor(per_depth, device=dev))  # [M]
+    per_depth = [kmax] + [fw * kmax] * (levels - 1)
+    dp = torch.repeat_interleave(torch.arange(1, levels + 1, device=dev), torch.tensor(per_depth, device=dev))  # [M]
     dp = dp.expand(R, -1)
     M = tok.shape[1]
+    W = min(W, M)  # (a narrow beam drafts fewer nodes than the widest tree: the caller pads)
     sel = key.sort(dim=1, descending=True, stable=True).indices[:, :W]  # [R, W] best W, ancestor-closed
     sel_ok, sel_depth = ok.gather(1, sel), dp.gather(1, sel)
     # Breadth first: valid nodes by depth, then rank; the rest last.

@@ -22,6 +22,7 @@ from .planner_cases import choose_case, depth_case, plan_case, prepared_case, su
 from .sampling_cases import rejection_case, sample_case, tree_case
 from .tree_cases import commit_case as tree_commit_case
 from .tree_cases import plan_case as tree_plan_case
+from .tree_cases import shape_case as tree_shape_case
 from .tree_cases import survival_case as tree_survival_case
 
 # Every public op (and the planner's prepared calls, which have their own failure modes). Weights: share of
@@ -43,6 +44,7 @@ OPS = {
     "tree_survival": (tree_survival_case, 2),
     "plan_tree_verification / choose_budget(parents)": (tree_plan_case, 4),
     "commit_tree_kv": (tree_commit_case, 2),
+    "choose_tree_shape": (tree_shape_case, 2),
     "tree_rejection_sample": (tree_case, 2),
     "CostTable": (cost_table_case, 3),
     "AdaptiveVerifier": (verifier_case, 3),

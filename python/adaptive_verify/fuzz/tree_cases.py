@@ -10,7 +10,8 @@ import torch
 
 from .. import reference as ref
 from ..attention import commit_tree_kv
-from ..planner import MAX_TREE_NODES, TreeVerifyPlan, choose_budget, plan_tree_verification, tree_survival
+from ..planner import (MAX_TREE_NODES, TreeVerifyPlan, choose_budget, choose_tree_shape, plan_tree_verification,
+                       tree_survival)
 from .core import Case, counts, same
 from .planner_cases import _guarded_plan
 from .guards import Guards
@@ -358,3 +359,55 @@ def commit_case(rng) -> Case:
 
 
 __all__ = ["commit_case", "plan_case", "survival_case"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# choose_tree_shape
+# ----------------------------------------------------------------------------------------------------
+
+
+def shape_case(rng) -> Case:
+    """choose_tree_shape on valid random trees and a level-by-level drafter's random table (capacity, prompt
+    tokens, emitting prefills, invalidated drafts, weights, a latency target, the depth range, conf=), against the
+    reference's brute force over (W, D, B); no error counted (the survivals are NaN-free)."""
+    t = tree_inputs(rng, metadata=False)
+    table = random_table(rng, levels=int(pick(rng, [1, 2, 4, 6])))
+    conf = torch.nan_to_num(t.conf, nan=0.5)
+    survival = ref.tree_survival(conf, t.parents, t.sizes)
+    kw = {k: v for k, v in t.kw.items() if k in ("max_verify", "extra_tokens")}
+    if maybe(rng, 0.3):
+        kw["extra_emitting"] = small_int(rng, 4)
+    if maybe(rng, 0.3):
+        kw["capacity"] = t.R + kw.get("extra_tokens", 0) + small_int(rng, t.R * t.N + 2)
+    if maybe(rng, 0.3):
+        kw["draft_tokens"] = _distinct_tokens(rng, t.R, t.N)
+        if t.R and t.N:
+            kw["draft_tokens"][int(rng.integers(0, t.R)), int(rng.integers(0, t.N))] = -1
+    if maybe(rng, 0.3):
+        kw["weights"] = floats(rng, (t.R,), 0.0, 3.0)
+    if maybe(rng, 0.2):
+        kw["max_step_ms"] = float(rng.uniform(0.5, 30.0))
+    if kw.get("capacity") is not None and table.max_tokens is not None:
+        kw["capacity"] = min(kw["capacity"], table.max_tokens)
+    if t.R + kw.get("extra_tokens", 0) > min(table.token_limit, kw.get("capacity") or table.token_limit):
+        return plan_case(rng)  # (this table leaves these requests no room: a case of another kind)
+    levels = table.draft_levels
+    max_width = int(pick(rng, [1, 2, 3, 4, 8]))
+    max_depth = small_int(rng, levels) if maybe(rng, 0.3) else None
+    min_depth = small_int(rng, levels if max_depth is None else max_depth) if maybe(rng, 0.3) else 0
+    out = tuple(torch.full((), -3, dtype=torch.int32) for _ in range(3)) if maybe(rng, 0.4) else None
+    use_conf = maybe(rng, 0.3)
+    shape = dict(max_width=max_width, max_depth=max_depth, min_depth=min_depth)
+
+    def call():
+        if use_conf:
+            return choose_tree_shape(None, t.parents, t.sizes, table, conf=conf, out=out, **shape, **kw)
+        return choose_tree_shape(survival, t.parents, t.sizes, table, out=out, **shape, **kw)
+
+    def check(result):
+        want = ref.choose_tree_shape(survival, t.parents, t.sizes, table, **shape, **kw)
+        for name, got, exp in zip(("depth", "width", "budget"), result, want):
+            same(name, got, exp)
+        counts({})
+
+    return Case("valid", call, check, what=f"R={t.R} N={t.N} levels={levels} W={max_width} kw={sorted(kw)}")

@@ -200,6 +200,7 @@ class DraftDepthPolicy:
             raise ValueError("candidate_steps must hold at least one step count")
         self.verifier, self._steps, self._graph_bs = verifier, steps, None
         self.depth = self.budget = self.padded = 0
+        self.width = 1
         self._serve = steps[-1]
 
     @property
@@ -214,6 +215,17 @@ class DraftDepthPolicy:
                                                                         req_indices=req_indices, weights=weights)
         self._serve = next((k for k in self._steps if k >= self.depth), self._steps[-1])
         return self.depth, self.budget, self.padded
+
+    def decide_tree(self, num_reqs: int, drafts_host=None, extra_tokens: int = 0, *, req_indices=None,
+                    weights=None) -> tuple:
+        """An EAGLE tree step (``speculative_eagle_topk`` > 1; the verifier built with max_nodes and tree_top_k =
+        that topk): plan_tree_draft's (depth, width, budget, padded_tokens), the depth served as decide() serves it.
+        SGLang's topk is both the children per node and the beam, fixed per server (its CUDA graphs), so the width
+        is advisory: the worker expands topk nodes per level, and the budget verifies the best of them."""
+        self.depth, self.width, self.budget, self.padded = self.verifier.plan_tree_draft(
+            num_reqs, drafts_host, extra_tokens, req_indices=req_indices, weights=weights)
+        self._serve = next((k for k in self._steps if k >= self.depth), self._steps[-1])
+        return self.depth, self.width, self.budget, self.padded
 
     def get_steps_for_batch(self, batch_size: int) -> int:
         return self._serve

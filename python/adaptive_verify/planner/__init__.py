@@ -39,14 +39,16 @@ the plan and the tree layout (TreeVerifyPlan). A chain given as a tree gives the
 
 Where things are: ``verify_plan.py`` the VerifyPlan outputs, ``tree_plan.py`` TreeVerifyPlan, ``args.py`` validation
 and defaults (and their bounds), ``survival.py`` prefix_survival and tree_survival, ``ops.py`` choose_budget and
-plan_verification, ``depth.py`` choose_draft_depth (the draft depth and the budget together), ``prepared.py`` their prepared calls (adaptive_verify.prepare), ``tree_ops.py``
-plan_tree_verification, ``step.py`` PlanStep and MetadataInputs (the per-step inputs as two objects), ``launch.py``
+plan_verification, ``depth.py`` choose_draft_depth (the draft depth and the budget together), ``tree_shape.py``
+choose_tree_shape (a tree's depth, width and budget), ``prepared.py`` their prepared calls
+(adaptive_verify.prepare), ``tree_ops.py`` plan_tree_verification, ``step.py`` PlanStep and MetadataInputs (the per-step inputs as two objects), ``launch.py``
 the kernel struct and the custom op torch.compile traces. The algorithm itself is written once, in csrc/include/adaptive_verify/planner/algorithm.h; the C++ CPU kernel
 and the CUDA kernel instantiate it.
 """
 from .args import MODES, PlanArgs, resolve_plan_args
 from .ops import VERIFICATIONS, choose_budget, plan_verification
 from .depth import choose_draft_depth
+from .tree_shape import choose_tree_shape
 from .lagged import PROMPT_PRICING, lagged_budget
 from .step import MetadataInputs, PlanStep
 from .survival import prefix_survival, tree_survival
@@ -58,5 +60,5 @@ from .._checks import INT32_MAX
 
 __all__ = ["INT32_MAX", "MAX_CONTEXT_LEN", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS",
            "MODES", "MetadataInputs", "PROMPT_PRICING", "PlanArgs", "PlanStep", "TreeVerifyPlan", "VERIFICATIONS",
-           "VerifyPlan", "choose_budget", "choose_draft_depth", "lagged_budget", "plan_tree_verification", "plan_verification",
+           "VerifyPlan", "choose_budget", "choose_draft_depth", "choose_tree_shape", "lagged_budget", "plan_tree_verification", "plan_verification",
            "prefix_survival", "resolve_plan_args", "tree_survival"]

@@ -91,8 +91,8 @@ def choose_draft_depth(
     forced drafts alone exceed it keeps B_min). ``out``: a pair (depth, budget) of 0-d int32 tensors to write.
 
     One launch of the planner kernel (CPU kernel on CPU tensors, CUDA kernel on CUDA tensors; no host sync);
-    the integers equal a brute force over (D, B) (adaptive_verify.reference.choose_draft_depth). Chains only: a
-    draft tree's levels and widths are planned by the tree verifier.
+    the integers equal a brute force over (D, B) (adaptive_verify.reference.choose_draft_depth). Chains; a draft
+    tree's depth and beam width: :func:`choose_tree_shape`.
     """
     min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, draft_tokens = budget_step(
         "choose_draft_depth", step, metadata, min_verify, max_verify, capacity, extra_tokens, extra_emitting,

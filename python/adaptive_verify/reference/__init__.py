@@ -17,15 +17,15 @@ attention and KV writes.
 from .attention import verify_attention, write_kv
 from .confidence import confidence, confidence_from_logits, draft_margin, stats_totals, stats_update
 from .planner import (FIXED_ONE, Plan, ResolvedArgs, candidate_order, choose, choose_budget, choose_draft_depth,
-                      plan_verification,
-                      prefix_survival, request_weights, resolve_args, theta, tree_candidate_order)
+                      plan_verification, prefix_survival, request_weights, resolve_args, theta, tree_candidate_order)
 from .sampling import (av_exp, av_log, canonical_sum, kept_tokens, philox, rejection_sample, sample, to_uniform,
                        token_logprob, tree_rejection_sample, uniforms)
 from .sampling import _fadd, _fdiv, _fmul, _fsub  # noqa: F401 - single-rounding float32 steps the tests reuse
-from .trees import TreePlan, commit_tree_kv, plan_tree_verification, tree_survival
+from .trees import TreePlan, choose_tree_shape, commit_tree_kv, plan_tree_verification, tree_survival
 
 __all__ = ["FIXED_ONE", "Plan", "ResolvedArgs", "TreePlan", "av_exp", "av_log", "candidate_order", "canonical_sum",
-           "choose", "choose_budget", "choose_draft_depth", "commit_tree_kv", "confidence", "confidence_from_logits", "draft_margin",
+           "choose", "choose_budget", "choose_draft_depth", "choose_tree_shape", "commit_tree_kv", "confidence",
+           "confidence_from_logits", "draft_margin",
            "kept_tokens", "philox", "plan_tree_verification", "plan_verification", "prefix_survival",
            "rejection_sample", "request_weights", "resolve_args", "sample", "stats_totals", "stats_update", "theta",
            "to_uniform", "token_logprob", "tree_candidate_order", "tree_rejection_sample", "tree_survival",

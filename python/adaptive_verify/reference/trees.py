@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .planner import FIXED_ONE, Plan, _sanitize, choose, resolve_args, tree_candidate_order
+from .planner import FIXED_ONE, Plan, _sanitize, choose, resolve_args, theta, tree_candidate_order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,3 +112,65 @@ def commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets
             k[db, dst % bs] = k[sb, src % bs]
             v[db, dst % bs] = v[sb, src % bs]
     return k, v
+
+
+def _tree_draft_cost(ct, r: int, depth: int, width: int) -> float:
+    """docs/design.md's drafting cost of a tree shape: the first level over r anchors (draft_cost(r, 1)), each later
+    one over the r * width expanded nodes (a later level at n rows: draft_cost(n, L) - draft_cost(n, L - 1))."""
+    if depth <= 1:
+        return float(ct.draft_cost(r, depth))
+    L = ct.draft_levels
+    return float(ct.draft_cost(r, 1)) + (depth - 1) * (float(ct.draft_cost(r * width, L))
+                                                      - float(ct.draft_cost(r * width, L - 1)))
+
+
+def choose_tree_shape(survival, parents, tree_sizes, cost_table, *, max_width, max_depth=None, min_depth=0,
+                      max_step_ms=None, **kwargs):
+    """Reference of adaptive_verify.choose_tree_shape by brute force: for every width W, depth D and budget B, the
+    nodes of depth <= D whose ancestors at depth >= 1 each rank among the W best of their depth (rank by the ranked
+    value of tree_candidate_order among that request's candidates of the same depth, ties to the lower node), in
+    canonical order; Theta with the shape's fixed cost tree_draft_cost(R, D, W) + request_ms * R and its latency
+    cap; the largest Theta, ties to the smallest W, D, then B (NaN never wins). Returns (depth, width, budget)."""
+    if survival is None:
+        survival = tree_survival(kwargs.pop("conf"), parents, tree_sizes)
+    R = survival.shape[0]
+    a0 = resolve_args(survival, tree_sizes, cost_table, mode="global", **kwargs)
+    req, node, ranked, n_forced, depth, _ = tree_candidate_order(a0, parents)
+    par = parents.long().cpu()
+    need = {}
+    for r in range(R):  # per request: rank within each depth, then the width each node needs
+        mine = [(int(node[i]), float(ranked[i]), int(depth[i])) for i in range(req.numel()) if int(req[i]) == r]
+        rank = {j: sum(1 for q, v, d in mine if d == dj and q != j and (v > vj or (v == vj and q < j)))
+                for j, vj, dj in mine}
+        for j, _, _ in sorted(mine):
+            p = int(par[r, j])
+            need[(r, j)] = 1 if p < 0 else max(need[(r, p)], rank[p] + 1)
+    d_hi = min(cost_table.draft_levels, 32) if max_depth is None else max_depth
+    found = []  # (theta, width, depth, budget)
+    for w in range(1, max_width + 1):
+        for d in range(min_depth, d_hi + 1):
+            keep = torch.tensor([int(depth[i]) <= d and need[(int(req[i]), int(node[i]))] <= w
+                                 for i in range(req.numel())], dtype=torch.bool)
+            cost = _tree_draft_cost(cost_table, R, d, w) + cost_table.request_ms * R
+            a = dataclasses.replace(a0, draft_cost=cost, step_cap=None)
+            if max_step_ms is not None:
+                real, shift = cost_table.unshifted, cost_table.shifted_by
+                a = dataclasses.replace(a, step_cap=1 << 62)
+                for b in range(int(keep.sum()) + 1):
+                    verify = torch.tensor(real.verify_cost(R + a.extra_tokens + shift + b), dtype=torch.float64).float()
+                    if float(torch.tensor(cost, dtype=torch.float32) + verify) > float(max_step_ms):
+                        a = dataclasses.replace(a, step_cap=b - 1)
+                        break
+            order = (req[keep], node[keep], ranked[keep], 0)
+            a = dataclasses.replace(a, mode="global")
+            b, _, prefix = choose(a, order)
+            t = float(theta(a, torch.tensor([prefix]), torch.tensor([b]))[0])
+            found.append((t, w, d, b))
+    real = [f for f in found if f[0] == f[0]]
+    if real:
+        t_best = max(f[0] for f in real)
+        _, w, d, b = min((f for f in real if f[0] == t_best), key=lambda f: (f[1], f[2], f[3]))
+    else:
+        _, w, d, b = min(found, key=lambda f: (f[1], f[2], f[3]))
+    dev = survival.device
+    return tuple(torch.tensor(v, dtype=torch.int32, device=dev) for v in (d, w, b))

@@ -19,9 +19,12 @@ system, each either prefilling or decoding):
    tree whose top-1 path is the chain above): ``eagle2-<N>`` verifies each request's N best nodes by path
    confidence; ``tree`` and ``tree-lagged`` are the verifier built with ``max_nodes`` in mode "global" (live,
    lossless for trees) and "lagged" (a node count from each slot's last recorded node survivals,
-   verifier_tree.py). A verified node costs a token; drafting a tree costs
-   :func:`~adaptive_verify.sim.tree.tree_draft_ms`; acceptance is the sample-and-match walk down the verified
-   nodes.
+   verifier_tree.py). With a level-by-level drafter (a table with ``draft_levels``, "levels" drafting cost) they
+   first ask ``plan_tree_draft`` for the step's depth and beam width and draft only that tree (``full_draft``:
+   every level at the full beam, for comparison); tree-lagged then verifies its lagged budget. Tree steps are
+   observed (per-depth statistics: plan_tree_draft's calibration). A verified node costs a token; drafting a
+   tree costs :func:`~adaptive_verify.sim.tree.tree_draft_ms`; acceptance is the sample-and-match walk down the
+   verified nodes.
 2. Scheduling within the token capacity (the cost table's ``max_tokens``). Fixed k and none, as vLLM's
    scheduler does: decodes first, in a rotating order, each taking 1 + verified tokens (a decode that no
    longer fits waits this step), then prompt chunks of prefilling requests with what is left, first
@@ -260,9 +263,11 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
 
     Drafting (docs/design.md, "Drafting from the budget"): the adaptive chain policies (greedy, lagged, global,
     slo<ms>) draft only the depth ``AdaptiveVerifier.plan_draft`` decides before drafting, and pay the drafter's
-    ``cost_table.draft_cost(R, depth)``; ``full_draft=True`` keeps the earlier behaviour for comparison (every request
-    drafts K, ``plan_budget`` chooses only the budget). ``depth_per_step`` in the result: the mean levels drafted per
-    step (NaN for policies that do not decide it).
+    ``cost_table.draft_cost(R, depth)``; the adaptive tree policies (tree, tree-lagged) draft the depth and beam width
+    ``AdaptiveVerifier.plan_tree_draft`` decides and pay ``tree_draft_ms`` for that shape. ``full_draft=True`` keeps
+    the earlier behaviour for comparison (every request drafts K levels, trees at the full beam, ``plan_budget``
+    chooses only the budget). ``depth_per_step`` / ``width_per_step`` in the result: the mean levels drafted and
+    beam width per measured step (NaN for policies that do not decide them).
 
     tree: the draft-tree model of the tree policies (tree, tree-lagged, eagle2-<N>; default ``TreeModel()``:
     top-4, the profile's depth, a pool of 63 nodes; see :mod:`adaptive_verify.sim.tree`); other policies ignore
@@ -296,11 +301,15 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     D = tree.depth(K) if policy.tree else 0  # the trees' deepest level
     M = tree.pool_size(D) if policy.tree else 0  # nodes per request the planner sees
     reqs = _Requests(profile, concurrency, seed, track_joins=policy.kind == "adaptive")
+    # Adaptive trees of a level-by-level drafter decide their shape before drafting (plan_tree_draft).
+    shapes = policy.tree and policy.kind == "adaptive" and chain and tree.draft_cost == "levels" and \
+        ct.draft_levels is not None and not full_draft
+    widths: list[int] = []  # plan_tree_draft's width of every measured step
     verifier = None
     if policy.kind == "adaptive":
         # The engine's per-step path (module docstring); graph sizes only pad, which the simulator does not price.
         verifier = AdaptiveVerifier(ct, max_reqs=concurrency, max_drafts=K, block_size=1, mode=policy.mode,
-                                    max_nodes=M if policy.tree else 0)
+                                    max_nodes=M if policy.tree else 0, tree_top_k=tree.top_k if shapes else 0)
         reqs.joined.clear()  # the verifier's slots start at the prior
     noise = np.random.default_rng([seed, 0, concurrency])
     # Tree policies' draws off the main path: their own stream, so the chain's draws (which the main path uses)
@@ -365,10 +374,20 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 # positive target then gives B_min, as an unreachable target does.
                 verifier.max_step_ms = max(policy.max_step_ms - overhead.cost(R), _SMALLEST_TARGET_MS)
         if policy.tree and R:
+            width = shape_budget = None
+            if shapes:  # the shape and budget before drafting, from earlier steps only
+                depth, width, shape_budget, _ = verifier.plan_tree_draft(
+                    R, depth_lim, prefill_tokens, req_indices=dec, weights=None if weights is None else weights.numpy())
+                depth_lim = np.minimum(depth_lim, depth)
+                draft_ms = tree_draft_ms(tree, ct, R, int(depth_lim.max()), chain, K, width=width)
+                draft_factor = draft_ms / ct.draft_cost(R) if draft_ms else 0.0
+                if measured is not None:
+                    depths.append(depth)
+                    widths.append(width)
             trees = draft_trees(tree, D, mu, reqs.difficulty[dec], z, head[dec], uni[dec], eps_t[dec], head_t[dec],
-                                uni_t[dec], depth_lim, acc.head_temperature, acc.head_bias)
+                                uni_t[dec], depth_lim, acc.head_temperature, acc.head_bias, width=width)
             chunk = prefill_tokens if verifier is not None else 0  # (fixed policies schedule prompts after decodes)
-            verify, verified_nodes = _verify_tree(policy, trees, verifier, dec, chunk, weights)
+            verify, verified_nodes = _verify_tree(policy, trees, verifier, dec, chunk, weights, shape_budget)
         elif policy.kind == "fixed":
             verify[:] = drafts
         elif verifier is not None and R:
@@ -420,7 +439,8 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
             v = verify[scheduled]
             rows = dec[scheduled]
             if policy.tree:  # sample and match down the verified nodes
-                accepted = accepted_depths(trees, verified_nodes)[scheduled]
+                accepted, tree_offsets = accepted_depths(trees, verified_nodes, offsets=True)
+                accepted = accepted[scheduled]
             else:
                 p = _sigmoid(z[scheduled])
                 ok = (uni[rows] < p) & (np.arange(K)[None, :] < v[:, None])
@@ -439,6 +459,11 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 acc_rows = np.zeros(R, dtype=np.int32)
                 acc_rows[scheduled] = accepted
                 verifier.observe(plan.verify_lens, torch.from_numpy(acc_rows))
+            if shapes and verifier.stats is not None:  # per-depth acceptance: plan_tree_draft's calibration
+                acc_rows = np.zeros(R, dtype=np.int32)
+                acc_rows[scheduled] = accepted
+                verifier.observe(torch.from_numpy(verify.astype(np.int32)), torch.from_numpy(acc_rows),
+                                 accepted_offsets=torch.from_numpy(tree_offsets))
         for slot in finished_prefill:  # the prefill's last chunk samples the first token
             reqs.generated[slot] = 1
             metrics.class_tokens[reqs.high[slot]] += 1
@@ -462,12 +487,13 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     out["head_auc"] = float(report["auc_overall"]) if report else float("nan")
     out["head_ece"] = float(report["ece_overall"]) if report else float("nan")
     out["depth_per_step"] = float(np.mean(depths)) if depths else float("nan")
+    out["width_per_step"] = float(np.mean(widths)) if widths else float("nan")
     out.update(policy=policy.name, concurrency=concurrency)
     return out
 
 
 def _verify_tree(policy: Policy, trees, verifier: Optional[AdaptiveVerifier], dec: np.ndarray, extra_tokens: int,
-                 weights: Optional[torch.Tensor]):
+                 weights: Optional[torch.Tensor], budget: Optional[int] = None):
     """(nodes verified per request [R] int64, which [R, M] bool) for a tree policy: eagle2-<N> the N best nodes
     (pool ranks 0..N-1); tree and tree-lagged the verifier's tree step (its mode: "global" or "lagged"), with the
     calls an engine makes."""
@@ -478,8 +504,9 @@ def _verify_tree(policy: Policy, trees, verifier: Optional[AdaptiveVerifier], de
     conf = torch.from_numpy(trees.conf)  # [R, M] conditional per node
     parents = torch.from_numpy(trees.parents)  # [R, M] int32
     sizes = torch.from_numpy(trees.sizes)  # [R] int32
-    budget, _ = verifier.plan_budget(R, trees.sizes, extra_tokens, req_indices=dec, tree=True,
-                                     weights=None if weights is None else weights.numpy())
+    if budget is None:  # (with a shape, plan_tree_draft gave it)
+        budget, _ = verifier.plan_budget(R, trees.sizes, extra_tokens, req_indices=dec, tree=True,
+                                         weights=None if weights is None else weights.numpy())
     verifier.record_confidence(conf, req_indices=dec, parents=parents, tree_sizes=sizes)
     plan = verifier.plan(conf, sizes, budget=budget, extra_tokens=extra_tokens, weights=weights, parents=parents)
     verify = plan.verify_lens.numpy()[:R].astype(np.int64)

@@ -45,6 +45,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..cost import tree_draft_cost
 from ..planner import MAX_TREE_NODES
 
 __all__ = ["TreeModel", "DraftTrees", "TREE_DRAFT_COSTS", "draft_trees", "tree_draft_ms", "accepted_depths"]
@@ -157,14 +158,17 @@ def _matched_rank(z: np.ndarray, u: np.ndarray, k: int, share: float) -> np.ndar
 def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndarray, z_main: np.ndarray,
                 head_main: np.ndarray, uni_main: np.ndarray, eps_t: np.ndarray, head_t: np.ndarray,
                 uni_t: np.ndarray, depth_lim: np.ndarray, head_temperature: float = 1.0,
-                head_bias: float = 0.0) -> DraftTrees:
+                head_bias: float = 0.0, width: Optional[int] = None) -> DraftTrees:
     """This step's trees for R requests (module docstring).
 
     mu [>= depth] median conditional logits; difficulty [R]; z_main / head_main / uni_main [R, >= depth]: the chain
     model's true logits, head noise (already scaled) and uniforms; eps_t [R, depth, k] (scaled by token_sigma),
     head_t [R, depth, k, k] (scaled by head_noise), uni_t [R, depth, k]: the tree stream's draws; depth_lim [R]:
-    deepest level each request may draft (0: no tree)."""
+    deepest level each request may draft (0: no tree). width: the beam, the nodes of each level expanded for the
+    next (1..k; None: k, the model's top_k); a narrower beam uses the first ``width`` beam slots' draws (common
+    random numbers across widths: levels 1 and 2 are the full beam's nodes, deeper ones hang from its own beam)."""
     k, R, share = tree.top_k, z_main.shape[0], tree.sibling_share
+    W = k if width is None else width
     geo = share * (1.0 - share) ** np.arange(k - 1)  # [k - 1]
     rows = np.arange(R)[:, None]
     ranks = np.arange(k)
@@ -197,18 +201,18 @@ def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndar
     matched_levels.append(ranks[None, :] == rank_m[:, 0:1])
     for j in range(1, depth):
         # The beam: the previous level's k best nodes by path confidence (ties to the lower index).
-        beam = np.argsort(-surv, axis=1, kind="stable")[:, :k]  # [R, k]
-        beam_surv = surv[rows, beam]  # [R, k]
-        beam_main = main[rows, beam]  # [R, k]: at most one True (the main path's node, if in the beam)
-        conf = np.where(beam_main[:, :, None], conf_m[:, j], conf_o[:, j])  # [R, k, k]
-        surv = (beam_surv[:, :, None] * conf).reshape(R, k * k)  # float32 product, parent first: tree_survival's
-        rank = np.where(beam_main, rank_m[:, j:j + 1], rank_o[:, j])  # [R, k]
-        matched = (ranks[None, None, :] == rank[:, :, None]).reshape(R, k * k)
-        main = np.zeros((R, k, k), dtype=bool)
+        beam = np.argsort(-surv, axis=1, kind="stable")[:, :W]  # [R, W]
+        beam_surv = surv[rows, beam]  # [R, W]
+        beam_main = main[rows, beam]  # [R, W]: at most one True (the main path's node, if in the beam)
+        conf = np.where(beam_main[:, :, None], conf_m[:, j, :W], conf_o[:, j, :W])  # [R, W, k]
+        surv = (beam_surv[:, :, None] * conf).reshape(R, W * k)  # float32 product, parent first: tree_survival's
+        rank = np.where(beam_main, rank_m[:, j:j + 1], rank_o[:, j, :W])  # [R, W]
+        matched = (ranks[None, None, :] == rank[:, :, None]).reshape(R, W * k)
+        main = np.zeros((R, W, k), dtype=bool)
         main[:, :, 0] = beam_main
-        main = main.reshape(R, k * k)
+        main = main.reshape(R, W * k)
         surv_levels.append(surv)
-        conf_levels.append(conf.reshape(R, k * k))
+        conf_levels.append(conf.reshape(R, W * k))
         parent_levels.append(np.repeat(beam, k, axis=1))
         matched_levels.append(matched)
     # The pool: the nodes a request may draft, ranked by survival desc; levels are concatenated in depth order, so
@@ -222,47 +226,68 @@ def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndar
                                 axis=1)  # [R, Ntot] full-tree index of the parent (-1: the anchor)
     allowed = all_depth[None, :] <= depth_lim[:, None]  # [R, Ntot]
     key = np.where(allowed, all_surv, np.float32(-1.0))  # survivals are >= 0: not allowed sorts last
-    M = tree.pool_size(depth)
-    order = np.argsort(-key, axis=1, kind="stable")[:, :M]  # [R, M]
-    sizes = np.minimum(allowed.sum(axis=1), M).astype(np.int32)
+    M = tree.pool_size(depth)  # the pool's columns (a narrower beam has fewer nodes: padding past them)
+    order = np.argsort(-key, axis=1, kind="stable")[:, :M]  # [R, min(M, ntot)]
+    sizes = np.minimum(allowed.sum(axis=1), order.shape[1]).astype(np.int32)
+    if order.shape[1] < M:  # padding points at column ntot, which no level reads
+        order = np.concatenate([order, np.full((R, M - order.shape[1]), ntot, dtype=order.dtype)], axis=1)
     inside = np.arange(M)[None, :] < sizes[:, None]  # [R, M]
     rank = np.full((R, ntot + 1), -1, dtype=np.int64)  # column ntot: the anchor's (index -1) rank, -1
     rank[rows, order] = np.arange(M)
-    parents = np.where(inside, rank[rows, all_parent[rows, order]], -1).astype(np.int32)
-    survival = np.where(inside, all_surv[rows, order], np.float32(0.0))
-    conf = np.where(inside, np.concatenate(conf_levels, axis=1)[rows, order], np.float32(0.0))
+    rank[:, ntot] = -1  # (padding wrote there)
+    o = np.minimum(order, ntot - 1)  # padding reads a real column, masked by `inside`
+    parents = np.where(inside, rank[rows, all_parent[rows, o]], -1).astype(np.int32)
+    survival = np.where(inside, all_surv[rows, o], np.float32(0.0))
+    conf = np.where(inside, np.concatenate(conf_levels, axis=1)[rows, o], np.float32(0.0))
     return DraftTrees(survival=survival, conf=conf, parents=parents, sizes=sizes, order=order, level_parent=parent_levels,
                       level_matched=matched_levels, level_offset=list(offsets[:-1]))
 
 
-def accepted_depths(trees: DraftTrees, verified: np.ndarray) -> np.ndarray:
+def accepted_depths(trees: DraftTrees, verified: np.ndarray, offsets: bool = False):
     """Accepted nodes per request [R] (the accepted path's depth) given verified [R, M] bool over the pool: the
     sample-and-match walk from the anchor, which moves to the child carrying the target's sample if it is
-    verified and stops otherwise."""
+    verified and stops otherwise. offsets=True: also [R, depth + 1] int32, the accepted path's offsets in each
+    request's verified block (0 the anchor, then a verified node j at 1 + the verified nodes before it; -1 past
+    the path), tree_rejection_sample's accepted_offsets."""
     R, M = verified.shape
     rows = np.arange(R)[:, None]
     ntot = trees.level_offset[-1] + trees.level_matched[-1].shape[1]
-    full = np.zeros((R, ntot), dtype=bool)
+    full = np.zeros((R, ntot + 1), dtype=bool)  # column ntot: the pool's padding (draft_trees)
     full[rows, trees.order] = verified
     accepted = np.zeros(R, dtype=np.int64)
+    path = np.full((R, len(trees.level_parent)), ntot, dtype=np.int64)  # full-tree index of each accepted node
     reached = None
     for d, (parent, matched) in enumerate(zip(trees.level_parent, trees.level_matched)):
         off = trees.level_offset[d]
         ok = full[:, off:off + matched.shape[1]] & matched
         if reached is not None:
             ok &= reached[rows, parent]
-        accepted += ok.any(axis=1)
+        hit = ok.any(axis=1)
+        accepted += hit
+        path[:, d] = np.where(hit, off + ok.argmax(axis=1), ntot)
         reached = ok
-    return accepted
+    if not offsets:
+        return accepted
+    pool = np.full((R, ntot + 1), -1, dtype=np.int64)  # pool index of each full-tree node
+    pool[rows, trees.order] = np.arange(M)
+    pool[:, ntot] = -1
+    block = np.concatenate([np.zeros((R, 1), dtype=np.int64), np.cumsum(verified, axis=1)], axis=1)  # [R, M + 1]
+    node = pool[rows, path]  # [R, depth]
+    offs = np.where(node >= 0, block[rows, node + 1], -1)
+    return accepted, np.concatenate([np.zeros((R, 1), dtype=np.int64), offs], axis=1).astype(np.int32)
 
 
-def tree_draft_ms(tree: TreeModel, cost_table, R: int, depth: int, chain_drafter: bool, num_drafts: int) -> float:
-    """Milliseconds to draft this step's trees: R requests, the deepest tree ``depth`` levels (module docstring)."""
+def tree_draft_ms(tree: TreeModel, cost_table, R: int, depth: int, chain_drafter: bool, num_drafts: int,
+                  width: Optional[int] = None) -> float:
+    """Milliseconds to draft this step's trees: R requests, the deepest tree ``depth`` levels, a beam of ``width``
+    nodes per level (None: top_k) (module docstring)."""
     if R == 0 or depth == 0:
         return 0.0 if chain_drafter or R == 0 else cost_table.draft_cost(R)
-    k = tree.top_k
+    k = tree.top_k if width is None else width
     if tree.draft_cost == "chain" or k == 1:  # the chain's cost, as engine.simulate prices it
         return cost_table.draft_cost(R) * (float(depth / num_drafts) if chain_drafter else 1.0)
+    if chain_drafter and cost_table.draft_levels is not None:  # the table prices each level
+        return tree_draft_cost(cost_table, R, depth, k)
     if chain_drafter:
         return (cost_table.draft_cost(R) + (depth - 1) * cost_table.draft_cost(R * k)) / num_drafts
     # A block forward at r requests runs r * K query tokens; a level's R * (k - 1) single-token rows are as many

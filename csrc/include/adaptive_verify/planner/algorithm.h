@@ -34,8 +34,9 @@
 #include "adaptive_verify/planner/params.h"
 #include "adaptive_verify/planner/tree.h"
 
-static_assert(adaptive_verify::planner::kMaxDepths == adaptive_verify::planner::kMaxDrafts + 1,
-              "Params' per-depth arrays hold depths 0..kMaxDrafts");
+static_assert(adaptive_verify::planner::kMaxDepths == adaptive_verify::planner::kMaxDrafts + 1 &&
+                  adaptive_verify::planner::kMaxShapes >= adaptive_verify::planner::kMaxDepths,
+              "Params' per-shape arrays hold a chain's depths 0..kMaxDrafts");
 
 namespace adaptive_verify {
 namespace planner {
@@ -112,13 +113,14 @@ struct Workspace {
   int32_t* tile;     // [threads + 1] token offsets of a tile of requests
   uint8_t* depth;      // trees: [n_slots] depth of each candidate node (null for chains)
   uint64_t* verified;  // trees: [R] verified nodes of each request, bit j for node j (null for chains)
+  uint8_t* need;       // trees: [n_slots] the beam width each node needs (choose_tree_shape; null for chains)
   float wscale = 1.f;  // weights' scale c = max(1, max w) (plan() sets it; 1 without weights)
 };
 
 // Bytes of a Workspace for n_slots slots, num buckets, R requests and `threads` threads, and its carving.
-// Trees add a depth per slot and a verified-node set per request (-1 offsets for chains).
+// Trees add a depth and a needed width per slot and a verified-node set per request (-1 offsets for chains).
 struct WorkspaceLayout {
-  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, depth, verified, bytes;
+  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, depth, verified, need, bytes;
 };
 AV_HD int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
 AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, int32_t threads, bool with_tmp,
@@ -137,6 +139,7 @@ AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, 
   l.ready = at;  at = align16(at + num);
   l.keep = at;   at = align16(at + num);
   l.depth = tree ? at : -1;  at = align16(at + (tree ? n_slots : 0));
+  l.need = tree ? at : -1;   at = align16(at + (tree ? n_slots : 0));
   l.bytes = at;
   return l;
 }
@@ -146,7 +149,8 @@ AV_HD Workspace carve_workspace(unsigned char* base, const WorkspaceLayout& l) {
                    reinterpret_cast<uint64_t*>(base + l.sum), reinterpret_cast<int32_t*>(base + l.fill),
                    base + l.ready, base + l.keep, reinterpret_cast<int32_t*>(base + l.lens),
                    reinterpret_cast<int32_t*>(base + l.tile), l.depth >= 0 ? base + l.depth : nullptr,
-                   l.verified >= 0 ? reinterpret_cast<uint64_t*>(base + l.verified) : nullptr};
+                   l.verified >= 0 ? reinterpret_cast<uint64_t*>(base + l.verified) : nullptr,
+                   l.need >= 0 ? base + l.need : nullptr};
 }
 
 // Key of the candidate in slot i = r * K + j of either kind (chains: j is the position; trees: the node).
@@ -759,53 +763,122 @@ AV_HD int64_t search_budget(Backend& be, Order<Backend>& order, const ThetaEval&
   return scan_budget(be, order, theta, b_min, b_max, greedy);
 }
 
-// ---- the draft depth (choose_draft_depth, docs/design.md "Drafting from the budget") ----
+// ---- the draft depth and a tree's width (choose_draft_depth, choose_tree_shape; docs/design.md "Drafting from
+// the budget") ----
 
-// For each depth D from max_depth down to min_depth: the walk's words of positions >= D leave (a column per depth:
-// those above went at the depths before), the buckets are counted again, and the budget search runs with the step's
-// fixed cost at D. The best (D, B): the largest Theta, ties to the smaller D (visited later, so an equal Theta
-// replaces), and within a depth the search's first argmax (the smallest B). NaN never wins; when no depth gives a
-// number, min_depth's budget stands. Writes budget_out, depth_out and (without weights) expected_tokens.
+// Trees: the beam width each node of a fresh walk needs to be drafted (planner/params.h): a node's rank is counted
+// among the candidates of its depth by the walk's capped survival (ties to the lower index); need(j) = 1 at depth 1,
+// else max(need(parent), rank(parent) + 1), so the nodes a width keeps stay ancestor-closed. Independent of the
+// width: computed once. A rank is needed only for nodes with children: O(parents x N) per request, N <= 63.
+template <typename Backend>
+AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
+  const int32_t K = p.max_drafts;
+  for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
+    const int32_t* words = ws.words + int64_t(r) * K;
+    const uint8_t* dep = ws.depth + int64_t(r) * K;
+    uint8_t* need = ws.need + int64_t(r) * K;
+    const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+    int8_t rank[kMaxTreeNodes];
+    uint64_t has_child = 0;  // bit j: node j is a candidate's parent
+    for (int32_t j = 0; j < K; ++j) {
+      need[j] = 0;
+      if (words[j] != kNoSlot && par[j] >= 0) has_child |= uint64_t(1) << par[j];
+    }
+    for (uint64_t rest = has_child; rest; rest &= rest - 1) {
+      const int32_t j = lowest_bit64(rest);
+      const float sj = word_survival(words[j]);
+      int32_t rk = 0;
+      for (int32_t q = 0; q < K; ++q) {
+        if (q == j || words[q] == kNoSlot || dep[q] != dep[j]) continue;
+        const float sq = word_survival(words[q]);
+        rk += sq > sj || (sq == sj && q < j);
+      }
+      rank[j] = int8_t(rk);
+    }
+    for (int32_t j = 0; j < K; ++j) {  // parents precede their children (the walk checked parents[j] < j)
+      if (words[j] == kNoSlot) continue;
+      const int32_t pj = par[j];
+      int32_t nd = 1;
+      if (pj >= 0) {
+        nd = rank[pj] + 1;
+        nd = need[pj] > nd ? need[pj] : nd;
+      }
+      need[j] = uint8_t(nd);
+    }
+  }
+}
+
+// For each width W from num_widths down to 1 (trees: the words again, from a fresh walk, less the nodes needing a
+// wider beam; chains: one pass) and
+// each depth D from max_depth down to min_depth: the candidates deeper than D leave (chains: the columns >= D, a
+// column per depth; trees: the nodes of depth > D), the buckets are counted again, and the budget search runs with
+// the shape's fixed cost. The best (W, D, B): the largest Theta, ties to the smaller W, then the smaller D (both
+// visited later, so an equal Theta replaces), and within a shape the search's first argmax (the smallest B). NaN
+// never wins; when no shape gives a number, (1, min_depth)'s budget stands. Writes budget_out, depth_out,
+// width_out and (without weights) expected_tokens.
 template <typename Backend>
 AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const Buckets& bk, uint64_t base_fixed) {
   const int32_t R = p.num_reqs, K = p.max_drafts;
   const int64_t n_slots = int64_t(R) * K;
-  if (p.min_depth < 0 || p.min_depth > p.max_depth || p.max_depth > K) return kErrBadArgument;
+  // The tree decision is num_widths >= 1 (not parents != null: an empty batch's parents may be a null pointer).
+  const bool tree = p.num_widths > 0;
+  const int32_t widths = tree ? p.num_widths : 1;
+  if (p.min_depth < 0 || p.min_depth > p.max_depth || p.max_depth > (tree ? kMaxDepths - 1 : K) ||
+      (tree && R > 0 && p.parents == nullptr) || int64_t(widths) * (p.max_depth + 1) > kMaxShapes)
+    return kErrBadArgument;
   double best_t = 0.0;
   int64_t best_b = -1;
-  int32_t best_d = -1;
+  int32_t best_d = -1, best_w = 1;
   uint64_t best_p = 0;
-  for (int32_t D = p.max_depth; D >= p.min_depth; --D) {
-    be.sync();  // every thread is done reading the last depth's words and buckets before they change
-    const int32_t j_end = D == p.max_depth ? K : D + 1;  // the columns that leave at this depth
-    for (int32_t r = be.tid(); r < R; r += be.threads())
-      for (int32_t j = D; j < j_end; ++j) ws.words[int64_t(r) * K + j] = kNoSlot;
-    for (int32_t k = be.tid(); k <= bk.num; k += be.threads()) {
-      ws.count[k] = 0;
-      ws.sum[k] = 0;
-      if (k < bk.num) ws.ready[k] = ws.keep[k] = 0;
+  if (tree && R > 0) tree_need(p, be, ws);
+  for (int32_t W = widths; W >= 1; --W) {
+    if (tree) {
+      be.sync();  // every thread is done with the last width's words and buckets (and tree_need with the words)
+      if (W < widths) be.walk_and_count(p, ws, bk);  // the words again (the last width removed some)
+      be.sync();
+      for (int64_t i = be.tid(); i < n_slots; i += be.threads())
+        if (ws.need[i] > W) ws.words[i] = kNoSlot;
     }
-    be.sync();
-    const int64_t n_forced = int64_t(be.sum(histogram(be, ws, bk, n_slots)));  // (its barrier publishes the counts)
-    bucket_starts(be, ws, bk);
-    const int64_t n_cand = ws.count[bk.num];
-    Order<Backend> order{be, ws, bk, K, n_slots};
-    const BudgetRange range = budget_range(n_cand, n_forced, p.budget_cap, p.depth_step_cap[D]);
-    const ThetaEval theta{base_fixed, R + p.extra_tokens, p.verify_cost, p.verify_cost_len, p.depth_cost[D]};
-    const int64_t b = range.b_min < range.b_max ? search_budget(be, order, theta, range.b_min, range.b_max, false)
-                                                : range.b_max;
-    const uint64_t prefix = order.prefix(b);
-    const double t = theta(b, prefix);
-    if (best_d < 0 ? (t == t || D == p.min_depth) : (t == t && t >= best_t)) {
-      best_t = t;
-      best_b = b;
-      best_d = D;
-      best_p = prefix;
+    for (int32_t D = p.max_depth; D >= p.min_depth; --D) {
+      be.sync();  // every thread is done reading the last shape's words and buckets before they change
+      if (tree) {
+        for (int64_t i = be.tid(); i < n_slots; i += be.threads())
+          if (ws.depth[i] > D) ws.words[i] = kNoSlot;
+      } else {
+        const int32_t j_end = D == p.max_depth ? K : D + 1;  // the columns that leave at this depth
+        for (int32_t r = be.tid(); r < R; r += be.threads())
+          for (int32_t j = D; j < j_end; ++j) ws.words[int64_t(r) * K + j] = kNoSlot;
+      }
+      for (int32_t k = be.tid(); k <= bk.num; k += be.threads()) {
+        ws.count[k] = 0;
+        ws.sum[k] = 0;
+        if (k < bk.num) ws.ready[k] = ws.keep[k] = 0;
+      }
+      be.sync();
+      const int64_t n_forced = int64_t(be.sum(histogram(be, ws, bk, n_slots)));  // (its barrier publishes counts)
+      bucket_starts(be, ws, bk);
+      const int64_t n_cand = ws.count[bk.num];
+      Order<Backend> order{be, ws, bk, K, n_slots};
+      const int32_t s = (W - 1) * (p.max_depth + 1) + D;
+      const BudgetRange range = budget_range(n_cand, n_forced, p.budget_cap, p.depth_step_cap[s]);
+      const ThetaEval theta{base_fixed, R + p.extra_tokens, p.verify_cost, p.verify_cost_len, p.depth_cost[s]};
+      const int64_t b = range.b_min < range.b_max ? search_budget(be, order, theta, range.b_min, range.b_max, false)
+                                                  : range.b_max;
+      const uint64_t prefix = order.prefix(b);
+      const double t = theta(b, prefix);
+      if (best_d < 0 ? (t == t || (W == 1 && D == p.min_depth)) : (t == t && t >= best_t)) {
+        best_t = t;
+        best_b = b;
+        best_d = D;
+        best_w = W;
+        best_p = prefix;
+      }
     }
   }
   if (be.tid() == 0) {
     *p.budget_out = int32_t(best_b);
     if (p.depth_out != nullptr) *p.depth_out = best_d;
+    if (p.width_out != nullptr) *p.width_out = best_w;
     if (p.expected_tokens != nullptr && p.weights == nullptr)
       *p.expected_tokens = float(double((uint64_t(R) << 32) + best_p) / kFixedOne);
   }

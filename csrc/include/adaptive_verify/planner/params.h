@@ -24,6 +24,8 @@ enum Mode : int32_t {
 
 constexpr int64_t kNoStepCap = int64_t(1) << 62;
 constexpr int kMaxDepths = 33;  // draft depths 0..K, K <= kMaxDrafts (math.h checks it)
+// Entries of the (width, depth) cost arrays: num_widths * (max_depth + 1) <= kMaxShapes (a chain's num_widths is 1).
+constexpr int kMaxShapes = 128;
 
 struct Params {
   // ---- candidates ----
@@ -64,18 +66,24 @@ struct Params {
   // B_min wins over it. kNoStepCap when there is no target.
   int64_t step_cap = kNoStepCap;
 
-  // ---- draft depth (choose_draft_depth; write_plan 0, chains only). With choose_depth set the kernel chooses
-  // (D, B) maximising Theta(D, B) = (base + P_D(B)) / (depth_cost[D] + verify_cost[R + extra_tokens + B]) over D in
-  // [min_depth, max_depth] (max_depth <= min(K, max_verify)), P_D over the candidates of positions < D, B in that
-  // depth's [B_min, B_max] with B_max capped by depth_step_cap[D] (mode, draft_cost and step_cap are not read).
-  // Ties: the smallest D, then the smallest B. Arrays by value: host-known per step, nothing to copy to a device,
-  // and a captured CUDA graph keeps them as it keeps draft_cost. ----
+  // ---- draft depth (choose_draft_depth, choose_tree_shape; write_plan 0). With choose_depth set the kernel chooses
+  // the shape (W, D) and budget B maximising Theta = (base + P_{W,D}(B)) / (depth_cost[s] + verify_cost[R +
+  // extra_tokens + B]), s = (W - 1) * (max_depth + 1) + D, over D in [min_depth, max_depth] and W in [1,
+  // num_widths], B in that shape's [B_min, B_max] with B_max capped by depth_step_cap[s] (mode, draft_cost and
+  // step_cap are not read). Chains (num_widths 0): one width, and the candidates of shape D are positions < D,
+  // max_depth <= min(K, max_verify). Trees: the candidates of (W, D) are the nodes of depth <= D whose every
+  // ancestor at depth >= 1 ranks among the W best of its depth (by the walk's capped survival, ties to the lower
+  // index): what an EAGLE-2 drafter drafts when it expands the W best nodes of each level, D levels deep.
+  // Ties: the smallest W, then the smallest D, then the smallest B. Arrays by value: host-known per step, nothing
+  // to copy to a device, and a captured CUDA graph keeps them as it keeps draft_cost. ----
   int32_t choose_depth = 0;
   int32_t min_depth = 0;
   int32_t max_depth = 0;
-  float depth_cost[kMaxDepths] = {};        // the step's fixed cost at depth D: drafter(R, D) + request_ms * R
-  int64_t depth_step_cap[kMaxDepths] = {};  // most drafts the latency target allows at depth D (kNoStepCap: none)
+  int32_t num_widths = 0;  // choose_tree_shape: widths 1..num_widths (>= 1, the tree decision); 0: chains
+  float depth_cost[kMaxShapes] = {};        // the step's fixed cost of shape s: drafter(R, W, D) + request_ms * R
+  int64_t depth_step_cap[kMaxShapes] = {};  // most drafts the latency target allows at shape s (kNoStepCap: none)
   int32_t* depth_out = nullptr;             // 0-d int32: the chosen D
+  int32_t* width_out = nullptr;             // 0-d int32 or null: the chosen W (trees)
 
   // ---- cost: step_cost(R, n) = draft_cost + verify_cost[n] ----
   const float* verify_cost = nullptr;  // [verify_cost_len] float32 ms, indexed by total tokens n

@@ -1,0 +1,145 @@
+"""choose_tree_shape: how deep and how wide to draft a step's trees, and how many nodes to verify, decided together
+(docs/design.md, "Drafting from the budget").
+
+An EAGLE-2 drafter drafts a tree level by level: level 1 is the anchor's top-k, each later level the top-k children
+of the W best nodes (by path confidence) of the level before. Each level is one drafter forward, over R rows at
+level 1 and R * W rows after, so the step's shape (W, D) is what drafting costs
+(:func:`adaptive_verify.cost.tree_draft_cost`), and the nodes it drafts are the only ones the budget can verify:
+
+    Theta(W, D, B) = (R + extra_emitting + P_{W,D}(B)) / (tree_draft_cost(R, D, W) + request_ms * R
+                                                          + verify_cost(R + extra_tokens + B))
+
+over W in [1, max_width], D in [min_depth, max_depth] and B in the shape's [B_min, B_max], P_{W,D}(B) the
+survival sum of the B best nodes (the planner's canonical order) among those the shape drafts: depth <= D, and
+every ancestor at depth >= 1 among the W best of its depth. Ties: the smallest W, then D, then B.
+
+Run on an earlier step's trees it is the lagged decision (lossless: nothing looks at this step's drafts). The
+trees given are the candidates' predicted survivals, typically the last step's tree with the nodes it did not
+draft estimated (:func:`predict_tree` in sim/tree_shape.py does this for the simulator). The kernel is
+choose_draft_depth's (algorithm.h ``choose_depth``): one launch, no host sync.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _C, errors
+from .._checks import check_int
+from .._validate import check_tensor
+from ..cost import CostTable, tree_draft_cost
+from .args import NO_STEP_CAP, resolve_plan_args, step_cap_of
+from .launch import launch, make_params, workspace_for
+from .ops import budget_step
+from .step import MetadataInputs, PlanStep
+
+__all__ = ["choose_tree_shape", "tree_shape_costs", "MAX_TREE_WIDTH"]
+
+#: Widest beam choose_tree_shape considers (EAGLE-2 drafts use top-k <= 10); widths * (max_depth + 1) <= 128.
+MAX_TREE_WIDTH = 16
+
+
+def tree_shape_costs(cost_table: CostTable, R: int, max_width: int, max_depth: int) -> list[float]:
+    """[fixed cost of shape (W, D)] at index (W - 1) * (max_depth + 1) + D: tree_draft_cost(R, D, W) +
+    request_ms * R, the values the kernel's float32 fields round once."""
+    levels = cost_table.draft_levels
+    if levels is not None and max_depth > levels:
+        raise ValueError(f"max_depth ({max_depth}): the cost table's drafter drafts at most draft_levels = {levels} "
+                         "levels")
+    return [float(tree_draft_cost(cost_table, R, d, w)) + cost_table.request_ms * R
+            for w in range(1, max_width + 1) for d in range(max_depth + 1)]
+
+
+def _out_triple(out, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if out is None:
+        return tuple(torch.empty((), dtype=torch.int32, device=device) for _ in range(3))
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise TypeError(f"out must be a triple (depth, width, budget) of 0-d int32 tensors, got {type(out).__name__}")
+    for name, t in zip(("out[0] (depth)", "out[1] (width)", "out[2] (budget)"), out):
+        check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=())
+    if len({t.data_ptr() for t in out}) != 3:
+        raise ValueError("out: depth, width and budget must be three tensors")
+    return out[0], out[1], out[2]
+
+
+def choose_tree_shape(
+    survival: Optional[torch.Tensor],
+    parents: torch.Tensor,
+    tree_sizes: torch.Tensor,
+    cost_table: CostTable,
+    *,
+    max_width: int,
+    max_depth: Optional[int] = None,
+    min_depth: int = 0,
+    max_verify: Optional[int] = None,
+    extra_tokens: int = 0,
+    extra_emitting: int = 0,
+    capacity: Optional[int] = None,
+    draft_tokens: Optional[torch.Tensor] = None,
+    conf: Optional[torch.Tensor] = None,
+    out: Optional[tuple] = None,
+    weights: Optional[torch.Tensor] = None,
+    max_step_ms: Optional[float] = None,
+    step: Optional[PlanStep] = None,
+    metadata: Optional[MetadataInputs] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(depth D, width W, budget B) maximising Theta(W, D, B), three 0-d int32 tensors on survival's device (module
+    docstring).
+
+    survival [R, N] float32 (or ``conf=`` [R, N] conditional confidences, survival=None), parents [R, N] int32 and
+    tree_sizes [R] int32: each request's candidate tree, as :func:`plan_tree_verification` takes it (N <= 63),
+    holding at least every node the widest, deepest shape would draft. cost_table: a level-by-level drafter's
+    (``draft_levels``), which prices each shape (:func:`adaptive_verify.cost.tree_draft_cost`).
+
+    max_width: widths W in [1, max_width] (<= 16) are considered (the drafter's top-k: wider beams draft nothing
+    new). Depths: D in [min_depth, max_depth], max_depth default min(draft_levels, 32); max_width *
+    (max_depth + 1) <= 128. Every other keyword is :func:`choose_budget`'s, applied at each shape (capacity,
+    extra_tokens, extra_emitting, weights, draft_tokens' negative ids, ``max_step_ms`` priced with the shape's
+    cost). There is no ``min_verify``: a forced node would tie the shape to data the host cannot read without a
+    sync. ``out``: a triple (depth, width, budget) of 0-d int32 tensors to write.
+
+    A node's rank within its depth is by the planner's capped (and weighted) survival, ties to the lower index, so
+    a tree drafted in rank order (node index = rank, as EAGLE-2 and the simulator lay it out) ranks as drafted.
+    D = 0 means no speculation this step; D <= 1 drafts the same nodes at every W, which the ties settle at W = 1.
+    One launch of the planner kernel (CPU or CUDA, no host sync); the integers equal a brute force over (W, D, B)
+    (adaptive_verify.reference.choose_tree_shape).
+    """
+    min_verify, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms, weights, draft_tokens = budget_step(
+        "choose_tree_shape", step, metadata, 0, max_verify, capacity, extra_tokens, extra_emitting, max_step_ms,
+        weights, draft_tokens)
+    if min_verify:
+        raise ValueError("step.min_verify: choose_tree_shape has no forced nodes (see its docstring)")
+    if cost_table is None:
+        raise ValueError("cost_table is required: it prices every shape")
+    if parents is None:
+        raise ValueError("parents is required (a [R, N] int32 tensor; choose_draft_depth plans chains)")
+    a = resolve_plan_args(survival, tree_sizes, cost_table, mode="global", max_verify=max_verify,
+                          extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
+                          draft_tokens=draft_tokens, allowed_modes=("global",), conf=conf, weights=weights,
+                          max_step_ms=max_step_ms, parents=parents)
+    max_width = check_int("max_width", max_width, lo=1, hi=MAX_TREE_WIDTH)
+    levels = cost_table.draft_levels
+    if levels is None:
+        raise ValueError("cost_table: choose_tree_shape prices a tree's levels, which needs a level-by-level "
+                         "drafter's table (draft_levels); a block drafter's cost does not depend on the shape")
+    d_cap = min(levels, _C.PLANNER_MAX_DRAFTS)
+    d_hi = d_cap if max_depth is None else check_int("max_depth", max_depth, lo=0, hi=d_cap)
+    d_lo = check_int("min_depth", min_depth, lo=0, hi=d_hi)
+    if max_width * (d_hi + 1) > _C.PLANNER_MAX_SHAPES:
+        raise ValueError(f"max_width * (max_depth + 1) = {max_width * (d_hi + 1)} exceeds "
+                         f"{_C.PLANNER_MAX_SHAPES} shapes; lower max_width or max_depth")
+    costs = tree_shape_costs(cost_table, a.R, max_width, d_hi)
+    depth_out, width_out, budget_out = _out_triple(out, a.device)
+    p = make_params(a, None, budget_out, budget_out, errors.error_buffer(a.device))
+    p.expected_tokens = None
+    p.choose_depth, p.min_depth, p.max_depth, p.num_widths = 1, d_lo, d_hi, max_width
+    anchors = a.R + a.extra_tokens
+    for s, c in enumerate(costs):
+        p.depth_cost[s] = c
+        p.depth_step_cap[s] = NO_STEP_CAP if max_step_ms is None else step_cap_of(
+            cost_table, a.R, anchors, a.budget_cap, float(p.depth_cost[s]), max_step_ms)
+    p.depth_out, p.width_out = depth_out.data_ptr(), width_out.data_ptr()
+    ws = workspace_for(a)
+    p.workspace = 0 if ws is None else ws.data_ptr()
+    launch(p, a.device, "choose_tree_shape")
+    return depth_out, width_out, budget_out

@@ -1,0 +1,214 @@
+"""choose_tree_shape: a tree's draft depth, beam width and verify budget decided together (docs/design.md, "Drafting
+from the budget").
+
+The C++ CPU kernel against the reference's brute force over (W, D, B), on random trees of awkward sizes and on
+EAGLE-2-shaped beam trees, with every keyword the budget takes; what the decision means (a chain given as a tree is
+choose_draft_depth's decision at width 1, cheaper wide levels widen the beam); invariance to the requests' order;
+the cost of a shape; and the errors. The CUDA kernel's run of the same cases under the emulator is in
+test_planner_emu.py.
+"""
+import pytest
+import torch
+
+import adaptive_verify as av
+from adaptive_verify import reference as ref
+from adaptive_verify.cost import tree_draft_cost
+from test_planner_depth import block_table, chain_table
+
+
+def random_trees(R, N, seed, *, lo=0.2):
+    """Random parents (parents[j] < j), conditional confidences in [lo, 1), random sizes."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((R, N), -1, dtype=torch.int32)
+    for j in range(1, N):
+        parents[:, j] = (torch.rand(R, generator=g) * (j + 1)).long() - 1
+    conf = torch.rand(R, N, generator=g) * (1 - lo) + lo
+    sizes = torch.randint(0, N + 1, (R,), generator=g, dtype=torch.int32)
+    return av.tree_survival(conf, parents, sizes), parents, sizes, g
+
+
+def beam_trees(R, k, depth, seed, *, lo=0.05):
+    """EAGLE-2-shaped trees: level 1 the anchor's k children, each later level k children of each of the k best
+    nodes of the level before (by path confidence); nodes numbered level by level. Siblings split a request's
+    acceptance mass ``top`` (their confidences sum to it; the first child is the likeliest)."""
+    g = torch.Generator().manual_seed(seed)
+    N = k + (depth - 1) * k * k
+    parents = torch.full((R, N), -1, dtype=torch.int32)
+    conf = torch.empty(R, N)
+    surv = torch.empty(R, N)
+    top = (torch.rand(R, generator=g) * (1 - lo) + lo)[:, None]  # [R, 1] each request's top-child confidence
+    share = torch.sort(torch.rand(R, k, generator=g), dim=1, descending=True).values  # [R, k]
+    split = top * share / share.sum(1, keepdim=True)  # [R, k]
+    conf[:, :k] = split
+    surv[:, :k] = conf[:, :k]
+    level = torch.arange(k)[None, :].expand(R, k)  # [R, k] node indices of the last level
+    at = k
+    for _ in range(1, depth):
+        beam = torch.gather(level, 1, torch.argsort(-torch.gather(surv, 1, level), dim=1, stable=True)[:, :k])
+        for b in range(k):
+            noise = torch.rand(R, k, generator=g) * 0.2 + 0.9
+            c = split * noise / 1.1  # (sums stay below top)
+            parents[:, at:at + k] = beam[:, b:b + 1].int()
+            conf[:, at:at + k] = c
+            surv[:, at:at + k] = torch.gather(surv, 1, beam[:, b:b + 1]) * c
+            at += k
+        level = torch.arange(at - k * k, at)[None, :].expand(R, k * k)
+    sizes = torch.full((R,), N, dtype=torch.int32)
+    return av.tree_survival(conf, parents, sizes), parents, sizes, g
+
+
+def check(survival, parents, sizes, table, **kw):
+    got = av.choose_tree_shape(survival, parents, sizes, table, **kw)
+    want = ref.choose_tree_shape(survival, parents, sizes, table, **kw)
+    assert tuple(int(x) for x in got) == tuple(int(x) for x in want), kw
+    assert all(x.dtype == torch.int32 and x.dim() == 0 for x in got)
+    return tuple(int(x) for x in got)
+
+
+TABLES = {
+    "uniform levels": lambda L: chain_table(levels=L),
+    "wide levels cheap": lambda L: chain_table({1: 0.01, 4096: 0.05}, levels=L, draft={1: 2.0, 512: 3.0}),
+    "per-request term": lambda L: chain_table(levels=L, request_ms=0.004),
+    "costly drafter": lambda L: chain_table(levels=L, draft={1: 6.0, 512: 30.0}),
+}
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+@pytest.mark.parametrize("R,N,L,W", [(1, 1, 1, 1), (3, 7, 4, 3), (17, 13, 5, 2), (40, 31, 6, 4), (9, 63, 8, 5)])
+def test_random_trees_match_brute_force(table, R, N, L, W):
+    ct = TABLES[table](L)
+    for seed in range(2):
+        survival, parents, sizes, _ = random_trees(R, N, seed, lo=0.1 + 0.4 * seed)
+        check(survival, parents, sizes, ct, max_width=W)
+
+
+@pytest.mark.parametrize("R,k,depth", [(2, 2, 3), (11, 3, 4), (33, 4, 4)])
+def test_beam_trees_match_brute_force(R, k, depth):
+    seen = set()
+    for seed, table in enumerate(TABLES):
+        survival, parents, sizes, _ = beam_trees(R, k, depth, seed)
+        seen.add(check(survival, parents, sizes, TABLES[table](depth), max_width=k)[:2])
+    assert len(seen) > 1, seen  # the tables lead to different shapes
+
+
+@pytest.mark.parametrize("R,N", [(5, 9), (37, 21)])
+def test_every_keyword_matches_brute_force(R, N):
+    """max_verify, capacity, prompt tokens (extra_tokens and a shifted table), extra_emitting, weights, invalidated
+    drafts, a NaN survival, min_depth / max_depth and a latency target, and conf=."""
+    for seed in range(3):
+        survival, parents, sizes, g = random_trees(R, N, 20 + seed)
+        ct = chain_table({1: 0.02, 512: 0.1}, levels=5, request_ms=0.002 * seed, max_tokens=2048)
+        weights = torch.rand(R, generator=g) * 3
+        ids = torch.arange(N, dtype=torch.int32).repeat(R, 1)  # distinct siblings (a duplicate raises on CPU)
+        ids[torch.rand(R, N, generator=g) < 0.1] = -1  # invalidated: the node and its subtree leave
+        nan_survival = survival.clone()
+        nan_survival[R // 2, 1] = float("nan")
+        cases = [dict(max_verify=N // 2), dict(capacity=R + R // 3), dict(extra_tokens=300), dict(extra_emitting=3),
+                 dict(weights=weights), dict(draft_tokens=ids), dict(min_depth=1), dict(min_depth=2, max_depth=4),
+                 dict(max_depth=0), dict(max_step_ms=5.0), dict(max_step_ms=4.2 + seed, weights=weights),
+                 dict(max_step_ms=1.0)]
+        for kw in cases:
+            check(survival, parents, sizes, ct, max_width=3, **kw)
+        check(nan_survival, parents, sizes, ct, max_width=2)
+        check(survival, parents, sizes, ct.shifted(500), max_width=3, capacity=2048 - 500)
+        check(None, parents, sizes, ct, max_width=3, conf=torch.rand(R, N, generator=g))
+
+
+def test_a_chain_is_choose_draft_depth_at_width_one():
+    """A chain given as a tree: every depth has one node, so every width drafts the same nodes at the same cost
+    only at width 1 (wider beams cost more rows): the decision is choose_draft_depth's."""
+    g = torch.Generator().manual_seed(4)
+    R, K = 23, 6
+    conf = torch.rand(R, K, generator=g) * 0.7 + 0.3
+    drafts = torch.full((R,), K, dtype=torch.int32)
+    survival = av.prefix_survival(conf, drafts)
+    parents = (torch.arange(K, dtype=torch.int32) - 1).repeat(R, 1)
+    for ct in (chain_table(levels=K), chain_table({1: 0.01, 512: 0.03}, levels=K)):
+        d, b = (int(x) for x in av.choose_draft_depth(survival, drafts, ct))
+        assert check(survival, parents, drafts, ct, max_width=4) == (d, 1, b)
+
+
+def test_cheaper_wide_levels_widen_the_beam():
+    """Two level-1 nodes, each with one child: width 1 drafts the better one's child only, width 2 both (twice the
+    rows at level 2). As a later level's per-row cost falls, the chosen width never falls, from 1 to 2."""
+    R = 16
+    survival = torch.tensor([[0.5, 0.45, 0.45, 0.405]]).repeat(R, 1)
+    parents = torch.tensor([[-1, -1, 0, 1]], dtype=torch.int32).repeat(R, 1)
+    sizes = torch.full((R,), 4, dtype=torch.int32)
+    shapes = []
+    for per_row in (0.05, 0.002, 0.0005):
+        ct = chain_table({1: per_row, 4096: 4096 * per_row}, levels=2,
+                         draft={1: 0.5 + per_row, 4096: 0.5 + 4096 * per_row}, sizes=(256,))
+        shapes.append(check(survival, parents, sizes, ct, max_width=2))
+    assert [w for _, w, _ in shapes] == [1, 1, 2] and shapes[-1] == (2, 2, 4 * R), shapes
+
+
+def test_request_order_does_not_matter():
+    survival, parents, sizes, g = random_trees(45, 17, 9)
+    ct = chain_table(levels=5)
+    weights = torch.rand(45, generator=g) * 2
+    for kw in (dict(), dict(weights=weights), dict(capacity=80)):
+        base = av.choose_tree_shape(survival, parents, sizes, ct, max_width=3, **kw)
+        perm = torch.randperm(45, generator=g)
+        kw_p = dict(kw, weights=weights[perm]) if "weights" in kw else kw
+        moved = av.choose_tree_shape(survival[perm].contiguous(), parents[perm].contiguous(),
+                                     sizes[perm].contiguous(), ct, max_width=3, **kw_p)
+        assert tuple(int(x) for x in base) == tuple(int(x) for x in moved)
+
+
+def test_out_triple():
+    survival, parents, sizes, _ = random_trees(7, 9, 2)
+    ct = chain_table(levels=4)
+    out = tuple(torch.full((), -5, dtype=torch.int32) for _ in range(3))
+    got = av.choose_tree_shape(survival, parents, sizes, ct, max_width=2, out=out)
+    assert all(a is b for a, b in zip(got, out))
+    assert tuple(int(x) for x in out) == tuple(int(x) for x in ref.choose_tree_shape(survival, parents, sizes, ct,
+                                                                                    max_width=2))
+
+
+def test_an_empty_batch():
+    """R = 0 (an empty tensor's pointer may be null: the kernel knows the tree decision by its widths): the brute
+    force's answer, no speculation unless a prefill that samples makes drafting free."""
+    ct = chain_table(levels=4)
+    empty = (torch.zeros(0, 5), torch.zeros(0, 5, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    for kw in (dict(max_width=3), dict(max_width=2, extra_tokens=7, extra_emitting=2)):
+        assert check(*empty, ct, **kw)[2] == 0
+
+
+def test_tree_draft_cost():
+    ct = chain_table({1: 0.1, 512: 0.3}, levels=4, draft={1: 1.0, 512: 4.0}, request_ms=0.01)
+    for r in (1, 7, 100):
+        for d in range(5):
+            assert tree_draft_cost(ct, r, d, 1) == pytest.approx(ct.draft_cost(r, d))
+        level = ct.draft_cost(3 * r, 4) - ct.draft_cost(3 * r, 3)
+        assert tree_draft_cost(ct, r, 3, 3) == pytest.approx(ct.draft_cost(r, 1) + 2 * level)
+        assert tree_draft_cost(ct, r, 1, 4) == ct.draft_cost(r, 1)  # level 1 is the anchors' forward at any width
+    with pytest.raises(ValueError, match="cost_table"):
+        tree_draft_cost(block_table(), 4, 2, 2)
+    with pytest.raises(ValueError, match="depth"):
+        tree_draft_cost(ct, 4, 5, 1)
+    with pytest.raises(ValueError, match="width"):
+        tree_draft_cost(ct, 4, 2, 0)
+
+
+def test_bad_arguments_name_themselves():
+    survival, parents, sizes, _ = random_trees(4, 6, 1)
+    ct = chain_table(levels=4)
+    for kw, match in [(dict(max_width=0), "max_width"), (dict(max_width=17), "max_width"),
+                      (dict(max_width=2, max_depth=5), "max_depth"), (dict(max_width=2, min_depth=-1), "min_depth"),
+                      (dict(max_width=2, min_depth=3, max_depth=2), "min_depth"),
+                      (dict(max_width=2, step=av.PlanStep(min_verify=1)), "min_verify"),
+                      (dict(max_width=2, out=(torch.zeros((), dtype=torch.int32),)), "out")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            av.choose_tree_shape(survival, parents, sizes, ct, **kw)
+    with pytest.raises(ValueError, match="cost_table"):
+        av.choose_tree_shape(survival, parents, sizes, block_table(), max_width=2)
+    with pytest.raises(ValueError, match="parents"):
+        av.choose_tree_shape(survival, None, sizes, ct, max_width=2)
+    wide = chain_table(levels=32)
+    with pytest.raises(ValueError, match="max_width \\* \\(max_depth \\+ 1\\)"):
+        av.choose_tree_shape(survival, parents, sizes, wide, max_width=4)
+    bad = parents.clone()
+    bad[0, 3] = 5
+    with pytest.raises(ValueError, match="parents"):
+        av.choose_tree_shape(survival, bad, torch.full((4,), 6, dtype=torch.int32), ct, max_width=2)
