@@ -233,3 +233,33 @@ def test_drafting_the_planned_tree_is_lossless():
         n = counts[c].sum()
         assert n > 200, (c, n)
         assert chisquare(counts[c], n * P[c]).pvalue > 1e-4, (c, counts[c], n * P[c])
+
+
+@pytest.mark.cuda
+def test_cuda_verifier_decides_as_the_cpu_one():
+    """The same steps on a CUDA verifier (pinned copies of the recorded trees and of the calibration counts, read
+    at the next call) and on a CPU one: the same (depth, width, budget) every step once the copies land (the CUDA
+    side takes a count copy only when its event is done, so the comparison waits for it each step)."""
+    decisions = []
+    for device in ("cpu", "cuda"):
+        v = AdaptiveVerifier(table(), max_reqs=16, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=TOP_K,
+                             device=device)
+        rng = np.random.default_rng(6)
+        out = []
+        for step in range(12):
+            layout = random_layout(rng, 16, TOP_K, K, 0.3, 0.95)
+            depth, width, budget, _ = v.plan_tree_draft(16)
+            out.append((depth, width, budget))
+            if depth == 0:
+                continue
+            conf, parents, sizes, _ = beam_tree(layout, TOP_K, depth, width)
+            conf_t, par_t, size_t = (torch.from_numpy(x).to(device) for x in (conf, parents, sizes))
+            v.record_confidence(conf_t, parents=par_t, tree_sizes=size_t)
+            plan = v.plan(conf_t, size_t, budget=budget, parents=par_t)
+            offs = torch.full((16, K + 1), -1, dtype=torch.int32, device=device)
+            offs[:, 0] = 0
+            v.observe(plan.verify_lens, torch.zeros(16, dtype=torch.int32, device=device), accepted_offsets=offs)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        decisions.append(out)
+    assert decisions[0] == decisions[1]

@@ -392,6 +392,8 @@ def shape_case(rng) -> Case:
     if t.R + kw.get("extra_tokens", 0) > min(table.token_limit, kw.get("capacity") or table.token_limit):
         return plan_case(rng)  # (this table leaves these requests no room: a case of another kind)
     levels = table.draft_levels
+    if maybe(rng, 0.35):
+        return _bad_shape_case(rng, t, survival, table, kw)
     max_width = int(pick(rng, [1, 2, 3, 4, 8]))
     max_depth = small_int(rng, levels) if maybe(rng, 0.3) else None
     min_depth = small_int(rng, levels if max_depth is None else max_depth) if maybe(rng, 0.3) else 0
@@ -411,3 +413,37 @@ def shape_case(rng) -> Case:
         counts({})
 
     return Case("valid", call, check, what=f"R={t.R} N={t.N} levels={levels} W={max_width} kw={sorted(kw)}")
+
+
+def _bad_shape_case(rng, t: TreeInputs, survival, table, kw) -> Case:
+    """choose_tree_shape with one argument bad (the rest valid): a clear error naming it."""
+    name = str(pick(rng, ["max_width", "max_depth", "min_depth", "cost_table", "parents", "survival", "out"]))
+    args = dict(survival=survival, parents=t.parents, tree_sizes=t.sizes, cost_table=table)
+    shape = dict(max_width=int(pick(rng, [1, 2, 4])))
+    if name == "max_width":
+        shape["max_width"] = int(pick(rng, [0, -1, 17, 1000]))
+    elif name == "max_depth":
+        shape["max_depth"] = int(pick(rng, [-1, table.draft_levels + 1, 40]))
+    elif name == "min_depth":
+        shape["min_depth"] = int(pick(rng, [-1, table.draft_levels + 1]))
+    elif name == "cost_table":
+        args["cost_table"] = random_table(rng)  # a block drafter's: no per-level cost
+    elif name == "parents":
+        if t.R == 0 or t.N < 2:
+            return shape_case(rng)
+        parents, sizes = t.parents.clone(), t.sizes.clone()
+        r, j = int(rng.integers(0, t.R)), int(rng.integers(1, t.N))
+        parents[r, j] = j if maybe(rng, 0.5) else -2
+        sizes[r] = t.N
+        kw = {k: v for k, v in kw.items() if k != "max_verify"}
+        args.update(parents=parents, tree_sizes=sizes)
+    elif name == "survival":
+        args["survival"] = survival.double()
+    else:
+        shape["out"] = (torch.zeros((), dtype=torch.int32),) * int(pick(rng, [1, 3]))
+
+    def call():
+        return choose_tree_shape(args["survival"], args["parents"], args["tree_sizes"], args["cost_table"],
+                                 **shape, **kw)
+
+    return Case("invalid", call, names=(name,), what=f"R={t.R} N={t.N} bad {name}")

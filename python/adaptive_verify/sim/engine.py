@@ -459,7 +459,7 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 acc_rows = np.zeros(R, dtype=np.int32)
                 acc_rows[scheduled] = accepted
                 verifier.observe(plan.verify_lens, torch.from_numpy(acc_rows))
-            if shapes and verifier.stats is not None:  # per-depth acceptance: plan_tree_draft's calibration
+            if shapes:  # per-depth acceptance: plan_tree_draft's calibration
                 acc_rows = np.zeros(R, dtype=np.int32)
                 acc_rows[scheduled] = accepted
                 verifier.observe(torch.from_numpy(verify.astype(np.int32)), torch.from_numpy(acc_rows),

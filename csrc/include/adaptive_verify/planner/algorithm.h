@@ -809,9 +809,8 @@ AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
 }
 
 // For each width W from num_widths down to 1 (trees: the words again, from a fresh walk, less the nodes needing a
-// wider beam; chains: one pass) and
-// each depth D from max_depth down to min_depth: the candidates deeper than D leave (chains: the columns >= D, a
-// column per depth; trees: the nodes of depth > D), the buckets are counted again, and the budget search runs with
+// wider beam; chains: one pass) and each depth D from max_depth down to min_depth: the candidates deeper than D
+// leave (chains: the columns >= D, a column per depth; trees: the nodes of depth > D), the buckets are counted again, and the budget search runs with
 // the shape's fixed cost. The best (W, D, B): the largest Theta, ties to the smaller W, then the smaller D (both
 // visited later, so an equal Theta replaces), and within a shape the search's first argmax (the smallest B). NaN
 // never wins; when no shape gives a number, (1, min_depth)'s budget stands. Writes budget_out, depth_out,

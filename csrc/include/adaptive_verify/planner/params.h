@@ -24,7 +24,7 @@ enum Mode : int32_t {
 
 constexpr int64_t kNoStepCap = int64_t(1) << 62;
 constexpr int kMaxDepths = 33;  // draft depths 0..K, K <= kMaxDrafts (math.h checks it)
-// Entries of the (width, depth) cost arrays: num_widths * (max_depth + 1) <= kMaxShapes (a chain's num_widths is 1).
+// Entries of the (width, depth) cost arrays: num_widths * (max_depth + 1) <= kMaxShapes (a chain has one width).
 constexpr int kMaxShapes = 128;
 
 struct Params {
