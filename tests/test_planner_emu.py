@@ -360,3 +360,36 @@ def test_emulated_tree_shape_matches_cpu(R, N, emulated):
         assert cpu == emu, kw
         seen.add(cpu)
     assert len(seen) > 1 or R == 1
+
+
+def test_emulated_tree_shape_replay_reads_the_new_values(monkeypatch, emu_lib):
+    """A CUDA graph of choose_tree_shape under the emulator: the kernel struct of the first call frozen, relaunched
+    after new trees land in the same buffers (outputs poisoned in between): each launch gives the eager call's
+    (depth, width, budget) of the new values."""
+    from adaptive_verify._binding import PlannerParams
+    from test_planner_depth import chain_table
+    from test_planner_tree_shape import beam_trees
+    ct = chain_table({1: 0.05, 4096: 0.2}, levels=4, max_tokens=8192)
+    values = [beam_trees(24, 3, 4, seed, lo=lo)[:3] for seed, lo in ((1, 0.3), (2, 0.9), (3, 0.02))]
+    bufs = [t.clone() for t in values[0]]
+    out = tuple(torch.zeros((), dtype=torch.int32) for _ in range(3))
+    frozen = {}
+
+    def capture(params, on_cuda, stream):
+        frozen["struct"] = ctypes.create_string_buffer(ctypes.string_at(params, ctypes.sizeof(PlannerParams)))
+        return emu_build.status_of(emu_lib.av_emu_plan, params)
+
+    with monkeypatch.context() as m:
+        m.setattr(ops_module, "_C", emu_build.EmulatedC(ops_module._C, {"plan": capture}))
+        av.choose_tree_shape(*bufs, ct, max_width=3, out=out)
+    answers = set()
+    for new in values[1:] + values[:1]:
+        for b, t in zip(bufs, new):
+            b.copy_(t)
+        for o in out:
+            o.fill_(-7)
+        emu_build.status_of(emu_lib.av_emu_plan, ctypes.addressof(frozen["struct"]))
+        eager = tuple(int(x) for x in av.choose_tree_shape(*new, ct, max_width=3))
+        assert tuple(int(x) for x in out) == eager
+        answers.add(eager)
+    assert len(answers) > 1  # not one answer
