@@ -177,3 +177,22 @@ def test_captured_tree_graph_loop_matches_eager(temperature):
                          cuda_graphs=True, **kw)
         assert graph.tokens == eager.tokens, kw
         assert graph.figures["graph_replays"] == graph.figures["steps"]
+
+
+def test_adaptive_tree_modes_draft_the_decided_shape(models, plain_greedy):
+    """Mode "tree" with one k decides each step's depth and beam (plan_tree_draft) and drafts only that tree: fewer
+    nodes than the whole tree the same mode drafts on a table without per-level costs, the same greedy tokens."""
+    from adaptive_verify.engine.generate import default_cost_table
+    target, drafter = models
+    shaped = generate(target, drafter, PROMPTS, mode="tree", max_new_tokens=40, concurrency=3, tree_topk=3,
+                      tree_nodes=24)
+    whole = generate(target, drafter, PROMPTS, mode="tree", max_new_tokens=40, concurrency=3, tree_topk=3,
+                     tree_nodes=24, cost_table=default_cost_table())
+    assert shaped.tokens == whole.tokens == plain_greedy.tokens
+    assert shaped.figures["verifier"]["depth_mean"] > 0 and whole.figures["verifier"]["depth_mean"] == 0.0
+    assert 0 < shaped.figures["drafted_per_step"] < whole.figures["drafted_per_step"]
+    # draft_tree's beam: a beam of 1 drafts k nodes at depth 1 and k more per deeper level
+    h = torch.randn(2, target.config.d_model)
+    _, parents, _, sizes = draft_tree(drafter, h, torch.tensor([65, 66], dtype=torch.int32), [3, 3], 24, [3, 2], beam=1)
+    assert sizes.tolist() == [tree_size(3, 3, 24, 1), tree_size(3, 2, 24, 1)] == [9, 6]
+    assert parents[0, 3:6].tolist() == [parents[0, 3]] * 3  # depth 2: the k children of one node
