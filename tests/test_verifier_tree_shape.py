@@ -177,6 +177,13 @@ def test_modes_requests_and_errors():
     with pytest.raises(ValueError, match="cost_table"):
         AdaptiveVerifier(av.CostTable.from_points({1: 5.0}, 1.0), max_reqs=8, max_drafts=K, block_size=16,
                          max_nodes=N, tree_top_k=TOP_K).plan_tree_draft(2)
+    short = av.CostTable.from_points({1: 5.0}, {1: 1.0}, draft_levels=2)  # a drafter of 2 levels: no deeper tree
+    v2 = AdaptiveVerifier(short, max_reqs=8, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=TOP_K)
+    assert v2.plan_tree_draft(4)[0] <= 2
+    v2.mode = "all"
+    assert v2.plan_tree_draft(4)[:2] == (2, TOP_K)
+    with pytest.raises(ValueError, match="tree_top_k"):  # 8 x 17 shapes: more than one call weighs (128)
+        AdaptiveVerifier(table(), max_reqs=8, max_drafts=16, block_size=16, max_nodes=N, tree_top_k=8)
 
 
 def test_drafting_the_planned_tree_is_lossless():

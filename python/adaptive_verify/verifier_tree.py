@@ -45,6 +45,7 @@ import torch
 from . import planner
 from .prepared import prepare, run_prepared
 from ._checks import check_int
+from ._ext import _C
 from .planner import MAX_TREE_NODES, TreeVerifyPlan
 from .cost import tree_draft_cost
 from .planner.lagged import lagged_tree_budget
@@ -53,6 +54,9 @@ from .verifier_slots import SlotTable, check_conf, int32_inputs
 from .verifier_tree_shape import TreeShapes
 
 __all__ = ["TreeSteps"]
+
+#: Most (width, depth) shapes one choose_tree_shape call weighs: tree_top_k * (max_drafts + 1) must fit.
+MAX_TREE_SHAPES = _C.PLANNER_MAX_SHAPES
 
 
 class TreeSteps:
@@ -64,6 +68,9 @@ class TreeSteps:
                  top_k: int = 0, max_depth: int = 0):
         self.N = N = check_int("max_nodes", max_nodes, lo=1, hi=MAX_TREE_NODES)
         # The lagged tree shape (plan_tree_draft; verifier_tree_shape.py), for a drafter expanding top_k per node.
+        if top_k and top_k * (max_depth + 1) > MAX_TREE_SHAPES:
+            raise ValueError(f"tree_top_k * (max_drafts + 1) = {top_k * (max_depth + 1)} exceeds the "
+                             f"{MAX_TREE_SHAPES} tree shapes choose_tree_shape weighs; lower tree_top_k or max_drafts")
         self.shapes = TreeShapes(top_k, max_depth, N, max_reqs, prior, device, slots.gen) if top_k else None
         self.max_reqs, self.device, self.slots = max_reqs, device, slots
         pin = device.type == "cuda"
@@ -151,7 +158,8 @@ class TreeSteps:
     def plan_draft(self, idx: np.ndarray, depth_lim: np.ndarray, cost_table, mode: str, extra_tokens: int,
                    capacity: int, weights: Optional[np.ndarray], max_step_ms: Optional[float], bounds, stats):
         """AdaptiveVerifier.plan_tree_draft's (depth, width, budget): the lagged shape (verifier_tree_shape.py) in
-        every mode but "all" (the whole tree: max depth, width top_k) and "off" (nothing). The budget: the live
+        every mode but "all" (the whole tree: max depth, at most the table's draft_levels, width top_k) and "off"
+        (nothing). The budget: the live
         modes and "all" take B_max of the nodes the shape drafts (``bounds(nodes_sum, fixed_cost)``: the verifier's
         B_max), "lagged" the lagged node budget at those tree sizes (plan_budget(tree=True)'s, clamped the same way):
         the shape decision's own B, ranked on the blended prediction, verified more than pays in the simulator
@@ -163,7 +171,7 @@ class TreeSteps:
         if mode == "off" or idx.size == 0:
             return 0, 1, 0
         if mode == "all":
-            depth, width = int(depth_lim.max()), k
+            depth, width = min(int(depth_lim.max()), cost_table.draft_levels or self.shapes.D), k
         else:  # (the decision's own budget is not used: see the docstring)
             depth, width, _ = self.shapes.decide(idx, depth_lim, cost_table, extra_tokens=extra_tokens,
                                                       capacity=capacity, weights=weights, max_step_ms=max_step_ms,

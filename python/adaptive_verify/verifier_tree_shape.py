@@ -229,13 +229,14 @@ class TreeShapes:
     def decide(self, idx: np.ndarray, depth_lim: np.ndarray, cost_table, *, extra_tokens: int, capacity: int,
                weights: Optional[np.ndarray], max_step_ms: Optional[float], stats=None) -> tuple[int, int, int]:
         """(depth, width, budget) of this step: the staged record folded in, then choose_tree_shape (its CPU
-        kernel: everything here is host data) on the prediction."""
+        kernel: everything here is host data) on the prediction, at most the table's draft_levels deep."""
         self.fold()
         survival, parents, sizes, ids = self.predict(idx, depth_lim,
                                                      None if stats is None else self.calibration(stats))
         w = None if weights is None else torch.from_numpy(np.asarray(weights, dtype=np.float32))
         d, width, b = choose_tree_shape(torch.from_numpy(survival), torch.from_numpy(parents),
-                                        torch.from_numpy(sizes), cost_table, max_width=self.k, max_depth=self.D,
+                                        torch.from_numpy(sizes), cost_table, max_width=self.k,
+                                        max_depth=min(self.D, cost_table.draft_levels or self.D),  # (the table's)
                                         extra_tokens=extra_tokens, capacity=capacity, weights=w,
                                         max_step_ms=max_step_ms, draft_tokens=torch.from_numpy(ids))
         return int(d), int(width), int(b)
