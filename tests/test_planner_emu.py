@@ -294,6 +294,22 @@ def test_emulated_kernel_makes_out_of_range_context_lengths_padding_and_counts_t
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
+def _frozen_struct(monkeypatch, emu_lib, call) -> ctypes.Array:
+    """The planner struct of call()'s launch, as a captured CUDA graph keeps its parameters (its bytes), the launch
+    itself run under the emulator."""
+    from adaptive_verify._binding import PlannerParams
+    frozen = {}
+
+    def capture(params, on_cuda, stream):
+        frozen["struct"] = ctypes.create_string_buffer(ctypes.string_at(params, ctypes.sizeof(PlannerParams)))
+        return emu_build.status_of(emu_lib.av_emu_plan, params)
+
+    with monkeypatch.context() as m:
+        m.setattr(ops_module, "_C", emu_build.EmulatedC(ops_module._C, {"plan": capture}))
+        call()
+    return frozen["struct"]
+
+
 @pytest.mark.parametrize("R,K", [(1, 1), (9, 5), (256, 8), (1200, 16)])
 def test_emulated_draft_depth_matches_cpu(R, K, emulated):
     """choose_draft_depth (algorithm.h choose_depth: per depth the buckets counted again and the budget searched) on
@@ -314,28 +330,20 @@ def test_emulated_draft_depth_replay_reads_the_new_values(monkeypatch, emu_lib):
     """A CUDA graph of choose_draft_depth under the emulator: the kernel struct of the first call frozen (its bytes,
     as a captured launch keeps its parameters), relaunched after new survivals and drafts land in the same buffers,
     the outputs poisoned in between; each launch gives the eager call's (depth, budget) of the new values."""
-    from adaptive_verify._binding import PlannerParams
     from test_planner_depth import chain_table, problem
     R, K = 50, 6
     ct = chain_table({1: 0.05, 512: 0.1}, levels=K, max_tokens=4096)
     values = [problem(R, K, seed, lo=lo)[:2] for seed, lo in ((1, 0.3), (2, 0.8), (3, 0.05))]
     survival, drafts = values[0][0].clone(), values[0][1].clone()
     out = (torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.int32))
-    frozen = {}
-
-    def capture(params, on_cuda, stream):
-        frozen["struct"] = ctypes.create_string_buffer(ctypes.string_at(params, ctypes.sizeof(PlannerParams)))
-        return emu_build.status_of(emu_lib.av_emu_plan, params)
-
-    with monkeypatch.context() as m:
-        m.setattr(ops_module, "_C", emu_build.EmulatedC(ops_module._C, {"plan": capture}))
-        av.choose_draft_depth(survival, drafts, ct, min_verify=1, out=out)
+    frozen = _frozen_struct(monkeypatch, emu_lib, lambda: av.choose_draft_depth(survival, drafts, ct, min_verify=1,
+                                                                                 out=out))
     for s, d in values[1:] + values[:1]:
         survival.copy_(s)
         drafts.copy_(d)
         out[0].fill_(-7)
         out[1].fill_(-7)
-        emu_build.status_of(emu_lib.av_emu_plan, ctypes.addressof(frozen["struct"]))
+        emu_build.status_of(emu_lib.av_emu_plan, ctypes.addressof(frozen))
         eager = av.choose_draft_depth(s, d, ct, min_verify=1)
         assert (int(out[0]), int(out[1])) == (int(eager[0]), int(eager[1]))
     assert len({int(av.choose_draft_depth(s, d, ct, min_verify=1)[0]) for s, d in values}) > 1  # not one answer
@@ -366,29 +374,20 @@ def test_emulated_tree_shape_replay_reads_the_new_values(monkeypatch, emu_lib):
     """A CUDA graph of choose_tree_shape under the emulator: the kernel struct of the first call frozen, relaunched
     after new trees land in the same buffers (outputs poisoned in between): each launch gives the eager call's
     (depth, width, budget) of the new values."""
-    from adaptive_verify._binding import PlannerParams
     from test_planner_depth import chain_table
     from test_planner_tree_shape import beam_trees
     ct = chain_table({1: 0.05, 4096: 0.2}, levels=4, max_tokens=8192)
     values = [beam_trees(24, 3, 4, seed, lo=lo)[:3] for seed, lo in ((1, 0.3), (2, 0.9), (3, 0.02))]
     bufs = [t.clone() for t in values[0]]
     out = tuple(torch.zeros((), dtype=torch.int32) for _ in range(3))
-    frozen = {}
-
-    def capture(params, on_cuda, stream):
-        frozen["struct"] = ctypes.create_string_buffer(ctypes.string_at(params, ctypes.sizeof(PlannerParams)))
-        return emu_build.status_of(emu_lib.av_emu_plan, params)
-
-    with monkeypatch.context() as m:
-        m.setattr(ops_module, "_C", emu_build.EmulatedC(ops_module._C, {"plan": capture}))
-        av.choose_tree_shape(*bufs, ct, max_width=3, out=out)
+    frozen = _frozen_struct(monkeypatch, emu_lib, lambda: av.choose_tree_shape(*bufs, ct, max_width=3, out=out))
     answers = set()
     for new in values[1:] + values[:1]:
         for b, t in zip(bufs, new):
             b.copy_(t)
         for o in out:
             o.fill_(-7)
-        emu_build.status_of(emu_lib.av_emu_plan, ctypes.addressof(frozen["struct"]))
+        emu_build.status_of(emu_lib.av_emu_plan, ctypes.addressof(frozen))
         eager = tuple(int(x) for x in av.choose_tree_shape(*new, ct, max_width=3))
         assert tuple(int(x) for x in out) == eager
         answers.add(eager)

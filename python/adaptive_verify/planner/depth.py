@@ -120,10 +120,11 @@ def choose_draft_depth(
 
 def fill_depths(p, a: PlanArgs, cost_table: CostTable, costs: list[float], d_lo: int, d_hi: int,
                 max_step_ms: Optional[float]) -> None:
-    """The struct's depth fields: the range, each depth's fixed cost and latency cap (planner/params.h)."""
+    """The struct's depth fields: the range, each shape's fixed cost and latency cap (planner/params.h). costs: one
+    per depth 0..d_hi (chains), or per (width, depth) at (W - 1) * (d_hi + 1) + D (choose_tree_shape)."""
     p.choose_depth, p.min_depth, p.max_depth = 1, d_lo, d_hi
     anchors = a.R + a.extra_tokens
-    for d in range(d_hi + 1):
-        p.depth_cost[d] = costs[d]
-        p.depth_step_cap[d] = NO_STEP_CAP if max_step_ms is None else step_cap_of(
-            cost_table, a.R, anchors, a.budget_cap, float(p.depth_cost[d]), max_step_ms)
+    for s, cost in enumerate(costs):
+        p.depth_cost[s] = cost
+        p.depth_step_cap[s] = NO_STEP_CAP if max_step_ms is None else step_cap_of(
+            cost_table, a.R, anchors, a.budget_cap, float(p.depth_cost[s]), max_step_ms)

@@ -28,7 +28,8 @@ from .. import _C, errors
 from .._checks import check_int
 from .._validate import check_tensor
 from ..cost import CostTable, tree_draft_cost
-from .args import NO_STEP_CAP, resolve_plan_args, step_cap_of
+from .args import resolve_plan_args
+from .depth import fill_depths
 from .launch import launch, make_params, workspace_for
 from .ops import budget_step
 from .step import MetadataInputs, PlanStep
@@ -132,12 +133,8 @@ def choose_tree_shape(
     depth_out, width_out, budget_out = _out_triple(out, a.device)
     p = make_params(a, None, budget_out, budget_out, errors.error_buffer(a.device))
     p.expected_tokens = None
-    p.choose_depth, p.min_depth, p.max_depth, p.num_widths = 1, d_lo, d_hi, max_width
-    anchors = a.R + a.extra_tokens
-    for s, c in enumerate(costs):
-        p.depth_cost[s] = c
-        p.depth_step_cap[s] = NO_STEP_CAP if max_step_ms is None else step_cap_of(
-            cost_table, a.R, anchors, a.budget_cap, float(p.depth_cost[s]), max_step_ms)
+    fill_depths(p, a, cost_table, costs, d_lo, d_hi, max_step_ms)
+    p.num_widths = max_width
     p.depth_out, p.width_out = depth_out.data_ptr(), width_out.data_ptr()
     ws = workspace_for(a)
     p.workspace = 0 if ws is None else ws.data_ptr()
