@@ -160,12 +160,13 @@ def call(p, **kw):
     return got, lse
 
 
-def check_against_reference(p, got, lse, scale=None, tree_mask=None):
+def check_against_reference(p, got, lse, scale=None, tree_mask=None, k_scale=None, v_scale=None):
+    """`got` and `lse` against the float64 reference (module docstring's tolerance); fp8 caches (p.k_cache of
+    float8_e4m3fn) with their scales: the references dequantise, in float64 and float32."""
+    kw = dict(scale=scale, return_lse=True, tree_mask=tree_mask, k_scale=k_scale, v_scale=v_scale)
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table,
-                                        p.seq_lens, p.query_start_loc, p.max_query_len, scale=scale,
-                                        return_lse=True, tree_mask=tree_mask)
-    ref32, lse32 = ref.verify_attention(*p.args(), scale=scale, return_lse=True, dtype=torch.float32,
-                                        tree_mask=tree_mask)
+                                        p.seq_lens, p.query_start_loc, p.max_query_len, **kw)
+    ref32, lse32 = ref.verify_attention(*p.args(), dtype=torch.float32, **kw)
     ref32 = ref32.to(p.q.dtype).double()
     assert ref64.dtype == torch.float64
     pad = p.padding_mask()
@@ -661,6 +662,7 @@ CAN_IMPLEMENT = [
     (dict(num_q_heads=24, num_kv_heads=8), "q / k_cache: Hq / Hkv"), (dict(block_size=48), "k_cache: block_size"),
     (dict(max_query_len=65), "max_query_len"), (dict(max_query_len=0), "max_query_len"),
     (dict(kernel=3), "cuda_kernel"), (dict(max_blocks=2**27), "block_table: positions"),
+    (dict(kv_dtype=1), "k_cache: dtype"), (dict(kv_dtype=4), "k_cache: dtype"),
     (dict(on_cuda=True, num_reqs=65536), "block_table: at most 65535"),
     (dict(on_cuda=True, num_reqs=65535, kernel=2), "block_table: at most 65534"),  # mma_fused: one more slice
 ]
@@ -674,7 +676,7 @@ def test_kernels_can_implement_rejects_unsupported_problems(bad, name):
 
     from adaptive_verify._binding import AttentionParams
     from adaptive_verify._ext import _C
-    fields = dict(max_blocks=1, dtype=2, num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, num_blocks=1,
+    fields = dict(max_blocks=1, dtype=2, kv_dtype=2, num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, num_blocks=1,
                   max_query_len=4, scale=1.0, kernel=1)
     fields.update(bad)  # (every other test here passes through the check with a good problem)
     on_cuda = fields.pop("on_cuda", False)

@@ -21,6 +21,7 @@ import torch
 import emu_build
 from adaptive_verify import attention as attention_module
 from adaptive_verify import errors as av_errors
+from adaptive_verify.attention_fp8 import FP8, kv_scale_fields
 
 from test_attention import (FAR, GQA_RATIOS, NAN, NEG_INF, Problem, bits, check_against_reference,
                             random_problem, random_request)
@@ -50,7 +51,7 @@ def build_emu(tmp_path_factory):
 
 
 def emu_call(emu, kernel, p, *, copy_mode=LATE, plain_loads=False, scale=None, block_table=None,
-             seq_lens=None, tree_mask=None, k_cache=None, v_cache=None, allow_nan=False):
+             seq_lens=None, tree_mask=None, k_cache=None, v_cache=None, allow_nan=False, k_scale=None, v_scale=None):
     """verify_attention through an emulated CUDA kernel (a KERNELS name), with the parameter struct the Python
     layer builds for a real call (tree_mask [T] int64 for draft trees; k_cache / v_cache replace the problem's);
     returns (out, lse, error counts)."""
@@ -64,8 +65,11 @@ def emu_call(emu, kernel, p, *, copy_mode=LATE, plain_loads=False, scale=None, b
     lse = torch.full((T, Hq), NAN, dtype=torch.float32)
     counts = torch.zeros(av_errors.error_buffer("cpu").numel(), dtype=torch.int32)
     scale = D ** -0.5 if scale is None else scale
+    fp8 = kc.dtype == FP8
+    k_value, k_scales = kv_scale_fields("k_scale", k_scale, fp8, kc.shape[2], kc.device)
+    v_value, v_scales = kv_scale_fields("v_scale", v_scale, fp8, kc.shape[2], kc.device)
     params = attention_module._attention_params(q, kc, vc, bt, sl, qsl, out, lse, counts, mql, bt.shape[1], scale,
-                                                KERNELS[kernel], tree_mask)
+                                                KERNELS[kernel], tree_mask, k_value, k_scales, v_value, v_scales)
     err = ctypes.create_string_buffer(512)
     status = emu(ctypes.addressof(params), copy_mode, int(plain_loads), kc.numel() * kc.element_size(), err, len(err))
     assert status == 0, f"emulator: {err.value.decode()}"

@@ -272,8 +272,17 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
                 query_start_loc=qsl.data_ptr(), dtype=2, num_reqs=R, num_tokens=T, num_q_heads=Hq, num_kv_heads=Hkv,
                 head_dim=D, block_size=bs, num_blocks=blocks, max_query_len=4, scale=0.375, out=out.data_ptr(),
                 lse=lse.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None,
-                tree_mask=None)
+                tree_mask=None, kv_dtype=2, k_scale=1.0, v_scale=1.0, k_scales=None, v_scales=None, k_scale_stride=0,
+                v_scale_stride=0)
     assert _fields(p, _binding.AttentionParams) == want
+    # an fp8 cache with a per-head K scale tensor and a per-tensor V float
+    kc8, vc8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+    ks = torch.tensor([0.5, 0.25])
+    p, _ = _captured(monkeypatch, "adaptive_verify.attention", _binding.AttentionParams,
+                     lambda: av.verify_attention(q, kc8, vc8, bt, seq, qsl, 4, k_scale=ks, v_scale=0.125))
+    got = _fields(p, _binding.AttentionParams)
+    assert (got["kv_dtype"], got["k_scales"], got["k_scale_stride"], got["v_scales"], got["v_scale"]) == \
+        (3, ks.data_ptr(), 1, None, 0.125)
     mask = torch.tensor([1, 3, 5, 1, 3], dtype=torch.int64)
     p, _ = _captured(monkeypatch, "adaptive_verify.attention", _binding.AttentionParams,
                      lambda: av.verify_attention(q, kc, vc, bt, seq, qsl, 4, scale=0.375, tree_mask=mask))
@@ -287,7 +296,8 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
         k=k.data_ptr(), v=v.data_ptr(), k_stride_t=(Hkv + 1) * D, k_stride_h=D, v_stride_t=Hkv * (D + 64),
         v_stride_h=D + 64, k_cache=kc.data_ptr(), v_cache=vc.data_ptr(), slot_mapping=slots.data_ptr(), num_tokens=T,
         num_kv_heads=Hkv, head_dim=D, block_size=bs, num_blocks=blocks, elem_size=2,
-        error_counts=av.errors.error_buffer("cpu").data_ptr())
+        error_counts=av.errors.error_buffer("cpu").data_ptr(), cache_dtype=2, dtype=2, k_scale=1.0, v_scale=1.0,
+        k_scales=None, v_scales=None, k_scale_stride=0, v_scale_stride=0)
     ctx = torch.tensor([5, 9], dtype=torch.int32)
     offsets = torch.zeros(R, 11, dtype=torch.int32)[:, :6]  # row stride 11
     accepted = torch.tensor([0, 3], dtype=torch.int32)

@@ -11,6 +11,8 @@
 // loops and their order are the chain's, so a chain's mask gives mask=None's bits.
 #include <cmath>
 #include <algorithm>
+#include <array>
+#include <type_traits>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -34,7 +36,18 @@ struct Scratch {
   std::vector<uint64_t> mask;  // [q_len] each query token's in-block mask (tree_mask.h)
 };
 
-template <typename T>
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = fp8_e4m3_to_float(uint8_t(i));
+    return t;
+  }();
+  return table;
+}
+
+// T: q's and the output's storage type; KT: the cache's (T, or fp8e4m3_t: dequantised by its KV head's scale on
+// load, each element exactly as the float64 reference does before rounding to float).
+template <typename T, typename KT>
 void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   std::vector<float>& qf = sc.qf;
   std::vector<float>& acc = sc.acc;
@@ -50,8 +63,13 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   const int32_t D = p.head_dim, Hkv = p.num_kv_heads, group = p.num_q_heads / Hkv;
   const int32_t rows = q_len * group;  // row = i * group + g: query token i, head h * group + g
   const T* q = static_cast<const T*>(p.q);
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
+  const KT* kc = static_cast<const KT*>(p.k_cache);
+  const KT* vc = static_cast<const KT*>(p.v_cache);
+  const float k_scale = kv_scale(p, h, false), v_scale = kv_scale(p, h, true);
+  // fp8 elements decode through a 256-entry table (the same values as fp8_e4m3_to_float, which builds it)
+  const auto load = [](KT x) {
+    if constexpr (std::is_same<KT, fp8e4m3_t>::value) return fp8_table()[x.bits]; else return to_float(x);
+  };
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
   qf.resize(size_t(rows) * D);
   acc.resize(size_t(rows) * D);
@@ -84,11 +102,11 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
       }
       for (int32_t pos = s0; pos <= s1; ++pos) {
         const int64_t slot = int64_t(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
-        const T* krow = kc + (slot * Hkv + h) * D;
-        const T* vrow = vc + (slot * Hkv + h) * D;
-        for (int32_t d = 0; d < D; ++d) {
-          kf[d] = to_float(krow[d]);
-          vf[d] = to_float(vrow[d]);
+        const KT* krow = kc + (slot * Hkv + h) * D;
+        const KT* vrow = vc + (slot * Hkv + h) * D;
+        for (int32_t d = 0; d < D; ++d) {  // (the scales are 1 for 16-bit caches: exact)
+          kf[d] = load(krow[d]) * k_scale;
+          vf[d] = load(vrow[d]) * v_scale;
         }
         for (int32_t row = 0; row < rows; ++row) {
           const int32_t i = row / group;
@@ -137,6 +155,37 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   }
 }
 
+// The scales of every KV head: finite and > 0 (the CPU reads them for free; CUDA counts bad ones instead).
+template <typename P>
+bool kv_scales_ok(const P& p, int32_t num_kv_heads) {
+  for (int32_t h = 0; h < num_kv_heads; ++h)
+    if (!kv_scale_ok(kv_scale(p, h, false)) || !kv_scale_ok(kv_scale(p, h, true))) return false;
+  return true;
+}
+
+// write_kv into an fp8 cache: x / scale in float, rounded by float_to_fp8_e4m3 (the CUDA kernel's function).
+template <typename T>
+void write_kv_fp8(const WriteKvParams& p) {
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  uint8_t* kc = static_cast<uint8_t*>(p.k_cache);
+  uint8_t* vc = static_cast<uint8_t*>(p.v_cache);
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot < 0) continue;
+    for (int32_t h = 0; h < p.num_kv_heads; ++h) {
+      const float ks = kv_scale(p, h, false), vs = kv_scale(p, h, true);
+      const int64_t dst = (slot * p.num_kv_heads + h) * p.head_dim;
+      const T* ks_row = k + t * p.k_stride_t + h * p.k_stride_h;
+      const T* vs_row = v + t * p.v_stride_t + h * p.v_stride_h;
+      for (int32_t d = 0; d < p.head_dim; ++d) {
+        kc[dst + d] = float_to_fp8_e4m3(to_float(ks_row[d]) / ks);
+        vc[dst + d] = float_to_fp8_e4m3(to_float(vs_row[d]) / vs);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int validate_attention_cpu(const AttentionParams& p) {
@@ -164,6 +213,9 @@ int validate_attention_cpu(const AttentionParams& p) {
 int verify_attention_cpu(const AttentionParams& p) {
   const int status = validate_attention_cpu(p);
   if (status != kOk) return status;
+  const bool fp8 = p.kv_dtype == kFloat8E4M3;
+  if (!fp8 && p.kv_dtype != p.dtype) return kErrBadArgument;
+  if (fp8 && !kv_scales_ok(p, p.num_kv_heads)) return kErrKvScale;
   const int64_t row_elems = int64_t(p.num_q_heads) * p.head_dim;
   // Padding first: every token not owned by a request keeps zeros and lse -inf.
   const size_t elem = p.dtype == kFloat32 ? 4 : 2;
@@ -183,7 +235,10 @@ int verify_attention_cpu(const AttentionParams& p) {
     using T = decltype(tag);
     auto run = [&](int t) {
       Scratch sc;
-      for (int64_t i = t; i < pairs; i += threads) attend<T>(p, int32_t(i / p.num_kv_heads), int32_t(i % p.num_kv_heads), sc);
+      for (int64_t i = t; i < pairs; i += threads) {
+        const int32_t r = int32_t(i / p.num_kv_heads), h = int32_t(i % p.num_kv_heads);
+        if (fp8) attend<T, fp8e4m3_t>(p, r, h, sc); else attend<T, T>(p, r, h, sc);
+      }
     };
     if (threads <= 1) {
       run(0);
@@ -201,6 +256,13 @@ int write_kv_cpu(const WriteKvParams& p) {
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot != -1 && (slot < 0 || slot >= capacity)) return kErrSlotOutOfRange;
+  }
+  if (p.cache_dtype == kFloat8E4M3) {
+    if (!kv_scales_ok(p, p.num_kv_heads)) return kErrKvScale;
+    bool ok = false;
+    if (p.dtype == kBFloat16) ok = (write_kv_fp8<bf16_t>(p), true);
+    if (p.dtype == kFloat16) ok = (write_kv_fp8<half_t>(p), true);
+    return ok ? kOk : kErrBadArgument;
   }
   const size_t bytes = size_t(p.head_dim) * p.elem_size;
   const char* k = static_cast<const char*>(p.k);

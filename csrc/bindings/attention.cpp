@@ -48,12 +48,16 @@ void register_attention(py::module_& m) {
       AV_FIELD(A, query_start_loc), AV_FIELD(A, tree_mask), AV_FIELD(A, dtype), AV_FIELD(A, num_reqs),
       AV_FIELD(A, num_tokens), AV_FIELD(A, num_q_heads), AV_FIELD(A, num_kv_heads), AV_FIELD(A, head_dim),
       AV_FIELD(A, block_size), AV_FIELD(A, num_blocks), AV_FIELD(A, max_query_len), AV_FIELD(A, scale),
-      AV_FIELD(A, out), AV_FIELD(A, lse), AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace)});
+      AV_FIELD(A, out), AV_FIELD(A, lse), AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace),
+      AV_FIELD(A, kv_dtype), AV_FIELD(A, k_scale), AV_FIELD(A, v_scale), AV_FIELD(A, k_scales), AV_FIELD(A, v_scales),
+      AV_FIELD(A, k_scale_stride), AV_FIELD(A, v_scale_stride)});
   m.attr("WRITE_KV_PARAMS") = struct_layout<W>({
       AV_FIELD(W, k), AV_FIELD(W, v), AV_FIELD(W, k_stride_t), AV_FIELD(W, k_stride_h), AV_FIELD(W, v_stride_t),
       AV_FIELD(W, v_stride_h), AV_FIELD(W, k_cache), AV_FIELD(W, v_cache), AV_FIELD(W, slot_mapping),
       AV_FIELD(W, num_tokens), AV_FIELD(W, num_kv_heads), AV_FIELD(W, head_dim), AV_FIELD(W, block_size),
-      AV_FIELD(W, num_blocks), AV_FIELD(W, elem_size), AV_FIELD(W, error_counts)});
+      AV_FIELD(W, num_blocks), AV_FIELD(W, elem_size), AV_FIELD(W, error_counts), AV_FIELD(W, cache_dtype),
+      AV_FIELD(W, dtype), AV_FIELD(W, k_scale), AV_FIELD(W, v_scale), AV_FIELD(W, k_scales), AV_FIELD(W, v_scales),
+      AV_FIELD(W, k_scale_stride), AV_FIELD(W, v_scale_stride)});
   m.attr("COMMIT_TREE_KV_PARAMS") = struct_layout<C>({
       AV_FIELD(C, k_cache), AV_FIELD(C, v_cache), AV_FIELD(C, num_blocks), AV_FIELD(C, block_size),
       AV_FIELD(C, row_bytes), AV_FIELD(C, block_table), AV_FIELD(C, block_table_stride), AV_FIELD(C, max_blocks),

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from . import errors
+from .attention_fp8 import DTYPE_CODES, FP8, check_cache_dtype, kv_scale_fields, set_kv_scales
 from ._binding import AttentionParams, CommitTreeKvParams, WriteKvParams, call
 from ._checks import INT32_MAX, check_real
 from ._ext import _C, check_status
@@ -65,6 +66,7 @@ _MESSAGES = {
                                     "value exceeds max_seq_len)",
     "STATUS_BLOCK_ID_OUT_OF_RANGE": "block_table holds a block id outside [0, num_blocks) where a request reads",
     "STATUS_SLOT_OUT_OF_RANGE": "slot_mapping holds a slot outside [0, num_blocks * block_size) (only -1 skips)",
+    "STATUS_KV_SCALE": "k_scale / v_scale must be finite and > 0",
 }
 
 
@@ -81,15 +83,15 @@ def _cuda_kernel(cuda_kernel: Optional[str]) -> int:
     return kernel_choice(cuda_kernel, "adaptive_verify.attention.CUDA_KERNEL", CUDA_KERNEL, CUDA_KERNELS)
 
 
-def _cache(name, t, q_dtype, device):
-    check_tensor(name, t, dtypes=(q_dtype,), device=device, ndim=4, inner_contiguous=False)
+def _cache(name, t, dtype, device):
+    check_tensor(name, t, dtypes=(dtype,), device=device, ndim=4, inner_contiguous=False)
     return t
 
 
 def _cache_pair(k_cache, v_cache) -> torch.device:
-    """Checks the paged K and V caches a write moves entries in (bf16, fp16 or fp32, [num_blocks, block_size, Hkv,
-    D], one shape and dtype); returns their device."""
-    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4,
+    """Checks the paged K and V caches a write moves entries in (bf16, fp16, fp32 or float8_e4m3fn, [num_blocks,
+    block_size, Hkv, D], one shape and dtype); returns their device."""
+    check_tensor("k_cache", k_cache, dtypes=(torch.bfloat16, torch.float16, torch.float32, FP8), ndim=4,
                  inner_contiguous=False)
     device = check_device("k_cache", k_cache)
     _cache("v_cache", v_cache, k_cache.dtype, device)
@@ -113,13 +115,20 @@ def verify_attention(
     cuda_kernel: Optional[str] = None,
     max_seq_len: Optional[int] = None,
     tree_mask: Optional[torch.Tensor] = None,
+    k_scale=None,
+    v_scale=None,
 ):
     """Attention of each request's verified tokens over its paged KV cache.
 
     Args:
         q: [T, Hq, D] bf16 or fp16, last dim contiguous. D in (64, 128, 256).
-        k_cache, v_cache: [num_blocks, block_size, Hkv, D], contiguous, q's dtype; block_size in 16..256
-            (powers of two); Hq / Hkv in (1, 2, 4, 8, 16).
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D], contiguous, q's dtype or both torch.float8_e4m3fn;
+            block_size in 16..256 (powers of two); Hq / Hkv in (1, 2, 4, 8, 16).
+        k_scale, v_scale: fp8 caches only (docs/design.md, "fp8 KV caches"; adaptive_verify.attention_fp8): the
+            cache holds value / scale. None (1.0), a Python float (per tensor), or a float32 tensor on the cache's
+            device of shape [] / [1] (per tensor) or [Hkv] (per KV head). Kernels decode each fp8 element exactly
+            to q's dtype and apply K's scale to the scores and V's to the output, so the result is the attention
+            over the dequantised cache (the reference's float64 dequantisation) within the usual tolerance.
         block_table: [R, max_blocks] int32. seq_lens: [R] int32, KV length including this step's tokens.
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..64.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
@@ -161,8 +170,9 @@ def verify_attention(
     T, Hq, D = q.shape
     if D not in HEAD_DIMS:
         raise ValueError(f"q: head dim D must be one of {HEAD_DIMS}, got {D}")
-    _cache("k_cache", k_cache, q.dtype, device)
-    _cache("v_cache", v_cache, q.dtype, device)
+    check_tensor("k_cache", k_cache, ndim=4, device=device, inner_contiguous=False)
+    fp8 = check_cache_dtype("k_cache", k_cache, q.dtype)
+    _cache("v_cache", v_cache, k_cache.dtype, device)
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     num_blocks, block_size, Hkv, Dk = k_cache.shape
@@ -172,6 +182,8 @@ def verify_attention(
         raise ValueError(f"k_cache: block_size must be one of {BLOCK_SIZES}, got {block_size}")
     if Hkv < 1 or Hq % Hkv != 0 or Hq // Hkv not in GQA_RATIOS:
         raise ValueError(f"q / k_cache: Hq / Hkv must be one of {GQA_RATIOS}, got Hq={Hq}, Hkv={Hkv}")
+    k_value, k_scales = kv_scale_fields("k_scale", k_scale, fp8, Hkv, device)
+    v_value, v_scales = kv_scale_fields("v_scale", v_scale, fp8, Hkv, device)
     check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
     R = block_table.shape[0]
     if R >= INT32_MAX:  # num_reqs is an int32 field, and query_start_loc has R + 1 entries
@@ -208,12 +220,14 @@ def verify_attention(
         if R > limit:
             raise ValueError(f"block_table: at most {limit} requests per call on CUDA with this kernel, got {R}")
     run_op(_verify_attention_into, _launch_attention, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-           out, lse, errors.error_buffer(device), max_query_len, max_blocks, scale, kernel_id, tree_mask)
+           out, lse, errors.error_buffer(device), max_query_len, max_blocks, scale, kernel_id, tree_mask, k_value,
+           k_scales, v_value, v_scales)
     return (out, lse) if return_lse else out
 
 
 def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                      max_blocks, scale, kernel, tree_mask=None) -> AttentionParams:
+                      max_blocks, scale, kernel, tree_mask=None, k_scale=1.0, k_scales=None, v_scale=1.0,
+                      v_scales=None) -> AttentionParams:
     p = AttentionParams()
     p.num_tokens, p.num_q_heads, p.head_dim = q.shape
     p.num_blocks, p.block_size, p.num_kv_heads, _ = k_cache.shape
@@ -224,13 +238,16 @@ def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     p.dtype, p.num_reqs, p.max_query_len, p.scale = _DTYPES[q.dtype], block_table.shape[0], max_query_len, scale
     p.out, p.lse, p.error_counts, p.kernel = out.data_ptr(), ptr(lse), err.data_ptr(), kernel
     p.tree_mask = ptr(tree_mask)
+    p.kv_dtype = DTYPE_CODES[k_cache.dtype]
+    set_kv_scales(p, k_scale, k_scales, v_scale, v_scales, p.num_kv_heads)
     return p
 
 
 def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                      max_blocks, scale, kernel, tree_mask=None):
+                      max_blocks, scale, kernel, tree_mask=None, k_scale=1.0, k_scales=None, v_scale=1.0,
+                      v_scales=None):
     p = _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                          max_blocks, scale, kernel, tree_mask)
+                          max_blocks, scale, kernel, tree_mask, k_scale, k_scales, v_scale, v_scales)
     workspace = None
     if q.is_cuda:
         # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions, the same
@@ -245,9 +262,10 @@ def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
 def _verify_attention_into(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                            query_start_loc: Tensor, out: Tensor, lse: Optional[Tensor], error_counts: Tensor,
                            max_query_len: int, max_blocks: int, scale: float, kernel: int,
-                           tree_mask: Optional[Tensor] = None) -> None:
+                           tree_mask: Optional[Tensor] = None, k_scale: float = 1.0, k_scales: Optional[Tensor] = None,
+                           v_scale: float = 1.0, v_scales: Optional[Tensor] = None) -> None:
     _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, error_counts,
-                      max_query_len, max_blocks, scale, kernel, tree_mask)
+                      max_query_len, max_blocks, scale, kernel, tree_mask, k_scale, k_scales, v_scale, v_scales)
 
 
 @_verify_attention_into.register_fake
@@ -256,25 +274,37 @@ def _(*args, **kwargs):
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None) -> None:
     """Writes token t's K/V ([T, Hkv, D], last dim contiguous) into slot slot_mapping[t] (int64 [T]) of the
     caches ([num_blocks, block_size, Hkv, D], contiguous, same dtype): block slot // block_size, offset
     slot % block_size. Slot -1 is skipped. Other out-of-range slots raise ValueError on CPU; on CUDA they
-    are skipped and counted in ``error_counts()["slot_out_of_range"]``."""
+    are skipped and counted in ``error_counts()["slot_out_of_range"]``.
+
+    torch.float8_e4m3fn caches take bf16 / fp16 k and v and quantise them: x / scale computed in float32, rounded to
+    nearest even, saturating at +-448 (NaN stays NaN); k_scale / v_scale as in :func:`verify_attention` (None: 1.0).
+    Other caches take k and v of their own dtype and copy them (scales must then be None)."""
     device = _cache_pair(k_cache, v_cache)
     num_blocks, block_size, Hkv, D = k_cache.shape
-    check_tensor("k", k, dtypes=(k_cache.dtype,), device=device, ndim=3)
+    fp8 = k_cache.dtype == FP8
+    k_dtypes = (torch.bfloat16, torch.float16) if fp8 else (k_cache.dtype,)
+    check_tensor("k", k, dtypes=k_dtypes, device=device, ndim=3)
     T = k.shape[0]
     if tuple(k.shape) != (T, Hkv, D):
         raise ValueError(f"k must have shape [T, Hkv, D] = [T, {Hkv}, {D}], got {tuple(k.shape)}")
-    check_tensor("v", v, dtypes=(k_cache.dtype,), device=device, shape=(T, Hkv, D))
+    check_tensor("v", v, dtypes=(k.dtype,), device=device, shape=(T, Hkv, D))
     check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int64,), device=device, shape=(T,),
                  inner_contiguous=False)
-    run_op(_write_kv_, _launch_write_kv, k, v, k_cache, v_cache, slot_mapping, errors.error_buffer(device))
+    k_value, k_scales = kv_scale_fields("k_scale", k_scale, fp8, Hkv, device)
+    v_value, v_scales = kv_scale_fields("v_scale", v_scale, fp8, Hkv, device)
+    run_op(_write_kv_, _launch_write_kv, k, v, k_cache, v_cache, slot_mapping, errors.error_buffer(device),
+           k_value, k_scales, v_value, v_scales)
 
 
-def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, err):
+def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, err, k_scale=1.0, k_scales=None, v_scale=1.0,
+                     v_scales=None):
     p = WriteKvParams()
+    p.cache_dtype, p.dtype = DTYPE_CODES[k_cache.dtype], DTYPE_CODES[k.dtype]
+    set_kv_scales(p, k_scale, k_scales, v_scale, v_scales, k_cache.shape[2])
     p.num_blocks, p.block_size, p.num_kv_heads, p.head_dim = k_cache.shape
     p.k, p.v, p.k_stride_t, p.k_stride_h = k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1)
     p.v_stride_t, p.v_stride_h = v.stride(0), v.stride(1)
@@ -285,8 +315,9 @@ def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, err):
 
 @torch.library.custom_op("adaptive_verify::write_kv_", mutates_args=("k_cache", "v_cache", "error_counts"))
 def _write_kv_(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
-               error_counts: Tensor) -> None:
-    _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, error_counts)
+               error_counts: Tensor, k_scale: float = 1.0, k_scales: Optional[Tensor] = None, v_scale: float = 1.0,
+               v_scales: Optional[Tensor] = None) -> None:
+    _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, error_counts, k_scale, k_scales, v_scale, v_scales)
 
 
 @_write_kv_.register_fake

@@ -54,6 +54,9 @@ COUNTER_NAMES = (
     # AcceptanceStats.update(positions=) on CUDA: a trial whose positions[r] + j lies outside [0, num_positions): it
     # is not counted (the CPU raises ValueError naming positions).
     "stats_position_out_of_range",
+    # fp8 KV caches on CUDA (verify_attention, write_kv): a per-head k_scales / v_scales tensor entry that is NaN,
+    # infinite or <= 0, counted once per KV head and call; it is used as given (the CPU raises ValueError).
+    "kv_scale_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

@@ -1,4 +1,4 @@
-// verify_attention's CUDA kernels (the row-wise kernel_rowwise.cuh, the tensor-core kernel_mma.cuh in two launches
+// verify_attention's and write_kv's CUDA kernels (the row-wise kernel_rowwise.cuh, the tensor-core kernel_mma.cuh in two launches
 // and fused, and their merge kernels), launched by their real launcher (launch_verify_attention), run on the
 // host by the fiber emulator (cuda_emu.h), behind a C entry point that takes the same parameter struct as
 // adaptive_verify._C.verify_attention (tests/test_attention_emu.py). Built by the tests with the host compiler;
@@ -41,6 +41,14 @@ int av_emu_verify_attention(const attn::AttentionParams* params, int copy_mode, 
   return av_emu::run_entry(copy_mode == 1 ? av_emu::kEarlyCopies : av_emu::kLateCopies,
                            {{k_bytes, k_bytes + cache_bytes}, {v_bytes, v_bytes + cache_bytes}}, err, err_len, [&] {
     if (attn::launch_verify_attention(p, nullptr) != cudaSuccess) throw av_emu::Failure("launch returned an error");
+  });
+}
+
+// write_kv's CUDA kernels (copy and fp8 quantisation) through launch_write_kv: params a WriteKvParams the Python layer
+// filled for CPU tensors. Returns 0, or 1 with the emulator's message.
+int av_emu_write_kv(const attn::WriteKvParams* params, char* err, int err_len) {
+  return av_emu::run_entry(av_emu::kLateCopies, {}, err, err_len, [&] {
+    if (attn::launch_write_kv(*params, nullptr) != cudaSuccess) throw av_emu::Failure("launch_write_kv returned an error");
   });
 }
 

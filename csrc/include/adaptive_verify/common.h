@@ -41,6 +41,7 @@ enum Status : int {
   kErrContextLen = 16,          // planner: context_lens[r] outside [0, kMaxContextLen]
   kErrTokenParent = 17,         // tree_rejection_sample: token_parent of offset i >= 1 outside [0, i)
   kErrStatsPosition = 18,       // AcceptanceStats.update: a trial's row_position + j outside [0, num_positions)
+  kErrKvScale = 19,             // fp8 KV: a scale that is NaN, infinite or <= 0
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -62,6 +63,7 @@ enum ErrorCounter : int {
   kCountContextLenOutOfRange = 12,  // planner: context_lens[r] outside [0, kMaxContextLen] (its metadata padding)
   kCountTokenParent = 13,       // tree_rejection_sample: a token whose parent offset is outside [0, i): never entered
   kCountStatsPosition = 14,     // AcceptanceStats.update: a trial at a position outside [0, num_positions): not counted
+  kCountKvScale = 15,           // fp8 KV: a per-head scale tensor entry that is NaN, infinite or <= 0 (used as given)
   kNumErrorCounters = 16,
 };
 

@@ -5,7 +5,7 @@ tokens, for a Llama-70B-class layer at TP1 (Hq=64, Hkv=8, D=128) and at TP8 (Hq=
 Compared with a padded torch baseline that an engine without a paged varlen kernel would run: gather each
 request's pages into a dense KV tensor, pad the queries to the longest request, and call
 scaled_dot_product_attention with a causal-in-block mask. The figure that matters is achieved bandwidth
-over the KV bytes that must be read (2 x seq_len x Hkv x D x 2 bytes per request), against a plain
+over the KV bytes that must be read (2 x seq_len x Hkv x D x element bytes per request), against a plain
 copy's bandwidth in the same process; on CUDA the L2 cache is flushed before every timed call.
 On CUDA every implementation in ``kernels`` is timed (default all three: ``cuda_kernel="rowwise"``, the
 default, and the tensor-core candidate ``"mma"`` and ``"mma_fused"``); the speedup and bandwidth columns are for the
@@ -43,8 +43,12 @@ CPU_CONTEXTS = (512, 2048)
 BLOCK_SIZE = 16
 
 
-def make_inputs(R, context, layer, device, seed=0, q_len=None):
-    """q_len None: the mix 1..8 (max_query_len 8); else every request verifies q_len tokens."""
+FP8_SCALE = 0.5  # per-tensor k_scale / v_scale of the fp8 rows (the timing does not depend on its value)
+
+
+def make_inputs(R, context, layer, device, seed=0, q_len=None, kv_dtype="bf16"):
+    """q_len None: the mix 1..8 (max_query_len 8); else every request verifies q_len tokens. kv_dtype "fp8": the
+    caches are float8_e4m3fn holding the bf16 values / FP8_SCALE, and the dict carries k_scale / v_scale."""
     Hq, Hkv, D = LAYERS[layer]
     g = torch.Generator().manual_seed(seed)
     fixed = q_len
@@ -59,10 +63,25 @@ def make_inputs(R, context, layer, device, seed=0, q_len=None):
     # minutes to draw on the host.
     gd = torch.Generator(device=device).manual_seed(seed)
     mk = lambda *s: (torch.randn(*s, generator=gd, device=device) * 0.5).to(torch.bfloat16)  # noqa: E731
-    return dict(q=mk(T, Hq, D), k_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D), v_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D),
+    args = dict(q=mk(T, Hq, D), k_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D), v_cache=mk(num_blocks, BLOCK_SIZE, Hkv, D),
                 block_table=block_table.to(device),
                 seq_lens=torch.full((R,), context, dtype=torch.int32, device=device),
                 query_start_loc=qsl.to(device), max_query_len=8 if fixed is None else fixed)
+    if kv_dtype == "fp8":
+        for name in ("k_cache", "v_cache"):
+            args[name] = (args[name].float() / FP8_SCALE).to(torch.float8_e4m3fn)
+        args.update(k_scale=FP8_SCALE, v_scale=FP8_SCALE)
+    return args
+
+
+def dequantised(args: dict) -> dict:
+    """The padded baseline's inputs: an fp8 cache dequantised to bf16 beforehand (not timed)."""
+    if "k_scale" not in args:
+        return args
+    out = {k: v for k, v in args.items() if k not in ("k_scale", "v_scale")}
+    for name, scale in (("k_cache", args["k_scale"]), ("v_cache", args["v_scale"])):
+        out[name] = (args[name].float() * scale).to(torch.bfloat16)
+    return out
 
 
 def padded_sdpa(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len):
@@ -101,13 +120,14 @@ def _cuda_cold_us(fn, reps=10) -> float:
     return statistics.median(samples)
 
 
-def bench_one(R, context, layer, device, min_time_s, kernels=None) -> dict:
-    args = make_inputs(R, context, layer, device)
+def bench_one(R, context, layer, device, min_time_s, kernels=None, kv_dtype="bf16") -> dict:
+    args = make_inputs(R, context, layer, device, kv_dtype=kv_dtype)
     Hq, Hkv, D = LAYERS[layer]
     # The CPU kernel ignores cuda_kernel: time it once.
     kernels = (kernels or CUDA_KERNELS) if device.type == "cuda" else ("rowwise",)
     ours = {k: (lambda k=k: verify_attention(**args, cuda_kernel=k)) for k in kernels}
-    base = lambda: padded_sdpa(**args)  # noqa: E731
+    base_args = dequantised(args)
+    base = lambda: padded_sdpa(**base_args)  # noqa: E731
     # The padded baseline materialises K and V densely per query head: skip it where that alone would
     # exceed 8 GB (it would not fit, or would take the machine down), and say so with nan.
     dense_bytes = 2 * R * Hq * context * D * 2
@@ -125,9 +145,9 @@ def bench_one(R, context, layer, device, min_time_s, kernels=None) -> dict:
         err = max((fn().float() - want).abs().max().item() for fn in ours.values())
     else:
         err = float("nan")
-    nbytes = 2 * R * context * Hkv * D * 2
+    nbytes = 2 * R * context * Hkv * D * args["k_cache"].element_size()
     nan = float("nan")
-    return dict(layer=layer, R=R, context=context, ours_us=t_ours, best=best,
+    return dict(layer=layer, kv=kv_dtype, R=R, context=context, ours_us=t_ours, best=best,
                 **{f"{k}_us": times.get(k, nan) for k in CUDA_KERNELS}, baseline_us=t_base,
                 speedup=t_base / t_ours, gbps=nbytes / (t_ours * 1e-6) / 1e9,
                 mbytes=nbytes / 1e6, max_abs_diff=err)
@@ -195,7 +215,7 @@ def bench_tree(layer, R, context, q_len, device, min_time_s, kernels, rounds=Non
     return rows
 
 
-TREE_COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("q_len", "q_len"), ("kernel", "kernel"),
+TREE_COLUMNS = [("layer", "layer"), ("kv", "KV"), ("R", "R"), ("context", "context"), ("q_len", "q_len"), ("kernel", "kernel"),
                 ("none_us", "no mask us"), ("chain_us", "chain mask us"), ("tree_us", "tree mask us"),
                 ("chain_ratio", "chain mask / no mask"), ("tree_ratio", "tree / no mask"),
                 ("chain_ratio_min", "chain / no mask (min)"), ("tree_ratio_min", "tree / no mask (min)"),
@@ -265,7 +285,7 @@ def bench_write_kv(device, min_time_s) -> list[dict]:
 KV_COLUMNS = [("layer", "layer"), ("T", "tokens"), ("ours_us", "write_kv us"), ("torch_us", "torch index_put us"),
               ("speedup", "torch / ours"), ("gbps", "GB/s moved")]
 
-COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
+COLUMNS = [("layer", "layer"), ("kv", "KV"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
            ("baseline_us", "padded SDPA us"), ("speedup", "baseline / ours"), ("gbps", "GB/s"),
            ("pct_copy", "% of copy BW"), ("max_abs_diff", "max |diff|")]
 CUDA_KERNELS = ("rowwise", "mma", "mma_fused")  # verify_attention(cuda_kernel=...)
@@ -273,19 +293,21 @@ CUDA_KERNELS = ("rowwise", "mma", "mma_fused")  # verify_attention(cuda_kernel=.
 
 def cuda_columns(kernels) -> list:
     """On CUDA: each timed kernel's time, then the other columns for the fastest ("best")."""
-    return ([("layer", "layer"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB")]
+    return ([("layer", "layer"), ("kv", "KV"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB")]
             + [(f"{k}_us", f"{k} us") for k in kernels]
             + [("best", "best"), ("baseline_us", "padded SDPA us"), ("speedup", "baseline / best"),
                ("gbps", "GB/s (best)"), ("pct_copy", "% of copy BW (best)"), ("max_abs_diff", "max |diff| (any)")])
 
 
-def run(r_values=None, contexts=None, layers=tuple(LAYERS), *, device="auto", min_time_s=0.2, kernels=None) -> dict:
+def run(r_values=None, contexts=None, layers=tuple(LAYERS), *, device="auto", min_time_s=0.2, kernels=None,
+        kv_dtypes=("bf16",)) -> dict:
     dev = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     r_values = r_values or (R_VALUES if dev.type == "cuda" else CPU_R_VALUES)
     contexts = contexts or (CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
     copy = copy_bandwidth_gbps(dev, nbytes=(1 << 30) if dev.type == "cuda" else (1 << 28))
     kernels = tuple(kernels or CUDA_KERNELS)
-    rows = [bench_one(R, c, layer, dev, min_time_s, kernels) for layer in layers for R in r_values for c in contexts]
+    rows = [bench_one(R, c, layer, dev, min_time_s, kernels, kv) for kv in kv_dtypes for layer in layers
+            for R in r_values for c in contexts]
     for r in rows:
         r["pct_copy"] = 100 * r["gbps"] / copy
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -298,7 +320,8 @@ def report(result: dict) -> str:
     return "\n".join([
         f"## Verification attention ({result['date']}, {result['device']}, torch {result['torch']})",
         "",
-        f"bf16 paged KV (block size {BLOCK_SIZE}), q_len mix 1..8; {cold}. Copy bandwidth in the same process: "
+        f"Paged KV (block size {BLOCK_SIZE}; bf16, or fp8 e4m3 with a per-tensor scale whose padded baseline runs on "
+        f"the cache dequantised to bf16 beforehand), q_len mix 1..8; {cold}. Copy bandwidth in the same process: "
         f"{result['copy_gbps']:.0f} GB/s."
         + ("" if result["device"] == "cpu" else f" CUDA kernels timed: {', '.join(result['kernels'])} (rowwise is the "
            "default); the best columns are for the fastest."),
@@ -320,12 +343,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per measurement")
         ap.add_argument("--kernels", nargs="+", choices=CUDA_KERNELS, default=list(CUDA_KERNELS),
                         help="CUDA implementations to time (CUDA only)")
+        ap.add_argument("--kv-dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16"],
+                        help="KV cache element types (fp8: float8_e4m3fn with a per-tensor scale)")
         ap.add_argument("--tree", action="store_true",
                         help="draft-tree masks against chains of the same token count instead (see above)")
 
     def run_any(a):
         if not a.tree:
-            return run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time, kernels=a.kernels)
+            return run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time, kernels=a.kernels,
+                       kv_dtypes=tuple(a.kv_dtypes))
         cases = None
         if a.reqs or a.contexts:
             cases = [(layer, R, c) for layer in a.layers for R in (a.reqs or (8,)) for c in (a.contexts or (2048,))]

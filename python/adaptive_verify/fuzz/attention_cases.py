@@ -58,6 +58,24 @@ class Paged:
         self.q = torch.from_numpy(rng.standard_normal((self.T, self.Hq, self.D))).to(self.dtype)
         self.q[qsl[-1]:] = float("nan")  # padding rows are never read
         self.seq = torch.tensor(self.seq_lens, dtype=torch.int32)
+        self.k_scale = self.v_scale = None
+        if maybe(rng, 0.3):  # an fp8 cache (NaN poison stays NaN), scales per tensor or per KV head
+            self.quantise(rng)
+
+    def quantise(self, rng):
+        def one_scale():
+            form = pick(rng, ["none", "float", "one", "head"])
+            if form == "none":
+                return None
+            values = torch.from_numpy(rng.uniform(0.002, 0.05, size=self.Hkv)).float()
+            return {"float": float(values[0]), "one": values[:1], "head": values}[form]
+
+        self.k_scale, self.v_scale = one_scale(), one_scale()
+        flat = (-1, self.Hkv, self.D)
+        for name, scale in (("k_cache", self.k_scale), ("v_cache", self.v_scale)):
+            cache = getattr(self, name)
+            big = cache.float() * (1.0 if scale is None else 30 * float(torch.as_tensor(scale).max()))
+            setattr(self, name, ref.quantize_fp8(big.reshape(flat), scale).reshape(cache.shape))
 
     def args(self):
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq, self.qsl, self.mql)
@@ -80,10 +98,10 @@ class Paged:
 
 
 def _check(p: Paged, got, lse, scale, tree_mask=None):
+    kw = dict(scale=scale, return_lse=True, tree_mask=tree_mask, k_scale=p.k_scale, v_scale=p.v_scale)
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table, p.seq,
-                                        p.qsl, p.mql, scale=scale, return_lse=True, tree_mask=tree_mask)
-    ref32, lse32 = ref.verify_attention(*p.args(), scale=scale, return_lse=True, dtype=torch.float32,
-                                        tree_mask=tree_mask)
+                                        p.qsl, p.mql, **kw)
+    ref32, lse32 = ref.verify_attention(*p.args(), dtype=torch.float32, **kw)
     ref32 = ref32.to(p.dtype).double()
     end = int(p.qsl[-1])
     same("padding out", got[end:], torch.zeros_like(got[end:]))
@@ -111,7 +129,10 @@ def attention_case(rng) -> Case:
     seq, qsl = g.tensor("seq_lens", p.seq), g.tensor("query_start_loc", p.qsl)
     out = g.empty("out", (p.T, p.Hq, p.D), p.dtype) if maybe(rng, 0.6) else None
     scale = pick(rng, [None, None, 0.1, -0.05, 1.0])
-    kw = dict(scale=scale, out=out, return_lse=True)
+    kw = dict(scale=scale, out=out, return_lse=True, k_scale=p.k_scale, v_scale=p.v_scale)
+    for name in ("k_scale", "v_scale"):
+        if isinstance(kw[name], torch.Tensor):
+            kw[name] = g.tensor(name, kw[name])
     if maybe(rng, 0.3):
         kw["max_seq_len"] = max(p.seq_lens + [1]) + small_int(rng, 3)
     mask = p.random_tree_mask(rng) if maybe(rng, 0.4) else None
@@ -128,7 +149,8 @@ def attention_case(rng) -> Case:
             counts({})
 
         return Case("valid", lambda: verify_attention(*args, **kw), check, guards=g,
-                    what=f"R={p.R} Hq={p.Hq} Hkv={p.Hkv} D={p.D} bs={p.bs} mql={p.mql} tree={mask is not None}")
+                    what=f"R={p.R} Hq={p.Hq} Hkv={p.Hkv} D={p.D} bs={p.bs} mql={p.mql} tree={mask is not None} "
+                         f"kv={str(p.k_cache.dtype)[6:]}")
     names = ()
     kind = "invalid"
     if r < 0.65 and p.R:  # lengths and block ids the CPU kernel checks (documented ValueErrors)
@@ -156,8 +178,12 @@ def attention_case(rng) -> Case:
             kind, names = "maybe", ("max_seq_len", "block_table", "seq_lens")
         return Case(kind, lambda: verify_attention(*args, **kw), guards=g, names=names, what=f"bad {which}")
     if r < 0.8:
-        which = pick(rng, ["scale", "max_query_len", "max_seq_len", "cuda_kernel", "return_lse"])
-        if which == "scale":
+        which = pick(rng, ["scale", "max_query_len", "max_seq_len", "cuda_kernel", "return_lse", "k_scale"])
+        if which == "k_scale":  # any scale with a 16-bit cache; a bad float or tensor with an fp8 one
+            kw["k_scale"] = pick(rng, [real_arg(rng), torch.tensor([-1.0] * p.Hkv), torch.ones(p.Hkv + 1),
+                                       torch.ones(p.Hkv, dtype=torch.float64), 0.0, float("nan")])
+            kind = "maybe" if kw["k_scale"] is None else "invalid"
+        elif which == "scale":
             kw["scale"] = real_arg(rng)
             kind = "maybe" if kw["scale"] is None else "invalid"
         elif which == "max_query_len":
@@ -176,11 +202,12 @@ def attention_case(rng) -> Case:
                     what=f"{which}={value!r}"[:80])
     names_by_index = ["q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc"]
     i = int(rng.integers(0, 6))
-    allowed = (p.dtype,) if i < 3 else (torch.int32,)
+    allowed = (p.dtype,) if i == 0 else (p.k_cache.dtype,) if i < 3 else (torch.int32,)
     desc, value, kind = pick(rng, tensor_variants(args[i], allowed_dtypes=allowed))
     args[i] = value
     return Case(kind, lambda: verify_attention(*args, **kw), guards=g,
-                names=tuple(names_by_index) + ("out", "Hq", "head dim", "block_size", "max_query_len", "tree_mask"),
+                names=tuple(names_by_index) + ("out", "Hq", "head dim", "block_size", "max_query_len", "tree_mask",
+                                               "k_scale", "v_scale"),
                 what=f"{names_by_index[i]}: {desc}")
 
 
@@ -196,7 +223,14 @@ def write_kv_case(rng) -> Case:
     slots = torch.cat([slots, torch.full((T - slots.numel(),), -1)]).to(torch.int64)
     if T and maybe(rng, 0.3):
         slots[int(rng.integers(0, T))] = -1
-    cache = torch.full((nb, bs, Hkv, D), float("nan"), dtype=dtype)
+    # an fp8 cache quantises bf16 / fp16 k and v (values up to well past the saturation point, scaled)
+    fp8 = dtype != torch.float32 and maybe(rng, 0.3)
+    cache = torch.full((nb, bs, Hkv, D), float("nan"), dtype=torch.float8_e4m3fn if fp8 else dtype)
+    kw = {}
+    if fp8:
+        k, v = (k.float() * 100).to(dtype), (v.float() * 0.01).to(dtype)
+        kw["k_scale"] = pick(rng, [None, 0.3, torch.tensor([0.07]), torch.rand(Hkv) + 0.01])
+        kw["v_scale"] = pick(rng, [None, 0.001, torch.rand(Hkv) * 0.01 + 1e-4])
     kg, vg = g.tensor("k", k, row_gap=int(pick(rng, [0, 5]))), g.tensor("v", v)
     kc, vc = g.tensor("k_cache", cache), g.tensor("v_cache", cache.clone())
     sg = g.tensor("slot_mapping", slots)
@@ -204,23 +238,27 @@ def write_kv_case(rng) -> Case:
     r = rng.random()
     if r < 0.5:
         def check(_):
-            want_k, want_v = ref.write_kv(k, v, cache, cache.clone(), slots)
-            same("k_cache", kc, want_k)
-            same("v_cache", vc, want_v)
+            want_k, want_v = ref.write_kv(k, v, cache, cache.clone(), slots, **kw)
+            bits = (lambda t: t.view(torch.uint8)) if fp8 else (lambda t: t)  # noqa: E731  (NaN poison compares)
+            same("k_cache", bits(kc), bits(want_k))
+            same("v_cache", bits(vc), bits(want_v))
             counts({})
 
-        return Case("valid", lambda: write_kv(*args), check, guards=g, what=f"T={T} Hkv={Hkv} D={D} nb={nb} bs={bs}")
+        return Case("valid", lambda: write_kv(*args, **kw), check, guards=g,
+                    what=f"T={T} Hkv={Hkv} D={D} nb={nb} bs={bs} fp8={fp8}")
     if r < 0.7 and T:
         bad = slots.clone()
         bad[int(rng.integers(0, T))] = pick(rng, [-2, n_slots, 2**31, 2**32 + 1, -(2**63), 2**63 - 1])
         args[4] = g.tensor("slot_mapping2", bad)
-        return Case("invalid", lambda: write_kv(*args), guards=g, names=("slot_mapping",), what="slot out of range")
+        return Case("invalid", lambda: write_kv(*args, **kw), guards=g, names=("slot_mapping",),
+                    what="slot out of range")
     names = ["k", "v", "k_cache", "v_cache", "slot_mapping"]
     i = int(rng.integers(0, 5))
-    allowed = (dtype,) if i < 4 else (torch.int64,)
+    allowed = (dtype,) if i < 2 else (cache.dtype,) if i < 4 else (torch.int64,)
     desc, value, kind = pick(rng, tensor_variants(args[i], allowed_dtypes=allowed))
     args[i] = value
-    return Case(kind, lambda: write_kv(*args), guards=g, names=tuple(names), what=f"{names[i]}: {desc}")
+    return Case(kind, lambda: write_kv(*args, **kw), guards=g, names=tuple(names) + ("k_scale", "v_scale"),
+                what=f"{names[i]}: {desc}")
 
 
 __all__ = ["attention_case", "write_kv_case"]

@@ -52,11 +52,14 @@ def real_arg(rng: np.random.Generator):
     return NON_REALS[rng.integers(0, len(NON_REALS))]
 
 
+_NO_NUMPY = (torch.bfloat16, torch.float8_e4m3fn)  # dtypes numpy has no type for
+
+
 def tensor_variants(t: torch.Tensor, *, allowed_dtypes: Sequence[torch.dtype]) -> list:
     """Ways ``t`` (a valid argument) can be wrong: (description, value, kind)."""
     out = [
         ("list", t.tolist(), "invalid"),
-        ("numpy", t.numpy() if t.device.type == "cpu" and t.dtype != torch.bfloat16 else t.tolist(), "invalid"),
+        ("numpy", t.numpy() if t.device.type == "cpu" and t.dtype not in _NO_NUMPY else t.tolist(), "invalid"),
         ("None", None, "maybe"),
         ("meta", t.to("meta"), "invalid"),
         ("unsqueezed", t.unsqueeze(0), "maybe"),

@@ -8,8 +8,16 @@ import torch
 # ----------------------------------------------------------------------------------------------------
 
 
+def _head_scale(scale, num_kv_heads, dtype):
+    """A k_scale / v_scale (None, float, [] / [1] / [Hkv] tensor) as a `dtype` tensor broadcasting over [..., Hkv, D]."""
+    if scale is None:
+        return torch.ones((), dtype=dtype)
+    s = torch.as_tensor(scale).cpu().to(dtype)
+    return s.reshape(num_kv_heads, 1) if s.numel() == num_kv_heads and s.dim() == 1 else s.reshape(())
+
+
 def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale=None,
-                     return_lse=False, dtype=torch.float64, tree_mask=None):
+                     return_lse=False, dtype=torch.float64, tree_mask=None, k_scale=None, v_scale=None):
     """Readable oracle of adaptive_verify.verify_attention, computed in `dtype` (float64 by default).
 
     q [T, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_table [R, max_blocks];
@@ -19,7 +27,8 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     context_len + k for each k <= i whose bit k of tree_mask[token] is set (higher bits are ignored). A token
     that sees nothing, like the tokens of padding rows (q_len 0) and past query_start_loc[R], gets zeros (and
     lse -inf). Returns out [T, Hq, D] in q's dtype (as float `dtype` when dtype is given explicitly and
-    differs) and lse [T, Hq] float32 when asked.
+    differs) and lse [T, Hq] float32 when asked. An fp8 cache (or any cache) is dequantised first, in `dtype`:
+    K = k_cache * k_scale, V = v_cache * v_scale, a scale per tensor or per KV head ([Hkv]).
     """
     T, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -35,8 +44,8 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
             continue
         pos = torch.arange(kv_len)
         blocks = block_table[r].cpu().long()[pos // block_size]
-        k = k_cache.cpu()[blocks, pos % block_size].to(dtype)  # [kv_len, Hkv, D]
-        v = v_cache.cpu()[blocks, pos % block_size].to(dtype)
+        k = k_cache.cpu()[blocks, pos % block_size].to(dtype) * _head_scale(k_scale, Hkv, dtype)  # [kv_len, Hkv, D]
+        v = v_cache.cpu()[blocks, pos % block_size].to(dtype) * _head_scale(v_scale, Hkv, dtype)
         k = k.repeat_interleave(group, dim=1)  # [kv_len, Hq, D]: query head h reads KV head h // group
         v = v.repeat_interleave(group, dim=1)
         qr = q[begin:end].cpu().to(dtype)  # [q_len, Hq, D]
@@ -63,10 +72,21 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     return (out, lse) if return_lse else out
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping):
+def quantize_fp8(x, scale):
+    """x [T, Hkv, D] into float8_e4m3fn: x / scale in float32 (scale per tensor or per KV head), clamped to the
+    largest finite value 448 (torch's conversion would make larger values NaN; NaN stays NaN), rounded to nearest
+    even by torch's conversion."""
+    scaled = x.float() / _head_scale(scale, x.shape[1], torch.float32)
+    return scaled.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
     """Oracle of adaptive_verify.write_kv on copies: token t's K/V go to slot slot_mapping[t]
-    (block slot // block_size, offset slot % block_size); slot -1 is skipped. Returns (k_cache, v_cache)."""
+    (block slot // block_size, offset slot % block_size); slot -1 is skipped; an fp8 cache receives
+    quantize_fp8(k, k_scale) (and v's). Returns (k_cache, v_cache)."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k, v = quantize_fp8(k, k_scale), quantize_fp8(v, v_scale)
     block_size = k_cache.shape[1]
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:

@@ -15,6 +15,8 @@ namespace attention {
 // nullptr when supported, else a message that starts with the offending argument's name.
 inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
   if (p.dtype != kBFloat16 && p.dtype != kFloat16) return "q: dtype must be bfloat16 or float16";
+  if (p.kv_dtype != p.dtype && p.kv_dtype != kFloat8E4M3)
+    return "k_cache: dtype must be q's dtype or float8_e4m3fn";
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "q: head dim must be 64, 128 or 256";
   if (p.num_kv_heads < 1 || p.num_q_heads < 1 || p.num_q_heads % p.num_kv_heads != 0)
     return "q / k_cache: Hq must be a positive multiple of Hkv";

@@ -1,7 +1,8 @@
 // CUDA kernels of the attention area.
 //
-// write_kv: one thread per 16-byte word of a K or V row (per element when rows are not 16-byte aligned).
-// Slots of -1 are skipped; slots outside the cache are skipped and counted (no host sync to check them).
+// write_kv: one thread per 16-byte word of a K or V row (per element when rows are not 16-byte aligned);
+// into an fp8 cache, one thread per element, quantised. Slots of -1 are skipped; slots outside the cache are
+// skipped and counted (no host sync to check them).
 //
 // verify_attention: two split-KV implementations, chosen per call by AttentionParams::kernel:
 //   kAttentionRowwise (default): kernel_rowwise.cuh, one warp per query row; validated on an H200
@@ -48,10 +49,38 @@ __global__ void write_kv_kernel(const WriteKvParams p) {
   static_cast<Word*>(p.v_cache)[dst] = static_cast<const Word*>(p.v)[v_src];
 }
 
+// write_kv into an fp8 cache: one thread per element (t, KV head, d) of K and V, x / scale in float rounded by
+// float_to_fp8_e4m3 (the CPU kernel's function: the same bits). Bad slots as write_kv_kernel; a per-head scale
+// that is NaN, infinite or <= 0 is used as given and counted once per KV head (by token 0's first element).
+template <typename T>
+__global__ void write_kv_fp8_kernel(const WriteKvParams p) {
+  const int64_t per_token = int64_t(p.num_kv_heads) * p.head_dim;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= p.num_tokens * per_token) return;
+  const int64_t t = idx / per_token, d = idx % p.head_dim;
+  const int32_t h = int32_t((idx % per_token) / p.head_dim);
+  const float ks = kv_scale(p, h, false), vs = kv_scale(p, h, true);
+  if (t == 0 && d == 0) {
+    if (p.k_scales != nullptr && !kv_scale_ok(ks)) atomicAdd(p.error_counts + kCountKvScale, 1);
+    if (p.v_scales != nullptr && !kv_scale_ok(vs)) atomicAdd(p.error_counts + kCountKvScale, 1);
+  }
+  const int64_t slot = p.slot_mapping[t];
+  if (slot < 0 || slot >= p.num_blocks * p.block_size) {
+    if (slot != -1 && h == 0 && d == 0) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
+    return;
+  }
+  const int64_t dst = (slot * p.num_kv_heads + h) * p.head_dim + d;
+  const float k = to_float(static_cast<const T*>(p.k)[t * p.k_stride_t + h * p.k_stride_h + d]);
+  const float v = to_float(static_cast<const T*>(p.v)[t * p.v_stride_t + h * p.v_stride_h + d]);
+  static_cast<uint8_t*>(p.k_cache)[dst] = float_to_fp8_e4m3(k / ks);
+  static_cast<uint8_t*>(p.v_cache)[dst] = float_to_fp8_e4m3(v / vs);
+}
+
 inline cudaError_t launch_verify_attention(const AttentionParams& p, cudaStream_t stream) {
   const bool mma = p.kernel == kAttentionMma || p.kernel == kAttentionMmaFused;
   if (p.kernel != kAttentionRowwise && !mma) return cudaErrorInvalidValue;
   if (mma && p.dtype == kFloat32) return cudaErrorInvalidValue;  // tensor cores: 16-bit inputs
+  if (p.kv_dtype != p.dtype && p.kv_dtype != kFloat8E4M3) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.num_reqs > 65535) return cudaErrorInvalidValue;  // grid.z
   const int32_t S = attention_splits(p);
@@ -85,6 +114,14 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, cudaStream_
 
 inline cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
+  if (p.cache_dtype == kFloat8E4M3) {
+    const int threads = 256;
+    const int64_t n = p.num_tokens * p.num_kv_heads * p.head_dim;
+    const dim3 grid{unsigned((n + threads - 1) / threads)}, block{unsigned(threads)};
+    if (p.dtype == kBFloat16) return launch_kernel(write_kv_fp8_kernel<bf16_t>, grid, block, 0, stream, p);
+    if (p.dtype == kFloat16) return launch_kernel(write_kv_fp8_kernel<half_t>, grid, block, 0, stream, p);
+    return cudaErrorInvalidValue;
+  }
   const int64_t row_bytes = int64_t(p.head_dim) * p.elem_size;
   const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
   const bool vec = row_bytes % 16 == 0 && aligned(p.k) && aligned(p.v) && aligned(p.k_cache) && aligned(p.v_cache) &&

@@ -37,7 +37,9 @@
 // NOTES: written without a GPU (2026-11-30) and run only under the host emulator (tests/emu), which
 // executes this source with every CUDA thread as a fiber and checks shared-memory bounds, alignment and
 // pipeline waits. Not yet run on hardware; "rowwise" stays the default until the CUDA tests pass.
-// SM100 builds run the same sm_80-style mma.sync code (no tcgen05/TMA path).
+// SM100 builds run the same sm_80-style mma.sync code (no tcgen05/TMA path). fp8 caches (kv_dtype) are decoded
+// to T while a tile is stored, by synchronous loads: a cp.async staging of the fp8 bytes and an in-smem decode
+// would keep the pipeline's overlap (not written yet).
 #pragma once
 
 #include <cstdint>
@@ -130,6 +132,8 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     write_padding_mma<T, D>(p, num_splits, ws_ml, ws_acc);
     return;
   }
+  const bool fp8 = p.kv_dtype == kFloat8E4M3;
+  if (fp8 && blockIdx.x == 0 && r == 0 && tid == 0) count_bad_kv_scales(p, h);
   const RequestSpan span = request_span(p, r);
   const ChunkWork w = chunk_work(p, span, r, s, chunk, block_rows, h, blockIdx.x == 0 && tid == 0);
   if (!w.active) return;  // no barrier has been reached yet: the whole block leaves together
@@ -152,7 +156,9 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
 
   // Tile i's K and V rows into stage i % kStages: one 16-byte chunk per thread and round, zero-filled past
   // s_end and for bad block ids (flag 0: masked in the softmax). Caches whose base is not 16-byte aligned
-  // (rows are 16-byte multiples, so the base decides) take plain element copies instead of cp.async.
+  // (rows are 16-byte multiples, so the base decides) take plain element copies instead of cp.async. An fp8
+  // cache's 8 bytes per chunk are loaded into registers and decoded to T (exact) before the store, so its
+  // tiles are synchronous loads, not cp.async: correct, but the pipeline hides less latency (NOTES).
   auto load_tile = [&](int32_t i) {
     const int stage = i % kStages;
     T* k_dst = kv_s + stage * 2 * Cfg::kTileElems;
@@ -173,7 +179,15 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
       if (c == 0) flag_s[stage * kTile + j] = off >= 0 ? 1 : 0;
       T* kd = k_dst + swizzle<D>(j, c);
       T* vd = v_dst + swizzle<D>(j, c);
-      if (vec_loads) {
+      if (fp8) {
+        const fp8e4m3_t* k8 = static_cast<const fp8e4m3_t*>(p.k_cache);
+        const fp8e4m3_t* v8 = static_cast<const fp8e4m3_t*>(p.v_cache);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          from_float(off >= 0 ? to_float(k8[off + e]) : 0.f, kd + e);
+          from_float(off >= 0 ? to_float(v8[off + e]) : 0.f, vd + e);
+        }
+      } else if (vec_loads) {
         tc::cp_async16(kd, off >= 0 ? kc + off : kc, off >= 0);
         tc::cp_async16(vd, off >= 0 ? vc + off : vc, off >= 0);
       } else {
@@ -222,7 +236,9 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   const int warp_rows_end = (warp + 1) * Cfg::kRowsPerWarp < nrows ? (warp + 1) * Cfg::kRowsPerWarp : nrows;
   const int32_t warp_last =
       warp * Cfg::kRowsPerWarp < nrows ? last_of_token0 + (row0 + warp_rows_end - 1) / group : -1;
-  const float scale_log2 = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+  // exp(x) = exp2(x log2 e); an fp8 cache's K scale folds in here and its V scale into the written acc.
+  const float scale_log2 = p.scale * (fp8 ? kv_scale(p, h, false) : 1.f) * 1.4426950408889634f;
+  const float v_scale = fp8 ? kv_scale(p, h, true) : 1.f;
 
   // Online-softmax state, in log2 units of the scaled score: m per row (quad-uniform), l per lane (this
   // lane's columns only; summed over the quad at the end), and the O accumulators (C fragments).
@@ -358,7 +374,8 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     float* dst = ws_acc + cell * D + 2 * (lane & 3);
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<float2*>(dst + 8 * dt) = make_float2(acc[dt][2 * half], acc[dt][2 * half + 1]);
+      *reinterpret_cast<float2*>(dst + 8 * dt) =
+          make_float2(acc[dt][2 * half] * v_scale, acc[dt][2 * half + 1] * v_scale);
   }
   if (counters == nullptr) return;  // two launches: attention_merge_kernel merges
 

@@ -26,6 +26,13 @@
 namespace adaptive_verify {
 namespace attention {
 
+// Element i of a cache of q's storage type T, or of an fp8 one (a runtime, warp-uniform choice: no extra
+// instantiations).
+template <typename T>
+__device__ __forceinline__ float load_kv(const void* cache, int64_t i, bool fp8) {
+  return fp8 ? to_float(static_cast<const fp8e4m3_t*>(cache)[i]) : to_float(static_cast<const T*>(cache)[i]);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(128)
     attention_partials_rowwise_kernel(const AttentionParams p, int32_t num_splits, float* __restrict__ ws_ml,
@@ -33,6 +40,8 @@ __global__ void __launch_bounds__(128)
   constexpr int kPerLane = D / 32;
   const int32_t s = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  const bool fp8 = p.kv_dtype == kFloat8E4M3;
+  if (fp8 && s == 0 && r == 0 && threadIdx.x == 0) count_bad_kv_scales(p, h);
   const RequestSpan span = request_span(p, r);
   if (!span.valid) {
     if (s == 0 && h == 0 && threadIdx.x == 0 && p.query_start_loc[r + 1] != p.query_start_loc[r])
@@ -41,8 +50,9 @@ __global__ void __launch_bounds__(128)
   }
   const int32_t group = p.num_q_heads / p.num_kv_heads;
   const int32_t rows = span.q_len * group;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
+  // K's scale folds into the query (q . (k s) = (q s) . k), V's into the accumulator at the end: each cached element
+  // is read as it is stored (fp8 decodes exactly), as the other kernels do.
+  const float k_scale = fp8 ? kv_scale(p, h, false) : 1.f, v_scale = fp8 ? kv_scale(p, h, true) : 1.f;
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
   const int32_t s0 = s * kSplitTokens;
   if (s0 > span.kv_len - 1) return;  // past this request's context: the merge reads only its own splits
@@ -57,7 +67,7 @@ __global__ void __launch_bounds__(128)
     float qv[kPerLane], acc[kPerLane];
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
-      qv[e] = to_float(qrow[lane * kPerLane + e]) * p.scale;
+      qv[e] = to_float(qrow[lane * kPerLane + e]) * p.scale * k_scale;
       acc[e] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
@@ -74,7 +84,7 @@ __global__ void __launch_bounds__(128)
       const int64_t base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + lane * kPerLane;
       float sc = 0.f;
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) sc += qv[e] * to_float(kc[base + e]);
+      for (int e = 0; e < kPerLane; ++e) sc += qv[e] * load_kv<T>(p.k_cache, base + e, fp8);
       for (int off = 16; off > 0; off >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
       if (sc > m) {
         const float c = expf(m - sc);
@@ -86,7 +96,7 @@ __global__ void __launch_bounds__(128)
       const float w = expf(sc - m);
       l += w;
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) acc[e] += w * to_float(vc[base + e]);
+      for (int e = 0; e < kPerLane; ++e) acc[e] += w * load_kv<T>(p.v_cache, base + e, fp8);
     }
     const int64_t cell = (token * p.num_q_heads + qh) * num_splits + s;
     if (lane == 0) {
@@ -94,7 +104,7 @@ __global__ void __launch_bounds__(128)
       ws_ml[2 * cell + 1] = l;
     }
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) ws_acc[cell * D + lane * kPerLane + e] = acc[e];
+    for (int e = 0; e < kPerLane; ++e) ws_acc[cell * D + lane * kPerLane + e] = acc[e] * v_scale;
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "adaptive_verify/common.h"
+#include "adaptive_verify/dtype.h"
 
 namespace adaptive_verify {
 namespace attention {
@@ -24,11 +25,31 @@ constexpr int32_t kAttentionRowwise = 0;   // default: one warp per query row (v
 constexpr int32_t kAttentionMma = 1;       // candidate: tensor cores, GQA rows in the MMA M dimension
 constexpr int32_t kAttentionMmaFused = 2;  // kAttentionMma whose last block per row chunk merges (one launch)
 
+// Dequantisation scales of an fp8 KV cache (vLLM's k_scale / v_scale), fields of AttentionParams and WriteKvParams:
+// per tensor (the float k_scale, or a one-element device tensor k_scales read with stride 0) or per KV head (a [Hkv]
+// device tensor, stride 1). A null pointer uses the float; caches of q's dtype use neither (1). The cache holds
+// value / scale. Scale of KV head h (of V when `is_v`):
+template <typename P>
+AV_HD float kv_scale(const P& p, int32_t h, bool is_v) {
+  const float* ptr = is_v ? p.v_scales : p.k_scales;
+  if (ptr == nullptr) return is_v ? p.v_scale : p.k_scale;
+  return ptr[int64_t(h) * (is_v ? p.v_scale_stride : p.k_scale_stride)];
+}
+
+// Whether a scale is usable: finite and > 0 (the kernels use any value as given and count the others).
+AV_HD bool kv_scale_ok(float s) { return s > 0.f && s <= 3.4028234663852886e38f; }
+
 struct AttentionParams {
   const void* q = nullptr;  // [T, Hq, D] of `dtype`, strides (q_stride_t, q_stride_h, 1)
   int64_t q_stride_t = 0, q_stride_h = 0;
-  const void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous
+  const void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous, of `kv_dtype`
   const void* v_cache = nullptr;
+  // kv_dtype: `dtype`, or kFloat8E4M3 (the cache holds value / scale: K = k_cache * k_scale of its KV head).
+  int32_t kv_dtype = 0;
+  float k_scale = 1.f, v_scale = 1.f;      // per tensor, when the pointers are null (kv_scale above)
+  const float* k_scales = nullptr;         // [Hkv] or [1] float32 on the op's device, or null
+  const float* v_scales = nullptr;
+  int32_t k_scale_stride = 0, v_scale_stride = 0;  // 1: per KV head; 0: one value
   const int32_t* block_table = nullptr;  // [R, max_blocks], row stride block_table_stride
   int64_t block_table_stride = 0;
   int32_t max_blocks = 0;
@@ -87,7 +108,7 @@ inline int64_t attention_workspace_floats(const AttentionParams& p) {
 }
 
 struct WriteKvParams {
-  const void* k = nullptr;  // [T, Hkv, D], strides (k_stride_t, k_stride_h, 1)
+  const void* k = nullptr;  // [T, Hkv, D] of `dtype`, strides (k_stride_t, k_stride_h, 1)
   const void* v = nullptr;
   int64_t k_stride_t = 0, k_stride_h = 0, v_stride_t = 0, v_stride_h = 0;
   void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous
@@ -96,7 +117,15 @@ struct WriteKvParams {
   int64_t num_tokens = 0;
   int32_t num_kv_heads = 0, head_dim = 0, block_size = 0;
   int64_t num_blocks = 0;
-  int32_t elem_size = 0;  // bytes per element (the copy is dtype-agnostic)
+  int32_t elem_size = 0;  // bytes per element of k / v (a plain copy is dtype-agnostic)
+  // kFloat8E4M3 caches: k / v of `dtype` (bf16 / fp16) are divided by the scale of their KV head in float and
+  // rounded to e4m3 (float_to_fp8_e4m3: nearest even, saturating at +-448, NaN kept); any other value: a copy.
+  int32_t cache_dtype = 0;
+  int32_t dtype = 0;
+  float k_scale = 1.f, v_scale = 1.f;      // per tensor, when the pointers are null (kv_scale above)
+  const float* k_scales = nullptr;         // [Hkv] or [1] float32 on the op's device, or null
+  const float* v_scales = nullptr;
+  int32_t k_scale_stride = 0, v_scale_stride = 0;  // 1: per KV head; 0: one value
   int32_t* error_counts = nullptr;
 };
 

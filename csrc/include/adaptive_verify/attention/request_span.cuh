@@ -9,6 +9,13 @@
 namespace adaptive_verify {
 namespace attention {
 
+// fp8 KV: counts KV head h's scales that are NaN, infinite or <= 0 (per-head tensors cannot be checked on the host
+// without a sync; the kernels use them as given). One thread per KV head and call.
+__device__ __forceinline__ void count_bad_kv_scales(const AttentionParams& p, int32_t h) {
+  if (p.k_scales != nullptr && !kv_scale_ok(kv_scale(p, h, false))) atomicAdd(p.error_counts + kCountKvScale, 1);
+  if (p.v_scales != nullptr && !kv_scale_ok(kv_scale(p, h, true))) atomicAdd(p.error_counts + kCountKvScale, 1);
+}
+
 // Per-request lengths read on the device; an invalid request (lengths the host could not check) is
 // treated as padding and counted.
 struct RequestSpan {
