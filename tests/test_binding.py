@@ -273,7 +273,7 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
                 head_dim=D, block_size=bs, num_blocks=blocks, max_query_len=4, scale=0.375, out=out.data_ptr(),
                 lse=lse.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None,
                 tree_mask=None, kv_dtype=2, k_scale=1.0, v_scale=1.0, k_scales=None, v_scales=None, k_scale_stride=0,
-                v_scale_stride=0)
+                v_scale_stride=0, v_head_dim=D)
     assert _fields(p, _binding.AttentionParams) == want
     # an fp8 cache with a per-head K scale tensor and a per-tensor V float
     kc8, vc8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
@@ -297,7 +297,7 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
         v_stride_h=D + 64, k_cache=kc.data_ptr(), v_cache=vc.data_ptr(), slot_mapping=slots.data_ptr(), num_tokens=T,
         num_kv_heads=Hkv, head_dim=D, block_size=bs, num_blocks=blocks, elem_size=2,
         error_counts=av.errors.error_buffer("cpu").data_ptr(), cache_dtype=2, dtype=2, k_scale=1.0, v_scale=1.0,
-        k_scales=None, v_scales=None, k_scale_stride=0, v_scale_stride=0)
+        k_scales=None, v_scales=None, k_scale_stride=0, v_scale_stride=0, cache_row=0, cache_offset=0)
     ctx = torch.tensor([5, 9], dtype=torch.int32)
     offsets = torch.zeros(R, 11, dtype=torch.int32)[:, :6]  # row stride 11
     accepted = torch.tensor([0, 3], dtype=torch.int32)

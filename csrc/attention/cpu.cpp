@@ -60,7 +60,8 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   const int32_t q_len = int32_t(p.query_start_loc[r + 1] - begin);
   if (q_len <= 0) return;
   const int32_t kv_len = p.seq_lens[r];
-  const int32_t D = p.head_dim, Hkv = p.num_kv_heads, group = p.num_q_heads / Hkv;
+  // K rows have D values; V and the output Dv (D, or MLA's latent part: the first Dv values of the same row)
+  const int32_t D = p.head_dim, Dv = value_dim(p), Hkv = p.num_kv_heads, group = p.num_q_heads / Hkv;
   const int32_t rows = q_len * group;  // row = i * group + g: query token i, head h * group + g
   const T* q = static_cast<const T*>(p.q);
   const KT* kc = static_cast<const KT*>(p.k_cache);
@@ -72,12 +73,12 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   };
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
   qf.resize(size_t(rows) * D);
-  acc.resize(size_t(rows) * D);
-  total.resize(size_t(rows) * D);
+  acc.resize(size_t(rows) * Dv);
+  total.resize(size_t(rows) * Dv);
   st.resize(size_t(rows));
   tot.resize(size_t(rows));
   kf.resize(size_t(D));
-  vf.resize(size_t(D));
+  vf.resize(size_t(Dv));
   std::vector<uint64_t>& mask = sc.mask;
   mask.resize(size_t(q_len));
   for (int32_t i = 0; i < q_len; ++i) mask[i] = token_tree_mask(p.tree_mask, begin + i);
@@ -91,23 +92,22 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
       }
     for (int32_t row = 0; row < rows; ++row) {
       tot[row] = RowState{-INFINITY, 0.f};
-      std::memset(total.data() + size_t(row) * D, 0, sizeof(float) * D);
+      std::memset(total.data() + size_t(row) * Dv, 0, sizeof(float) * Dv);
     }
     const int32_t last_visible = kv_len - 1;  // the last query token sees every position
     for (int32_t s0 = 0; s0 <= last_visible; s0 += kSplitTokens) {
       const int32_t s1 = s0 + kSplitTokens - 1 < last_visible ? s0 + kSplitTokens - 1 : last_visible;
       for (int32_t row = 0; row < rows; ++row) {
         st[row] = RowState{-INFINITY, 0.f};
-        std::memset(acc.data() + size_t(row) * D, 0, sizeof(float) * D);
+        std::memset(acc.data() + size_t(row) * Dv, 0, sizeof(float) * Dv);
       }
       for (int32_t pos = s0; pos <= s1; ++pos) {
         const int64_t slot = int64_t(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
         const KT* krow = kc + (slot * Hkv + h) * D;
         const KT* vrow = vc + (slot * Hkv + h) * D;
-        for (int32_t d = 0; d < D; ++d) {  // (the scales are 1 for 16-bit caches: exact)
-          kf[d] = load(krow[d]) * k_scale;
-          vf[d] = load(vrow[d]) * v_scale;
-        }
+        // (the scales are 1 for 16-bit caches: exact)
+        for (int32_t d = 0; d < D; ++d) kf[d] = load(krow[d]) * k_scale;
+        for (int32_t d = 0; d < Dv; ++d) vf[d] = load(vrow[d]) * v_scale;
         for (int32_t row = 0; row < rows; ++row) {
           const int32_t i = row / group;
           // causal inside the verified block, and a tree token's ancestors only
@@ -115,17 +115,17 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
           const float* qr = qf.data() + size_t(row) * D;
           float s = 0.f;
           for (int32_t d = 0; d < D; ++d) s += qr[d] * kf[d];
-          float* a = acc.data() + size_t(row) * D;
+          float* a = acc.data() + size_t(row) * Dv;
           RowState& w = st[row];
           if (s > w.m) {  // new max: rescale what was accumulated
             const float c = std::exp(w.m - s);
             w.l *= c;
-            for (int32_t d = 0; d < D; ++d) a[d] *= c;
+            for (int32_t d = 0; d < Dv; ++d) a[d] *= c;
             w.m = s;
           }
           const float e = std::exp(s - w.m);
           w.l += e;
-          for (int32_t d = 0; d < D; ++d) a[d] += e * vf[d];
+          for (int32_t d = 0; d < Dv; ++d) a[d] += e * vf[d];
         }
       }
       for (int32_t row = 0; row < rows; ++row) {  // merge this split into the running total
@@ -134,9 +134,9 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
         RowState& t = tot[row];
         const float m = w.m > t.m ? w.m : t.m;
         const float ct = t.l == 0.f ? 0.f : std::exp(t.m - m), cw = std::exp(w.m - m);
-        float* tv = total.data() + size_t(row) * D;
-        const float* av = acc.data() + size_t(row) * D;
-        for (int32_t d = 0; d < D; ++d) tv[d] = tv[d] * ct + av[d] * cw;
+        float* tv = total.data() + size_t(row) * Dv;
+        const float* av = acc.data() + size_t(row) * Dv;
+        for (int32_t d = 0; d < Dv; ++d) tv[d] = tv[d] * ct + av[d] * cw;
         t.l = t.l * ct + w.l * cw;
         t.m = m;
       }
@@ -147,9 +147,9 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
       const int64_t token = begin + i;
       const RowState& t = tot[row];
       const float inv = t.l > 0.f ? 1.f / t.l : 0.f;
-      T* dst = out + (token * p.num_q_heads + qh) * D;
-      const float* tv = total.data() + size_t(row) * D;
-      for (int32_t d = 0; d < D; ++d) from_float(tv[d] * inv, dst + d);
+      T* dst = out + (token * p.num_q_heads + qh) * Dv;
+      const float* tv = total.data() + size_t(row) * Dv;
+      for (int32_t d = 0; d < Dv; ++d) from_float(tv[d] * inv, dst + d);
       if (p.lse) p.lse[token * p.num_q_heads + qh] = t.l > 0.f ? t.m + std::log(t.l) : -INFINITY;
     }
   }
@@ -175,13 +175,12 @@ void write_kv_fp8(const WriteKvParams& p) {
     if (slot < 0) continue;
     for (int32_t h = 0; h < p.num_kv_heads; ++h) {
       const float ks = kv_scale(p, h, false), vs = kv_scale(p, h, true);
-      const int64_t dst = (slot * p.num_kv_heads + h) * p.head_dim;
-      const T* ks_row = k + t * p.k_stride_t + h * p.k_stride_h;
-      const T* vs_row = v + t * p.v_stride_t + h * p.v_stride_h;
-      for (int32_t d = 0; d < p.head_dim; ++d) {
-        kc[dst + d] = float_to_fp8_e4m3(to_float(ks_row[d]) / ks);
-        vc[dst + d] = float_to_fp8_e4m3(to_float(vs_row[d]) / vs);
-      }
+      const int64_t dst = slot * write_row(p) + p.cache_offset + int64_t(h) * p.head_dim;
+      const T* k_row = k + t * p.k_stride_t + h * p.k_stride_h;
+      for (int32_t d = 0; d < p.head_dim; ++d) kc[dst + d] = float_to_fp8_e4m3(to_float(k_row[d]) / ks);
+      if (vc == nullptr) continue;  // K only (MLA)
+      const T* v_row = v + t * p.v_stride_t + h * p.v_stride_h;
+      for (int32_t d = 0; d < p.head_dim; ++d) vc[dst + d] = float_to_fp8_e4m3(to_float(v_row[d]) / vs);
     }
   }
 }
@@ -216,7 +215,7 @@ int verify_attention_cpu(const AttentionParams& p) {
   const bool fp8 = p.kv_dtype == kFloat8E4M3;
   if (!fp8 && p.kv_dtype != p.dtype) return kErrBadArgument;
   if (fp8 && !kv_scales_ok(p, p.num_kv_heads)) return kErrKvScale;
-  const int64_t row_elems = int64_t(p.num_q_heads) * p.head_dim;
+  const int64_t row_elems = int64_t(p.num_q_heads) * value_dim(p);
   // Padding first: every token not owned by a request keeps zeros and lse -inf.
   const size_t elem = p.dtype == kFloat32 ? 4 : 2;
   if (p.num_tokens * row_elems > 0) std::memset(p.out, 0, size_t(p.num_tokens * row_elems) * elem);  // (else out may be null)
@@ -273,9 +272,9 @@ int write_kv_cpu(const WriteKvParams& p) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < 0) continue;
     for (int32_t h = 0; h < p.num_kv_heads; ++h) {
-      const int64_t dst = (slot * p.num_kv_heads + h) * int64_t(bytes);
+      const int64_t dst = (slot * write_row(p) + p.cache_offset + int64_t(h) * p.head_dim) * p.elem_size;
       std::memcpy(kc + dst, k + (t * p.k_stride_t + h * p.k_stride_h) * p.elem_size, bytes);
-      std::memcpy(vc + dst, v + (t * p.v_stride_t + h * p.v_stride_h) * p.elem_size, bytes);
+      if (vc != nullptr) std::memcpy(vc + dst, v + (t * p.v_stride_t + h * p.v_stride_h) * p.elem_size, bytes);
     }
   }
   return kOk;
@@ -297,7 +296,7 @@ int commit_tree_kv_cpu(const CommitTreeKvParams& p) {
       const int64_t src = commit_slot(p, r, int64_t(ctx) + off[i]) * p.row_bytes;
       const int64_t dst = commit_slot(p, r, int64_t(ctx) + i) * p.row_bytes;
       std::memcpy(k + dst, k + src, bytes);
-      std::memcpy(v + dst, v + src, bytes);
+      if (v != nullptr) std::memcpy(v + dst, v + src, bytes);  // (MLA: one latent cache)
     }
   }
   return kOk;

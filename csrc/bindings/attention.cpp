@@ -42,6 +42,9 @@ void register_attention(py::module_& m) {
   m.attr("ATTENTION_KERNELS") = kernels;
   m.attr("ATTENTION_SPLIT_TOKENS") = int(attention::kSplitTokens);
   m.attr("ATTENTION_MAX_QUERY_LEN") = int(attention::kMaxQueryLen);
+  m.attr("MLA_VALUE_DIM") = int(attention::kMlaValueDim);
+  m.attr("MLA_ROPE_DIM") = int(attention::kMlaRopeDim);
+  m.attr("MLA_MAX_HEADS") = int(attention::kMlaMaxHeads);
   m.attr("ATTENTION_PARAMS") = struct_layout<A>({
       AV_FIELD(A, q), AV_FIELD(A, q_stride_t), AV_FIELD(A, q_stride_h), AV_FIELD(A, k_cache), AV_FIELD(A, v_cache),
       AV_FIELD(A, block_table), AV_FIELD(A, block_table_stride), AV_FIELD(A, max_blocks), AV_FIELD(A, seq_lens),
@@ -50,14 +53,14 @@ void register_attention(py::module_& m) {
       AV_FIELD(A, block_size), AV_FIELD(A, num_blocks), AV_FIELD(A, max_query_len), AV_FIELD(A, scale),
       AV_FIELD(A, out), AV_FIELD(A, lse), AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace),
       AV_FIELD(A, kv_dtype), AV_FIELD(A, k_scale), AV_FIELD(A, v_scale), AV_FIELD(A, k_scales), AV_FIELD(A, v_scales),
-      AV_FIELD(A, k_scale_stride), AV_FIELD(A, v_scale_stride)});
+      AV_FIELD(A, k_scale_stride), AV_FIELD(A, v_scale_stride), AV_FIELD(A, v_head_dim)});
   m.attr("WRITE_KV_PARAMS") = struct_layout<W>({
       AV_FIELD(W, k), AV_FIELD(W, v), AV_FIELD(W, k_stride_t), AV_FIELD(W, k_stride_h), AV_FIELD(W, v_stride_t),
       AV_FIELD(W, v_stride_h), AV_FIELD(W, k_cache), AV_FIELD(W, v_cache), AV_FIELD(W, slot_mapping),
       AV_FIELD(W, num_tokens), AV_FIELD(W, num_kv_heads), AV_FIELD(W, head_dim), AV_FIELD(W, block_size),
       AV_FIELD(W, num_blocks), AV_FIELD(W, elem_size), AV_FIELD(W, error_counts), AV_FIELD(W, cache_dtype),
       AV_FIELD(W, dtype), AV_FIELD(W, k_scale), AV_FIELD(W, v_scale), AV_FIELD(W, k_scales), AV_FIELD(W, v_scales),
-      AV_FIELD(W, k_scale_stride), AV_FIELD(W, v_scale_stride)});
+      AV_FIELD(W, k_scale_stride), AV_FIELD(W, v_scale_stride), AV_FIELD(W, cache_row), AV_FIELD(W, cache_offset)});
   m.attr("COMMIT_TREE_KV_PARAMS") = struct_layout<C>({
       AV_FIELD(C, k_cache), AV_FIELD(C, v_cache), AV_FIELD(C, num_blocks), AV_FIELD(C, block_size),
       AV_FIELD(C, row_bytes), AV_FIELD(C, block_table), AV_FIELD(C, block_table_stride), AV_FIELD(C, max_blocks),

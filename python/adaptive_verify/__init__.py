@@ -7,6 +7,7 @@ torch oracle of every op.
 """
 from ._ext import build_info, cuda_available
 from .attention import commit_tree_kv, verify_attention, write_kv
+from .attention_mla import commit_tree_kv_mla, verify_attention_mla, write_kv_mla
 from .calibration import OnlineSTS, calibration_report, fit_sts, load_temperatures, save_temperatures
 from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
@@ -41,6 +42,7 @@ __all__ = [
     "choose_draft_depth",
     "choose_tree_shape",
     "commit_tree_kv",
+    "commit_tree_kv_mla",
     "confidence",
     "confidence_from_logits",
     "cuda_available",
@@ -59,6 +61,8 @@ __all__ = [
     "tree_rejection_sample",
     "tree_survival",
     "verify_attention",
+    "verify_attention_mla",
     "write_kv",
+    "write_kv_mla",
     "save_temperatures",
 ]

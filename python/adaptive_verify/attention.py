@@ -100,6 +100,37 @@ def _cache_pair(k_cache, v_cache) -> torch.device:
     return device
 
 
+def check_plan_args(device, T, block_size, block_table, seq_lens, query_start_loc, max_query_len, max_seq_len,
+                    tree_mask):
+    """The checks verify_attention and verify_attention_mla share on the planner's per-step arguments; returns (R,
+    the blocks a request may use: the kernels' bound and the CUDA workspace's)."""
+    check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
+    R = block_table.shape[0]
+    if R >= INT32_MAX:  # num_reqs is an int32 field, and query_start_loc has R + 1 entries
+        raise ValueError(f"block_table: at most {INT32_MAX - 1} requests, got {R}")
+    if block_table.shape[1] * block_size > 2**31 - 1:
+        raise ValueError(f"block_table: {block_table.shape[1]} blocks of {block_size} tokens exceed int32 positions")
+    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
+    check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
+                 inner_contiguous=False)
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
+        raise TypeError(f"max_query_len must be an int, got {type(max_query_len).__name__}")
+    max_blocks = block_table.shape[1]  # blocks a request may use: the kernels' bound and the workspace's
+    if max_seq_len is not None:
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int):
+            raise TypeError(f"max_seq_len must be an int or None, got {type(max_seq_len).__name__}")
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        max_blocks = min(max_blocks, -(-max_seq_len // block_size))
+    if not 1 <= max_query_len <= MAX_QUERY_LEN:
+        why = " (a tree_mask row holds 64 query offsets)" if tree_mask is not None else ""
+        raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}]{why}, got {max_query_len}")
+    if tree_mask is not None:
+        # [T] int64: one bit per query offset of the token's request (kernels index it by token)
+        check_tensor("tree_mask", tree_mask, dtypes=(torch.int64,), device=device, shape=(T,))
+    return R, max_blocks
+
+
 def verify_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -184,30 +215,8 @@ def verify_attention(
         raise ValueError(f"q / k_cache: Hq / Hkv must be one of {GQA_RATIOS}, got Hq={Hq}, Hkv={Hkv}")
     k_value, k_scales = kv_scale_fields("k_scale", k_scale, fp8, Hkv, device)
     v_value, v_scales = kv_scale_fields("v_scale", v_scale, fp8, Hkv, device)
-    check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
-    R = block_table.shape[0]
-    if R >= INT32_MAX:  # num_reqs is an int32 field, and query_start_loc has R + 1 entries
-        raise ValueError(f"block_table: at most {INT32_MAX - 1} requests, got {R}")
-    if block_table.shape[1] * block_size > 2**31 - 1:
-        raise ValueError(f"block_table: {block_table.shape[1]} blocks of {block_size} tokens exceed int32 positions")
-    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), device=device, shape=(R,), inner_contiguous=False)
-    check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), device=device, shape=(R + 1,),
-                 inner_contiguous=False)
-    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
-        raise TypeError(f"max_query_len must be an int, got {type(max_query_len).__name__}")
-    max_blocks = block_table.shape[1]  # blocks a request may use: the kernels' bound and the workspace's
-    if max_seq_len is not None:
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int):
-            raise TypeError(f"max_seq_len must be an int or None, got {type(max_seq_len).__name__}")
-        if max_seq_len < 1:
-            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
-        max_blocks = min(max_blocks, -(-max_seq_len // block_size))
-    if not 1 <= max_query_len <= MAX_QUERY_LEN:
-        why = " (a tree_mask row holds 64 query offsets)" if tree_mask is not None else ""
-        raise ValueError(f"max_query_len must be in [1, {MAX_QUERY_LEN}]{why}, got {max_query_len}")
-    if tree_mask is not None:
-        # [T] int64: one bit per query offset of the token's request (kernels index it by token)
-        check_tensor("tree_mask", tree_mask, dtypes=(torch.int64,), device=device, shape=(T,))
+    R, max_blocks = check_plan_args(device, T, block_size, block_table, seq_lens, query_start_loc, max_query_len,
+                                    max_seq_len, tree_mask)
     # NaN or inf (also a float64 beyond float32's range, the kernels' type) would make every row NaN or -inf
     scale = D ** -0.5 if scale is None else check_real("scale", scale, float32=True)
     if out is None:
@@ -239,6 +248,7 @@ def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     p.out, p.lse, p.error_counts, p.kernel = out.data_ptr(), ptr(lse), err.data_ptr(), kernel
     p.tree_mask = ptr(tree_mask)
     p.kv_dtype = DTYPE_CODES[k_cache.dtype]
+    p.v_head_dim = out.shape[2]  # D, or 512 for MLA (verify_attention_mla: V is the latent part of the row)
     set_kv_scales(p, k_scale, k_scales, v_scale, v_scales, p.num_kv_heads)
     return p
 
@@ -301,23 +311,27 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, err, k_scale=1.0, k_scales=None, v_scale=1.0,
-                     v_scales=None):
+                     v_scales=None, cache_row=0, cache_offset=0):
+    """v and v_cache None: K only (MLA's latent cache, written in parts at cache_offset of cache_row-value rows)."""
     p = WriteKvParams()
     p.cache_dtype, p.dtype = DTYPE_CODES[k_cache.dtype], DTYPE_CODES[k.dtype]
     set_kv_scales(p, k_scale, k_scales, v_scale, v_scales, k_cache.shape[2])
+    p.cache_row, p.cache_offset = cache_row, cache_offset
     p.num_blocks, p.block_size, p.num_kv_heads, p.head_dim = k_cache.shape
-    p.k, p.v, p.k_stride_t, p.k_stride_h = k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1)
-    p.v_stride_t, p.v_stride_h = v.stride(0), v.stride(1)
-    p.k_cache, p.v_cache, p.slot_mapping = k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr()
+    p.num_kv_heads, p.head_dim = k.shape[1], k.shape[2]  # (a part of the cache's rows, for MLA)
+    p.k, p.v, p.k_stride_t, p.k_stride_h = k.data_ptr(), ptr(v), k.stride(0), k.stride(1)
+    p.v_stride_t, p.v_stride_h = (v.stride(0), v.stride(1)) if v is not None else (0, 0)
+    p.k_cache, p.v_cache, p.slot_mapping = k_cache.data_ptr(), ptr(v_cache), slot_mapping.data_ptr()
     p.num_tokens, p.elem_size, p.error_counts = k.shape[0], k.element_size(), err.data_ptr()
     _raise_for(call(_C.write_kv, p, k.is_cuda, stream_of(k.device)), "write_kv", k.device)
 
 
 @torch.library.custom_op("adaptive_verify::write_kv_", mutates_args=("k_cache", "v_cache", "error_counts"))
-def _write_kv_(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+def _write_kv_(k: Tensor, v: Optional[Tensor], k_cache: Tensor, v_cache: Optional[Tensor], slot_mapping: Tensor,
                error_counts: Tensor, k_scale: float = 1.0, k_scales: Optional[Tensor] = None, v_scale: float = 1.0,
-               v_scales: Optional[Tensor] = None) -> None:
-    _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, error_counts, k_scale, k_scales, v_scale, v_scales)
+               v_scales: Optional[Tensor] = None, cache_row: int = 0, cache_offset: int = 0) -> None:
+    _launch_write_kv(k, v, k_cache, v_cache, slot_mapping, error_counts, k_scale, k_scales, v_scale, v_scales,
+                     cache_row, cache_offset)
 
 
 @_write_kv_.register_fake
@@ -344,6 +358,13 @@ def commit_tree_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: to
     read on the device: graph-safe.
     """
     device = _cache_pair(k_cache, v_cache)
+    _check_commit_args(device, block_table, context_lens, accepted_offsets, num_accepted)
+    run_op(_commit_tree_kv_, _launch_commit_tree_kv, k_cache, v_cache, block_table, context_lens, accepted_offsets,
+           num_accepted, errors.error_buffer(device))
+
+
+def _check_commit_args(device, block_table, context_lens, accepted_offsets, num_accepted) -> None:
+    """commit_tree_kv's and commit_tree_kv_mla's checks of the path arguments."""
     check_tensor("block_table", block_table, dtypes=(torch.int32,), device=device, ndim=2)
     R = block_table.shape[0]
     if device.type == "cuda" and R > 65535:
@@ -356,14 +377,12 @@ def commit_tree_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: to
                          f"{tuple(accepted_offsets.shape)}")
     check_tensor("num_accepted", num_accepted, dtypes=(torch.int32,), device=device, shape=(R,),
                  inner_contiguous=False)
-    run_op(_commit_tree_kv_, _launch_commit_tree_kv, k_cache, v_cache, block_table, context_lens, accepted_offsets,
-           num_accepted, errors.error_buffer(device))
 
 
 def _launch_commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted, err):
     p = CommitTreeKvParams()
     p.num_blocks, p.block_size, Hkv, D = k_cache.shape
-    p.k_cache, p.v_cache, p.row_bytes = k_cache.data_ptr(), v_cache.data_ptr(), Hkv * D * k_cache.element_size()
+    p.k_cache, p.v_cache, p.row_bytes = k_cache.data_ptr(), ptr(v_cache), Hkv * D * k_cache.element_size()
     p.block_table, p.block_table_stride, p.max_blocks = block_table.data_ptr(), block_table.stride(0), \
         block_table.shape[1]
     p.context_lens, p.num_accepted, p.num_reqs = context_lens.data_ptr(), num_accepted.data_ptr(), block_table.shape[0]
@@ -374,7 +393,7 @@ def _launch_commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted
 
 
 @torch.library.custom_op("adaptive_verify::commit_tree_kv_", mutates_args=("k_cache", "v_cache", "error_counts"))
-def _commit_tree_kv_(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, context_lens: Tensor,
+def _commit_tree_kv_(k_cache: Tensor, v_cache: Optional[Tensor], block_table: Tensor, context_lens: Tensor,
                      accepted_offsets: Tensor, num_accepted: Tensor, error_counts: Tensor) -> None:
     _launch_commit_tree_kv(k_cache, v_cache, block_table, context_lens, accepted_offsets, num_accepted, error_counts)
 

@@ -14,7 +14,7 @@ chain plan; ``trees.py`` tree survival, the tree plan and the KV commit; ``confi
 margins and acceptance statistics; ``sampling.py`` the sampler's bit-exact oracles; ``attention.py`` verification
 attention and KV writes.
 """
-from .attention import quantize_fp8, verify_attention, write_kv
+from .attention import quantize_fp8, verify_attention, verify_attention_mla, write_kv
 from .confidence import confidence, confidence_from_logits, draft_margin, stats_totals, stats_update
 from .planner import (FIXED_ONE, Plan, ResolvedArgs, candidate_order, choose, choose_budget, choose_draft_depth,
                       plan_verification, prefix_survival, request_weights, resolve_args, theta, tree_candidate_order)
@@ -29,4 +29,4 @@ __all__ = ["FIXED_ONE", "Plan", "ResolvedArgs", "TreePlan", "av_exp", "av_log", 
            "kept_tokens", "philox", "plan_tree_verification", "plan_verification", "prefix_survival",
            "quantize_fp8", "rejection_sample", "request_weights", "resolve_args", "sample", "stats_totals", "stats_update", "theta",
            "to_uniform", "token_logprob", "tree_candidate_order", "tree_rejection_sample", "tree_survival",
-           "uniforms", "verify_attention", "write_kv"]
+           "uniforms", "verify_attention", "verify_attention_mla", "write_kv"]

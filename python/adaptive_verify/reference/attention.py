@@ -16,6 +16,31 @@ def _head_scale(scale, num_kv_heads, dtype):
     return s.reshape(num_kv_heads, 1) if s.numel() == num_kv_heads and s.dim() == 1 else s.reshape(())
 
 
+def _requests(block_table, seq_lens, query_start_loc, block_size):
+    """Each request with query tokens: (begin, end) of its tokens, and the block id and KV position of each of its
+    seq_lens[r] positions."""
+    qsl = query_start_loc.cpu().long()
+    for r in range(block_table.shape[0]):
+        begin, end = int(qsl[r]), int(qsl[r + 1])
+        if end - begin <= 0:
+            continue
+        pos = torch.arange(int(seq_lens[r]))
+        yield begin, end, block_table[r].cpu().long()[pos // block_size], pos
+
+
+def _visible(q_len, kv_len, masks):
+    """[q_len, kv_len] bool: query offset i sees the context and block offsets k <= i (with a tree's masks [q_len]
+    int64, only those whose bit k is set)."""
+    context_len = kv_len - q_len
+    i = torch.arange(q_len)[:, None]  # query offsets [q_len, 1]
+    block_pos = torch.arange(kv_len)[None, :] - context_len  # offset in the verified block [1, kv_len]
+    visible = block_pos <= i  # the context and the causal part of the block
+    if masks is not None:
+        bit_set = (masks.cpu().long()[:, None] >> block_pos.clamp(0, 63)) & 1 == 1
+        visible = visible & ((block_pos < 0) | bit_set)
+    return visible
+
+
 def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale=None,
                      return_lse=False, dtype=torch.float64, tree_mask=None, k_scale=None, v_scale=None):
     """Readable oracle of adaptive_verify.verify_attention, computed in `dtype` (float64 by default).
@@ -36,14 +61,8 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     scale = D ** -0.5 if scale is None else scale
     out = torch.zeros(T, Hq, D, dtype=dtype)
     lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32)
-    qsl = query_start_loc.cpu().long()
-    for r in range(block_table.shape[0]):
-        begin, end = int(qsl[r]), int(qsl[r + 1])
-        q_len, kv_len = end - begin, int(seq_lens[r])
-        if q_len <= 0:
-            continue
-        pos = torch.arange(kv_len)
-        blocks = block_table[r].cpu().long()[pos // block_size]
+    for begin, end, blocks, pos in _requests(block_table, seq_lens, query_start_loc, block_size):
+        q_len, kv_len = end - begin, pos.numel()
         k = k_cache.cpu()[blocks, pos % block_size].to(dtype) * _head_scale(k_scale, Hkv, dtype)  # [kv_len, Hkv, D]
         v = v_cache.cpu()[blocks, pos % block_size].to(dtype) * _head_scale(v_scale, Hkv, dtype)
         k = k.repeat_interleave(group, dim=1)  # [kv_len, Hq, D]: query head h reads KV head h // group
@@ -51,13 +70,7 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         qr = q[begin:end].cpu().to(dtype)  # [q_len, Hq, D]
         scores = torch.einsum("ihd,phd->hip", qr, k) * scale  # [Hq, q_len, kv_len]
         context_len = kv_len - q_len
-        i = torch.arange(q_len)[:, None]  # query offsets [q_len, 1]
-        block_pos = pos[None, :] - context_len  # offset in the verified block of each KV position [1, kv_len]
-        visible = block_pos <= i  # [q_len, kv_len]: the context and the causal part of the block
-        if tree_mask is not None:
-            masks = tree_mask[begin:end].cpu().long()[:, None]  # [q_len, 1]
-            bit_set = (masks >> block_pos.clamp(0, 63)) & 1 == 1
-            visible = visible & ((block_pos < 0) | bit_set)
+        visible = _visible(q_len, kv_len, None if tree_mask is None else tree_mask[begin:end])
         scores = scores.masked_fill(~visible[None], float("-inf"))
         seen = visible.any(dim=1)  # [q_len]: a token that sees nothing gets zeros and lse -inf
         probs = torch.where(seen[None, :, None], torch.softmax(scores, dim=-1), 0.0)  # [Hq, q_len, kv_len]
@@ -94,3 +107,35 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
         k_cache[slot // block_size, slot % block_size] = k[t]
         v_cache[slot // block_size, slot % block_size] = v[t]
     return k_cache, v_cache
+
+
+def verify_attention_mla(q, kv_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale,
+                         kv_scale=None, return_lse=False, dtype=torch.float64, tree_mask=None):
+    """Readable oracle of adaptive_verify.verify_attention_mla (multi-head latent attention, absorbed form), in
+    `dtype`.
+
+    q [T, H, 576]; kv_cache [num_blocks, block_size, 576] latent rows (512 latent values then 64 RoPE values; an fp8
+    cache is dequantised by kv_scale, one float). Head h of query token i of request r scores every visible position p
+    with scale * q[i, h] . row[p] over all 576 values and takes the softmax-weighted sum of the rows' first 512
+    values. Visibility, padding and lse as verify_attention. Returns out [T, H, 512] (q's dtype, or float `dtype`
+    when given explicitly and different) and lse [T, H] float32 when asked.
+    """
+    T, H, _ = q.shape
+    block_size, dv = kv_cache.shape[1], 512
+    out = torch.zeros(T, H, dv, dtype=dtype)
+    lse = torch.full((T, H), float("-inf"), dtype=torch.float32)
+    kv_scale = 1.0 if kv_scale is None else float(torch.as_tensor(kv_scale).reshape(()))
+    for begin, end, blocks, pos in _requests(block_table, seq_lens, query_start_loc, block_size):
+        q_len, kv_len = end - begin, pos.numel()
+        rows = kv_cache.cpu()[blocks, pos % block_size].to(dtype) * kv_scale  # [kv_len, 576]
+        scores = torch.einsum("ihd,pd->hip", q[begin:end].cpu().to(dtype), rows) * scale  # [H, q_len, kv_len]
+        visible = _visible(q_len, kv_len, None if tree_mask is None else tree_mask[begin:end])  # [q_len, kv_len]
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        seen = visible.any(dim=1)
+        probs = torch.where(seen[None, :, None], torch.softmax(scores, dim=-1), 0.0)
+        # the value is the latent part of the same rows; a hidden block row's is zeroed (0 * NaN never reaches a row)
+        values = torch.where(visible[:, :, None], rows[None, :, :dv], 0.0)  # [q_len, kv_len, 512]
+        out[begin:end] = torch.einsum("hip,ipd->ihd", probs, values)
+        lse[begin:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1).float()
+    out = out.to(q.dtype) if dtype == torch.float64 else out
+    return (out, lse) if return_lse else out

@@ -17,11 +17,20 @@ inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
   if (p.dtype != kBFloat16 && p.dtype != kFloat16) return "q: dtype must be bfloat16 or float16";
   if (p.kv_dtype != p.dtype && p.kv_dtype != kFloat8E4M3)
     return "k_cache: dtype must be q's dtype or float8_e4m3fn";
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "q: head dim must be 64, 128 or 256";
+  const bool mla = p.head_dim == kMlaHeadDim;
+  if (mla) {  // verify_attention_mla: one latent row per token, read as K (576) and V (its first 512)
+    if (value_dim(p) != kMlaValueDim) return "q: MLA's value dim must be 512";
+    if (p.num_kv_heads != 1) return "kv_cache: MLA has one latent row per token (num_kv_heads 1)";
+    if (p.num_q_heads < 1 || p.num_q_heads > kMlaMaxHeads) return "q: MLA takes 1 to 128 heads";
+    if (p.v_cache != p.k_cache) return "kv_cache: MLA reads V from the latent rows K is read from";
+  } else {
+    if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "q: head dim must be 64, 128 or 256";
+    if (value_dim(p) != p.head_dim) return "v_cache: V's head dim must equal K's";
+  }
   if (p.num_kv_heads < 1 || p.num_q_heads < 1 || p.num_q_heads % p.num_kv_heads != 0)
     return "q / k_cache: Hq must be a positive multiple of Hkv";
   const int32_t group = p.num_q_heads / p.num_kv_heads;
-  if (group != 1 && group != 2 && group != 4 && group != 8 && group != 16)
+  if (!mla && group != 1 && group != 2 && group != 4 && group != 8 && group != 16)
     return "q / k_cache: Hq / Hkv must be 1, 2, 4, 8 or 16";
   if (p.block_size < 16 || p.block_size > 256 || (p.block_size & (p.block_size - 1)) != 0)
     return "k_cache: block_size must be 16, 32, 64, 128 or 256";
@@ -39,7 +48,7 @@ inline const char* can_implement(const AttentionParams& p, bool on_cuda) {
     if (p.kernel == kAttentionMmaFused && p.num_reqs > 65534)  // one more grid slice for the padding
       return "block_table: at most 65534 requests per call with cuda_kernel=\"mma_fused\"";
     if (p.num_kv_heads > 65535) return "k_cache: at most 65535 KV heads on CUDA";
-    const int64_t chunks = (int64_t(p.max_query_len) * group + 15) / 16;
+    const int64_t chunks = (int64_t(p.max_query_len) * group + 15) / 16;  // (MLA: 64 rows a chunk, fewer)
     if (attention_splits(p) * chunks > 0x7fffffff) return "block_table: too many KV splits for one grid";
   }
   return nullptr;

@@ -31,7 +31,7 @@ __global__ void commit_tree_kv_kernel(const CommitTreeKvParams p) {
     const int64_t src = commit_slot(p, r, int64_t(ctx) + off[i]) * words + w;
     const int64_t dst = commit_slot(p, r, int64_t(ctx) + i) * words + w;
     k[dst] = k[src];
-    v[dst] = v[src];
+    if (v != nullptr) v[dst] = v[src];  // (MLA: one latent cache)
   }
 }
 

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "adaptive_verify/attention/kernel_mma.cuh"
+#include "adaptive_verify/attention/kernel_mla.cuh"
 #include "adaptive_verify/attention/kernel_rowwise.cuh"
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/dtype.h"
@@ -42,10 +42,12 @@ __global__ void write_kv_kernel(const WriteKvParams p) {
     if (slot != -1 && h == 0 && w == 0) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
     return;
   }
-  const int64_t dst = (slot * p.num_kv_heads + h) * words_per_row + w;
+  const int64_t dst = ((slot * write_row(p) + p.cache_offset) * p.elem_size) / int64_t(sizeof(Word)) +
+                      h * words_per_row + w;
   const int64_t k_src = (t * p.k_stride_t + h * p.k_stride_h) * p.elem_size / int64_t(sizeof(Word)) + w;
-  const int64_t v_src = (t * p.v_stride_t + h * p.v_stride_h) * p.elem_size / int64_t(sizeof(Word)) + w;
   static_cast<Word*>(p.k_cache)[dst] = static_cast<const Word*>(p.k)[k_src];
+  if (p.v_cache == nullptr) return;  // K only (MLA)
+  const int64_t v_src = (t * p.v_stride_t + h * p.v_stride_h) * p.elem_size / int64_t(sizeof(Word)) + w;
   static_cast<Word*>(p.v_cache)[dst] = static_cast<const Word*>(p.v)[v_src];
 }
 
@@ -69,10 +71,11 @@ __global__ void write_kv_fp8_kernel(const WriteKvParams p) {
     if (slot != -1 && h == 0 && d == 0) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
     return;
   }
-  const int64_t dst = (slot * p.num_kv_heads + h) * p.head_dim + d;
+  const int64_t dst = slot * write_row(p) + p.cache_offset + int64_t(h) * p.head_dim + d;
   const float k = to_float(static_cast<const T*>(p.k)[t * p.k_stride_t + h * p.k_stride_h + d]);
-  const float v = to_float(static_cast<const T*>(p.v)[t * p.v_stride_t + h * p.v_stride_h + d]);
   static_cast<uint8_t*>(p.k_cache)[dst] = float_to_fp8_e4m3(k / ks);
+  if (p.v_cache == nullptr) return;  // K only (MLA)
+  const float v = to_float(static_cast<const T*>(p.v)[t * p.v_stride_t + h * p.v_stride_h + d]);
   static_cast<uint8_t*>(p.v_cache)[dst] = float_to_fp8_e4m3(v / vs);
 }
 
@@ -81,6 +84,10 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, cudaStream_
   if (p.kernel != kAttentionRowwise && !mma) return cudaErrorInvalidValue;
   if (mma && p.dtype == kFloat32) return cudaErrorInvalidValue;  // tensor cores: 16-bit inputs
   if (p.kv_dtype != p.dtype && p.kv_dtype != kFloat8E4M3) return cudaErrorInvalidValue;
+  const bool mla = p.head_dim == kMlaHeadDim && value_dim(p) == kMlaValueDim && p.num_kv_heads == 1 &&
+                   p.v_cache == p.k_cache;
+  const bool gqa = (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && value_dim(p) == p.head_dim;
+  if (!mla && !gqa) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.num_reqs > 65535) return cudaErrorInvalidValue;  // grid.z
   const int32_t S = attention_splits(p);
@@ -101,6 +108,15 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, cudaStream_
       }
       err = launch_attention_rowwise<T, D>(p, S, ws_ml, ws_acc, stream);
     };
+    if (p.head_dim == kMlaHeadDim) {  // MLA (verify_attention_mla): 16-bit q only
+      if constexpr (sizeof(T) == 2) {
+        if (mma) err = launch_attention_mla_mma<T>(p, S, ws_ml, ws_acc, stream);
+        else err = launch_attention_rowwise<T, kMlaHeadDim, kMlaValueDim>(p, S, ws_ml, ws_acc, stream);
+      } else {
+        err = cudaErrorInvalidValue;
+      }
+      return;
+    }
     switch (p.head_dim) {
       case 64: launch(std::integral_constant<int, 64>{}); break;
       case 128: launch(std::integral_constant<int, 128>{}); break;
@@ -108,7 +124,7 @@ inline cudaError_t launch_verify_attention(const AttentionParams& p, cudaStream_
       default: break;
     }
   });
-  if (!ok || (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)) return cudaErrorInvalidValue;
+  if (!ok) return cudaErrorInvalidValue;
   return err;
 }
 
@@ -124,7 +140,9 @@ inline cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream) 
   }
   const int64_t row_bytes = int64_t(p.head_dim) * p.elem_size;
   const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
+  // (aligned(nullptr): a K-only write has no V)
   const bool vec = row_bytes % 16 == 0 && aligned(p.k) && aligned(p.v) && aligned(p.k_cache) && aligned(p.v_cache) &&
+                   (write_row(p) * p.elem_size) % 16 == 0 && (p.cache_offset * p.elem_size) % 16 == 0 &&
                    (p.k_stride_t * p.elem_size) % 16 == 0 && (p.k_stride_h * p.elem_size) % 16 == 0 &&
                    (p.v_stride_t * p.elem_size) % 16 == 0 && (p.v_stride_h * p.elem_size) % 16 == 0;
   const int threads = 256;

@@ -45,6 +45,7 @@
 #include <cstdint>
 
 #include "adaptive_verify/attention/merge.cuh"
+#include "adaptive_verify/attention/mma_tile.cuh"
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/attention/request_span.cuh"
 #include "adaptive_verify/attention/tensor_core.cuh"
@@ -83,13 +84,6 @@ struct MmaConfig {
   static constexpr int smem_bytes(int warps) { return kFixedBytes + warps * kRowsPerWarp * D * 2; }
   static_assert(kFixedBytes + kMaxWarps * kRowsPerWarp * D * 2 <= 227 * 1024, "fits one SM's smem");
 };
-
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile: chunks are XORed
-// with row % 8, so the 8 rows an ldmatrix reads at one logical chunk fall in 8 distinct bank groups.
-template <int D>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * D + ((chunk ^ (row & 7)) << 3);
-}
 
 // Fused variant's padding writer (grid slice z = R): one warp per (token, q head) of the tokens no valid
 // request owns (padding rows, tokens past query_start_loc[R], invalid requests), zeros and lse -inf, as
@@ -142,16 +136,11 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   const int64_t begin = span.begin;
   const int32_t num_tiles = s_end >= s0 ? (s_end - s0) / kTile + 1 : 0;  // 0: the block's rows see none
   const bool counts_bad = w.counts_bad;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
   // The split's block ids into smem once, so the pipeline's loads never wait on a table read; block_size
   // is a power of two (can_implement), so pages and offsets are shifts and masks.
   const int page_shift = __ffs(p.block_size) - 1;
   const int32_t page0 = s0 >> page_shift;
-  if (num_tiles > 0) {
-    const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
-    for (int32_t i = tid; i <= (s_end >> page_shift) - page0; i += nthreads) page_s[i] = table[page0 + i];
-  }
+  load_split_pages(page_s, p, r, s0, s_end, page_shift, tid, nthreads);
   __syncthreads();  // page_s written (every thread of an active block gets here)
 
   // Tile i's K and V rows into stage i % kStages: one 16-byte chunk per thread and round, zero-filled past
@@ -167,36 +156,10 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     for (int idx = tid; idx < kTile * kChunks; idx += nthreads) {
       const int j = idx / kChunks, c = idx % kChunks;
       const int32_t pos = t0 + j;
-      int64_t off = -1;
-      if (pos <= s_end) {
-        const int32_t block = page_s[(pos >> page_shift) - page0];
-        if (block >= 0 && block < p.num_blocks) {
-          off = ((int64_t(block) * p.block_size + (pos & (p.block_size - 1))) * p.num_kv_heads + h) * D + c * 8;
-        } else if (counts_bad && c == 0) {  // cannot be checked on the host without a sync
-          atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
-        }
-      }
+      const int64_t off = chunk_offset<D>(p, page_s, page0, page_shift, pos, s_end, h, c, counts_bad && c == 0);
       if (c == 0) flag_s[stage * kTile + j] = off >= 0 ? 1 : 0;
-      T* kd = k_dst + swizzle<D>(j, c);
-      T* vd = v_dst + swizzle<D>(j, c);
-      if (fp8) {
-        const fp8e4m3_t* k8 = static_cast<const fp8e4m3_t*>(p.k_cache);
-        const fp8e4m3_t* v8 = static_cast<const fp8e4m3_t*>(p.v_cache);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          from_float(off >= 0 ? to_float(k8[off + e]) : 0.f, kd + e);
-          from_float(off >= 0 ? to_float(v8[off + e]) : 0.f, vd + e);
-        }
-      } else if (vec_loads) {
-        tc::cp_async16(kd, off >= 0 ? kc + off : kc, off >= 0);
-        tc::cp_async16(vd, off >= 0 ? vc + off : vc, off >= 0);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          kd[e] = off >= 0 ? kc[off + e] : T{0};
-          vd[e] = off >= 0 ? vc[off + e] : T{0};
-        }
-      }
+      load_chunk(k_dst + swizzle<D>(j, c), p.k_cache, off, fp8, vec_loads);
+      load_chunk(v_dst + swizzle<D>(j, c), p.v_cache, off, fp8, vec_loads);
     }
   };
 
@@ -209,33 +172,12 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   }
   // The block's query rows into smem (swizzled), zeros past the request; made visible by the first
   // barrier of the tile loop.
-  for (int idx = tid; idx < block_rows * kChunks; idx += nthreads) {
-    const int lr = idx / kChunks, c = idx % kChunks;
-    T* dst = q_s + swizzle<D>(lr, c);
-    if (lr < nrows) {
-      const int32_t row = row0 + lr;
-      const T* src = static_cast<const T*>(p.q) + (begin + row / group) * p.q_stride_t +
-                     int64_t(h * group + row % group) * p.q_stride_h + c * 8;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = src[e];
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = T{0};
-    }
-  }
-
-  // This lane's two rows (block rows wr and wr + 8) and the last position each sees (-1: past the request).
+  load_query_rows<T, D>(q_s, p, begin, row0, nrows, block_rows, group, h, tid, nthreads);
+  // This lane's two rows (block rows wr and wr + 8), their limits and tree masks, and the warp's last position.
+  int32_t warp_last;
+  const FragmentRows frag_rows = fragment_rows(p, begin, row0, nrows, warp * Cfg::kRowsPerWarp, group, last_of_token0,
+                                               lane, warp_last);
   const int wr = warp * Cfg::kRowsPerWarp + (lane >> 2);
-  const int32_t lim0 = wr < nrows ? last_of_token0 + (row0 + wr) / group : -1;
-  const int32_t lim1 = wr + 8 < nrows ? last_of_token0 + (row0 + wr + 8) / group : -1;
-  // Their draft-tree masks (tree_mask.h; every bit for a chain): a tree hides positions inside the causal
-  // bound, so the block's and warps' bounds (s_end, warp_last) stay the causal ones.
-  const uint64_t mask0 = wr < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr) / group) : 0;
-  const uint64_t mask1 = wr + 8 < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr + 8) / group) : 0;
-  // The warp's last visible position (warp-uniform): its last real row's limit.
-  const int warp_rows_end = (warp + 1) * Cfg::kRowsPerWarp < nrows ? (warp + 1) * Cfg::kRowsPerWarp : nrows;
-  const int32_t warp_last =
-      warp * Cfg::kRowsPerWarp < nrows ? last_of_token0 + (row0 + warp_rows_end - 1) / group : -1;
   // exp(x) = exp2(x log2 e); an fp8 cache's K scale folds in here and its V scale into the written acc.
   const float scale_log2 = p.scale * (fp8 ? kv_scale(p, h, false) : 1.f) * 1.4426950408889634f;
   const float v_scale = fp8 ? kv_scale(p, h, true) : 1.f;
@@ -260,123 +202,19 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     const T* v_t = k_t + Cfg::kTileElems;
     const int32_t* flags = flag_s + stage * kTile;
 
-    // S = Q K^T over the head dim, 16 at a time. ldmatrix row addresses: for Q (A operand) lane l gives
-    // row l % 16, chunk 2 ks + l / 16; for K (B operand, K rows are its columns) position
-    // 16 np + 8 (l / 16) + l % 8, chunk 2 ks + (l / 8) % 2, so r[0..1] and r[2..3] are two N tiles.
+    // S = Q K^T over the head dim (mma_tile.cuh), masked and folded into the online softmax.
     float sc[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t qa[4];
-      tc::ldmatrix_x4(qa, q_s + swizzle<D>(warp * Cfg::kRowsPerWarp + (lane & 15), 2 * ks + (lane >> 4)));
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        uint32_t kb[4];
-        tc::ldmatrix_x4(kb, k_t + swizzle<D>(16 * np + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1)));
-        tc::mma_16816(sc[2 * np], qa, kb[0], kb[1], T{});
-        tc::mma_16816(sc[2 * np + 1], qa, kb[2], kb[3], T{});
-      }
-    }
+    qk_tile<T, D, kNT>(sc, q_s, warp * Cfg::kRowsPerWarp, k_t, lane);
+    online_softmax_tile(sc, acc, m0, m1, l0, l1, frag_rows, t0, s_end, flags, scale_log2, lane);
 
-    // Mask and scale: element e of N tile nt is position t0 + 8 nt + 2 (l % 4) + e % 2 of row e < 2 ? wr :
-    // wr + 8. Hidden: past the split, a skipped block, past the row's limit or not in its tree mask.
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 8 * nt + 2 * (lane & 3) + (e & 1);
-        const int32_t pos = t0 + j;
-        const int32_t lim = e < 2 ? lim0 : lim1;
-        const bool vis = pos <= s_end && flags[j] != 0 &&
-                         position_visible(e < 2 ? mask0 : mask1, pos, last_of_token0, lim);
-        sc[nt][e] = vis ? sc[nt][e] * scale_log2 : -INFINITY;
-      }
-      mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));  // fmaxf drops NaN; exp2 below carries it to l and acc
-      mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {  // the 4 lanes of a quad share a row
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-    // Reference point of the exponentials: 0 while a row has seen nothing (m = -inf), so that hidden
-    // positions give exp2(-inf) = 0 and never exp2(-inf - -inf) = NaN.
-    const float ref0 = new0 == -INFINITY ? 0.f : new0, ref1 = new1 == -INFINITY ? 0.f : new1;
-    const float c0 = exp2f(m0 - ref0), c1 = exp2f(m1 - ref1);
-    m0 = new0;
-    m1 = new1;
-    float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      sc[nt][0] = exp2f(sc[nt][0] - ref0);
-      sc[nt][1] = exp2f(sc[nt][1] - ref0);
-      sc[nt][2] = exp2f(sc[nt][2] - ref1);
-      sc[nt][3] = exp2f(sc[nt][3] - ref1);
-      ps0 += sc[nt][0] + sc[nt][1];
-      ps1 += sc[nt][2] + sc[nt][3];
-    }
-    l0 = l0 * c0 + ps0;
-    l1 = l1 * c1 + ps1;
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      acc[dt][0] *= c0;
-      acc[dt][1] *= c0;
-      acc[dt][2] *= c1;
-      acc[dt][3] *= c1;
-    }
-
-    // O += P V, 16 positions (one MMA K) at a time. The C fragments of S tiles 2 kk and 2 kk + 1 are
-    // exactly the A fragment of P for positions 16 kk .. 16 kk + 15. V rows are positions, so the B
-    // operand comes from ldmatrix.trans: lane l gives position 16 kk + l % 16, chunk 2 dp + l / 16, and
-    // r[0..1] / r[2..3] are head-dim tiles 2 dp / 2 dp + 1.
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = tc::pack2(sc[2 * kk][0], sc[2 * kk][1], T{});
-      pa[1] = tc::pack2(sc[2 * kk][2], sc[2 * kk][3], T{});
-      pa[2] = tc::pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], T{});
-      pa[3] = tc::pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], T{});
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t vb[4];
-        tc::ldmatrix_x4_trans(vb, v_t + swizzle<D>(16 * kk + (lane & 15), 2 * dp + (lane >> 4)));
-        tc::mma_16816(acc[2 * dp], pa, vb[0], vb[1], T{});
-        tc::mma_16816(acc[2 * dp + 1], pa, vb[2], vb[3], T{});
-      }
-    }
+    pv_tile<T, D, kTile, kNT, kDT>(acc, sc, v_t, 0, lane);  // O += P V
   }
   tc::cp_async_wait<0>();  // nothing may be in flight when the block exits (only empty groups remain)
 
-  // l over the quad's columns; then (m, l) from lane 0 of each quad, acc as float2 per fragment pair
-  // (8-byte aligned: even float offsets in a workspace whose acc part starts at an even offset).
-  // m back to natural-log units for the workspace: m ln 2. Rows with no visible position in this split
-  // write (-inf, 0, zeros), which the merge skips.
-#pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-  }
-  constexpr float kLn2 = 0.6931471805599453f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int lr = wr + 8 * half;
-    if (lr >= nrows) continue;
-    const int32_t row = row0 + lr;
-    const int64_t cell = ((begin + row / group) * p.num_q_heads + h * group + row % group) * num_splits + s;
-    if ((lane & 3) == 0) {
-      const float m = half == 0 ? m0 : m1;
-      ws_ml[2 * cell] = m == -INFINITY ? -INFINITY : m * kLn2;
-      ws_ml[2 * cell + 1] = half == 0 ? l0 : l1;
-    }
-    float* dst = ws_acc + cell * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<float2*>(dst + 8 * dt) =
-          make_float2(acc[dt][2 * half] * v_scale, acc[dt][2 * half + 1] * v_scale);
-  }
+  // (m, l) from lane 0 of each quad after summing l over the quad; acc as float2 per fragment pair.
+  quad_sum(l0, l1);
+  write_partials<D, kDT>(ws_ml, ws_acc, p, begin, row0, nrows, wr, group, h * group, num_splits, s, m0, m1, l0, l1, acc,
+                         v_scale, 0, true, lane);
   if (counters == nullptr) return;  // two launches: attention_merge_kernel merges
 
   // Fused: the last of the request's split blocks for this (KV head, row chunk) to arrive merges its rows,

@@ -33,11 +33,14 @@ __device__ __forceinline__ float load_kv(const void* cache, int64_t i, bool fp8)
   return fp8 ? to_float(static_cast<const fp8e4m3_t*>(cache)[i]) : to_float(static_cast<const T*>(cache)[i]);
 }
 
-template <typename T, int D>
+// D: K's dims (the score); Dv: V's and the output's (D, or MLA's 512 of a 576-value latent row: V is then the
+// start of the row K is, at the same address).
+template <typename T, int D, int Dv>
 __global__ void __launch_bounds__(128)
     attention_partials_rowwise_kernel(const AttentionParams p, int32_t num_splits, float* __restrict__ ws_ml,
                                       float* __restrict__ ws_acc) {
-  constexpr int kPerLane = D / 32;
+  constexpr int kPerLane = D / 32, kPerLaneV = Dv / 32;
+  static_assert(D % 32 == 0 && Dv % 32 == 0, "lanes split the dims evenly");
   const int32_t s = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const bool fp8 = p.kv_dtype == kFloat8E4M3;
@@ -64,12 +67,11 @@ __global__ void __launch_bounds__(128)
     const uint64_t mask = token_tree_mask(p.tree_mask, token);
     const int32_t s1 = s0 + kSplitTokens - 1 < last ? s0 + kSplitTokens - 1 : last;
     const T* qrow = static_cast<const T*>(p.q) + token * p.q_stride_t + int64_t(qh) * p.q_stride_h;
-    float qv[kPerLane], acc[kPerLane];
+    float qv[kPerLane], acc[kPerLaneV];
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      qv[e] = to_float(qrow[lane * kPerLane + e]) * p.scale * k_scale;
-      acc[e] = 0.f;
-    }
+    for (int e = 0; e < kPerLane; ++e) qv[e] = to_float(qrow[lane * kPerLane + e]) * p.scale * k_scale;
+#pragma unroll
+    for (int e = 0; e < kPerLaneV; ++e) acc[e] = 0.f;
     float m = -INFINITY, l = 0.f;
     for (int32_t pos = s0; pos <= s1; ++pos) {
       const int32_t block = table[pos / p.block_size];
@@ -81,7 +83,8 @@ __global__ void __launch_bounds__(128)
       // A draft tree's non-ancestors (warp-uniform: one row per warp); after the block check, so bad ids
       // are still counted once per position the request may read.
       if (!position_visible(mask, pos, context_len, last)) continue;
-      const int64_t base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D + lane * kPerLane;
+      const int64_t row_base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D;
+      const int64_t base = row_base + lane * kPerLane, v_base = row_base + lane * kPerLaneV;
       float sc = 0.f;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) sc += qv[e] * load_kv<T>(p.k_cache, base + e, fp8);
@@ -90,13 +93,13 @@ __global__ void __launch_bounds__(128)
         const float c = expf(m - sc);
         l *= c;
 #pragma unroll
-        for (int e = 0; e < kPerLane; ++e) acc[e] *= c;
+        for (int e = 0; e < kPerLaneV; ++e) acc[e] *= c;
         m = sc;
       }
       const float w = expf(sc - m);
       l += w;
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) acc[e] += w * load_kv<T>(p.v_cache, base + e, fp8);
+      for (int e = 0; e < kPerLaneV; ++e) acc[e] += w * load_kv<T>(p.v_cache, v_base + e, fp8);
     }
     const int64_t cell = (token * p.num_q_heads + qh) * num_splits + s;
     if (lane == 0) {
@@ -104,11 +107,11 @@ __global__ void __launch_bounds__(128)
       ws_ml[2 * cell + 1] = l;
     }
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) ws_acc[cell * D + lane * kPerLane + e] = acc[e] * v_scale;
+    for (int e = 0; e < kPerLaneV; ++e) ws_acc[cell * Dv + lane * kPerLaneV + e] = acc[e] * v_scale;
   }
 }
 
-template <typename T, int D>
+template <typename T, int D>  // D: the output's dims (value_dim)
 __global__ void __launch_bounds__(128)
     attention_merge_rowwise_kernel(const AttentionParams p, int32_t num_splits, const float* __restrict__ ws_ml,
                                    const float* __restrict__ ws_acc) {
@@ -139,16 +142,16 @@ __global__ void __launch_bounds__(128)
 }
 
 // Both launches of the row-wise kernel; workspace split as in launch_verify_attention (kernel.cuh).
-template <typename T, int D>
+template <typename T, int D, int Dv = D>
 inline cudaError_t launch_attention_rowwise(const AttentionParams& p, int32_t num_splits, float* ws_ml,
                                             float* ws_acc, cudaStream_t stream) {
   const dim3 grid_partials(unsigned(num_splits), unsigned(p.num_kv_heads), unsigned(p.num_reqs > 0 ? p.num_reqs : 1));
   if (p.num_reqs > 0) {
-    const cudaError_t err = launch_kernel(attention_partials_rowwise_kernel<T, D>, grid_partials, dim3(128), 0, stream,
-                                          p, num_splits, ws_ml, ws_acc);
+    const cudaError_t err = launch_kernel(attention_partials_rowwise_kernel<T, D, Dv>, grid_partials, dim3(128), 0,
+                                          stream, p, num_splits, ws_ml, ws_acc);
     if (err != cudaSuccess) return err;
   }
-  return launch_kernel(attention_merge_rowwise_kernel<T, D>, dim3(unsigned(p.num_tokens)), dim3(128), 0, stream, p,
+  return launch_kernel(attention_merge_rowwise_kernel<T, Dv>, dim3(unsigned(p.num_tokens)), dim3(128), 0, stream, p,
                        num_splits, ws_ml, ws_acc);
 }
 

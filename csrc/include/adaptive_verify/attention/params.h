@@ -62,15 +62,26 @@ struct AttentionParams {
   int32_t num_reqs = 0;
   int64_t num_tokens = 0;  // T
   int32_t num_q_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
+  // Dims of V and of the output: 0 or head_dim (GQA/MHA), or kMlaValueDim for MLA (head_dim kMlaHeadDim, one KV
+  // "head", v_cache == k_cache: V is the first kMlaValueDim values of the latent row that K is; value_dim() below).
+  int32_t v_head_dim = 0;
   int64_t num_blocks = 0;
   int32_t max_query_len = 0;
   float scale = 1.f;
-  void* out = nullptr;   // [T, Hq, D] of `dtype`, contiguous
+  void* out = nullptr;   // [T, Hq, value_dim] of `dtype`, contiguous
   float* lse = nullptr;  // [T, Hq] or null
   int32_t* error_counts = nullptr;
   int32_t kernel = kAttentionRowwise;  // kAttention* above (CUDA only)
   float* workspace = nullptr;          // CUDA only: attention_workspace_floats(*this) floats
 };
+
+// MLA in its absorbed form (verify_attention_mla): a latent row of kMlaValueDim values then kMlaRopeDim RoPE values;
+// scores over all kMlaHeadDim, values the first kMlaValueDim. Up to kMlaMaxHeads query heads share the one row.
+constexpr int32_t kMlaValueDim = 512, kMlaRopeDim = 64, kMlaHeadDim = kMlaValueDim + kMlaRopeDim;
+constexpr int32_t kMlaMaxHeads = 128;
+
+AV_HD int32_t value_dim(const AttentionParams& p) { return p.v_head_dim > 0 ? p.v_head_dim : p.head_dim; }
+AV_HD bool is_mla(const AttentionParams& p) { return p.head_dim == kMlaHeadDim; }
 
 // Split-KV splits of a call: the block table's positions in kSplitTokens pieces (at least one). Host bounds
 // only, so a captured graph's grid and workspace fit any lengths.
@@ -102,7 +113,7 @@ inline MmaLaunchShape mma_launch_shape(const AttentionParams& p) {
 // Floats of CUDA workspace a call needs: (max, sum) then acc[D] per (token, q head, split), the same layout
 // for every kernel; kAttentionMmaFused adds an int32 arrival counter per (request, KV head, row chunk).
 inline int64_t attention_workspace_floats(const AttentionParams& p) {
-  int64_t n = p.num_tokens * p.num_q_heads * int64_t(attention_splits(p)) * (p.head_dim + 2);
+  int64_t n = p.num_tokens * p.num_q_heads * int64_t(attention_splits(p)) * (value_dim(p) + 2);
   if (p.kernel == kAttentionMmaFused) n += int64_t(p.num_reqs) * p.num_kv_heads * mma_launch_shape(p).chunks;
   return n;
 }
@@ -111,8 +122,11 @@ struct WriteKvParams {
   const void* k = nullptr;  // [T, Hkv, D] of `dtype`, strides (k_stride_t, k_stride_h, 1)
   const void* v = nullptr;
   int64_t k_stride_t = 0, k_stride_h = 0, v_stride_t = 0, v_stride_h = 0;
-  void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous
-  void* v_cache = nullptr;
+  void* k_cache = nullptr;  // [num_blocks, block_size, Hkv, D] contiguous (rows of cache_row elements)
+  void* v_cache = nullptr;  // null (with v): K only (MLA's latent cache)
+  // Elements between consecutive slots of a cache (0: Hkv * D) and the element offset of head 0 within a slot's row:
+  // MLA writes its 512 latent values at offset 0 and its 64 RoPE values at offset 512 of 576-element rows.
+  int64_t cache_row = 0, cache_offset = 0;
   const int64_t* slot_mapping = nullptr;  // [T]; -1 skips the token
   int64_t num_tokens = 0;
   int32_t num_kv_heads = 0, head_dim = 0, block_size = 0;
@@ -128,6 +142,11 @@ struct WriteKvParams {
   int32_t k_scale_stride = 0, v_scale_stride = 0;  // 1: per KV head; 0: one value
   int32_t* error_counts = nullptr;
 };
+
+// Elements between a cache's consecutive slots in write_kv.
+AV_HD int64_t write_row(const WriteKvParams& p) {
+  return p.cache_row > 0 ? p.cache_row : int64_t(p.num_kv_heads) * p.head_dim;
+}
 
 // commit_tree_kv (docs/design.md, "Draft trees"): request r's accepted path, entries i = 1 .. num_accepted[r] of
 // accepted_offsets[r] (offsets within its verified block; entry 0 is the anchor's and is not read), moves from KV
