@@ -3,7 +3,8 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_kernels.py
 
-Covers verify_attention's candidate "mma" and "mma_fused" (and every kernel with a draft-tree mask), the
+Covers verify_attention's candidate "mma" and "mma_fused" (and every kernel with a draft-tree mask, and with fp8
+caches), verify_attention_mla's kernels (bf16 and fp8 latent caches), the
 planner's one-algorithm kernel (2026-12-01), the sampler's candidate "splitv" (the split-vocabulary kernel
 with its cross-block early exit) and the tree sampler (tree_rejection_sample, with logprobs and truncation): the
 shared-memory races and out-of-bounds accesses the host emulator (tests/emu) cannot see on real hardware. Sizes are small because the sanitizer
@@ -49,6 +50,37 @@ def attention_cases():
         got = av.verify_attention(*dev, cuda_kernel=kernel, tree_mask=mask.cuda()).float().cpu()
         err = (got - want).abs().max().item()
         yield f"verify_attention {kernel} tree_mask", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
+
+
+def kv_cache_variant_cases():
+    """fp8 KV caches (per-head scales) through every GQA kernel, and MLA (bf16 and fp8 latent caches) through both of
+    its kernels, each against the CPU kernel."""
+    g = torch.Generator().manual_seed(4)
+    qsl = torch.tensor([0, 3, 8, 9], dtype=torch.int32)
+    seq = torch.tensor([600, 90, 1100], dtype=torch.int32)
+    bs = 16
+    table = torch.randperm(3 * 70, generator=g)[:3 * 69].to(torch.int32).view(3, 69)
+    q = torch.randn(10, 8, 128, generator=g).to(torch.bfloat16)
+    kc = torch.randn(3 * 70, bs, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    vc = torch.randn(3 * 70, bs, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    ks, vs = torch.tensor([0.5, 0.25]), torch.tensor([0.125, 1.0])
+    args = (q, kc, vc, table, seq, qsl, 5)
+    want = av.verify_attention(*args, k_scale=ks, v_scale=vs).float()
+    dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    for kernel in ("rowwise", "mma", "mma_fused"):
+        got = av.verify_attention(*dev, cuda_kernel=kernel, k_scale=ks.cuda(), v_scale=vs.cuda()).float().cpu()
+        err = (got - want).abs().max().item()
+        yield f"verify_attention {kernel} fp8", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
+    q = torch.randn(10, 16, 576, generator=g).to(torch.bfloat16)
+    for kv_cache, kv_scale in ((torch.randn(3 * 70, bs, 576, generator=g).to(torch.bfloat16), None),
+                               (torch.randn(3 * 70, bs, 576, generator=g).to(torch.float8_e4m3fn), 0.5)):
+        args = (q, kv_cache, table, seq, qsl, 5)
+        want = av.verify_attention_mla(*args, scale=0.07, kv_scale=kv_scale).float()
+        dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+        for kernel in ("rowwise", "mma"):
+            got = av.verify_attention_mla(*dev, scale=0.07, kv_scale=kv_scale, cuda_kernel=kernel).float().cpu()
+            err = (got - want).abs().max().item()
+            yield f"verify_attention_mla {kernel} {kv_cache.dtype}", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
 
 
 def planner_case():
@@ -105,7 +137,7 @@ def main() -> int:
         print("needs an NVIDIA GPU and a CUDA build")
         return 1
     ok = True
-    for cases in (attention_cases, planner_case, sampler_cases):
+    for cases in (attention_cases, kv_cache_variant_cases, planner_case, sampler_cases):
         for name, good, detail in cases():
             torch.cuda.synchronize()
             print(f"{'ok  ' if good else 'FAIL'} {name} {detail}")

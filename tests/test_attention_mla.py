@@ -220,8 +220,8 @@ def test_mla_step_compiles_fullgraph(fp8):
     assert torch.equal(eager[1].view(torch.uint8), compiled[1].view(torch.uint8))
     err = torch.zeros(av_errors.error_buffer("cpu").numel(), dtype=torch.int32)
     if not fp8:
-        torch.library.opcheck(torch.ops.adaptive_verify.write_kv_.default,
-                              (x[1].unsqueeze(1), None, x[3].unsqueeze(2), None, slots, err, 1.0, None, 1.0, None, D, 0))
+        k_only = (x[1].unsqueeze(1), None, x[3].unsqueeze(2), None, slots, err, 1.0, None, 1.0, None, D, 0)
+        torch.library.opcheck(torch.ops.adaptive_verify.write_kv_.default, k_only)
 
 
 # ---- the CUDA kernels' source under the host emulator ----
@@ -284,7 +284,7 @@ def test_emulated_rowwise_kernel(emu):
 def test_emulated_replay_of_a_frozen_struct_with_new_lengths(emu):
     """What a captured CUDA graph does: the same parameter struct (pointers, host bounds) run again after the
     lengths, block table and cache contents changed in place; the result follows the new contents."""
-    m = Mla(21, torch.bfloat16, 16, 32, 4, R=3, max_seq=500)
+    m = Mla(21, torch.bfloat16, 16, 32, 4, R=3, max_seq=500, fp8_scale=0.1)  # (an fp8 cache: its decode path too)
     frozen = []
     emu_call(emu, "mma", m, params_out=frozen)
     params, out, lse, counts = frozen
@@ -300,7 +300,7 @@ def test_emulated_replay_of_a_frozen_struct_with_new_lengths(emu):
     p.q_lens, p.seq_lens_list = new_q, p.seq_lens.tolist()
     err = ctypes.create_string_buffer(512)
     out.fill_(NAN)
-    assert emu(ctypes.addressof(params), LATE, 0, m.kv_cache.numel() * 2, err, len(err)) == 0, err.value
+    assert emu(ctypes.addressof(params), LATE, 0, m.kv_cache.numel() * m.kv_cache.element_size(), err, len(err)) == 0
     m.check(out, lse)
 
 
@@ -340,3 +340,35 @@ def test_cuda_write_kv_mla_matches_cpu():
         av.write_kv_mla(kv_c, k_pe, cache, slots, kv_scale=scale)
         av.write_kv_mla(kv_c.cuda(), k_pe.cuda(), gcache, slots.cuda(), kv_scale=scale)
         assert torch.equal(gcache.cpu().view(torch.uint8), cache.view(torch.uint8))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel", ["rowwise", "mma"])
+def test_cuda_graph_replays_new_lengths(kernel):
+    """Capture once with host bounds; replays with new lengths and queries (copied into the captured buffers) follow
+    the new contents."""
+    m = Mla(31, torch.bfloat16, 16, 64, 4, R=3, max_seq=900)
+    q, kv, bt, sl, qsl, mql = [a.cuda() if isinstance(a, torch.Tensor) else a for a in m.args()]
+    out = torch.empty(q.shape[0], q.shape[1], DV, dtype=q.dtype, device="cuda")
+    def call():
+        av.verify_attention_mla(q, kv, bt, sl, qsl, mql, scale=m.scale, out=out, cuda_kernel=kernel)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    p = m.p
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        new_q = [min(int(torch.randint(0, 5, (1,), generator=g)), s) for s in p.seq_lens_list]
+        p.query_start_loc.copy_(torch.tensor([0] + torch.tensor(new_q).cumsum(0).tolist(), dtype=torch.int32))
+        p.q.copy_(torch.randn(p.q.shape, generator=g).to(p.q.dtype))
+        p.q_lens = new_q
+        qsl.copy_(p.query_start_loc)
+        q.copy_(p.q)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = out.cpu()
+        lse = ref.verify_attention_mla(*m.args(), scale=m.scale, return_lse=True)[1]  # lse is not captured here
+        m.check(got, lse)

@@ -107,8 +107,8 @@ def write_kv_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
     the cache's dtype, or bf16 / fp16 into a float8_e4m3fn cache (quantised as write_kv does, by kv_scale). Slot -1
     skips a token; other out-of-range slots raise ValueError on CPU and are skipped and counted on CUDA. Two launches
     (the latent part, then the RoPE part), every length on the device: graph-safe."""
+    _latent_cache(kv_cache, None)
     device = check_device("kv_cache", kv_cache)
-    _latent_cache(kv_cache, device)
     fp8 = kv_cache.dtype == FP8
     dtypes = (torch.bfloat16, torch.float16) if fp8 else (torch.bfloat16, torch.float16, torch.float32)
     if not fp8 and kv_cache.dtype not in dtypes:
@@ -132,8 +132,8 @@ def commit_tree_kv_mla(kv_cache: torch.Tensor, block_table: torch.Tensor, contex
                        accepted_offsets: torch.Tensor, num_accepted: torch.Tensor) -> None:
     """:func:`adaptive_verify.commit_tree_kv` for a latent cache [num_blocks, block_size, 576] (any dtype, fp8
     included): each request's accepted path moves to the KV indices of its depths, rows as bytes."""
+    _latent_cache(kv_cache, None)
     device = check_device("kv_cache", kv_cache)
-    _latent_cache(kv_cache, device)
     _check_commit_args(device, block_table, context_lens, accepted_offsets, num_accepted)
     run_op(_commit_tree_kv_, _launch_commit_tree_kv, kv_cache.unsqueeze(2), None, block_table, context_lens,
            accepted_offsets, num_accepted, errors.error_buffer(device))

@@ -120,6 +120,22 @@ def _cuda_cold_us(fn, reps=10) -> float:
     return statistics.median(samples)
 
 
+def time_against_baseline(ours: dict, base, run_base: bool, device, min_time_s: float, max_iters: int):
+    """({name: us} of each of our implementations, the baseline's us (nan unless run_base), the largest |ours -
+    baseline| (nan unless run_base)): cold L2 on CUDA, host batches on CPU."""
+    if device.type == "cuda":
+        times = {k: _cuda_cold_us(fn) for k, fn in ours.items()}
+        t_base = _cuda_cold_us(base) if run_base else float("nan")
+    else:
+        times = {k: host_time_us(fn, min_time_s=min_time_s, warmup=1, max_iters=max_iters) for k, fn in ours.items()}
+        t_base = host_time_us(base, min_time_s=min_time_s, warmup=1, max_iters=max_iters) if run_base else float("nan")
+    err = float("nan")
+    if run_base:
+        want = base().float()
+        err = max((fn().float() - want).abs().max().item() for fn in ours.values())
+    return times, t_base, err
+
+
 def bench_one(R, context, layer, device, min_time_s, kernels=None, kv_dtype="bf16") -> dict:
     args = make_inputs(R, context, layer, device, kv_dtype=kv_dtype)
     Hq, Hkv, D = LAYERS[layer]
@@ -132,19 +148,9 @@ def bench_one(R, context, layer, device, min_time_s, kernels=None, kv_dtype="bf1
     # exceed 8 GB (it would not fit, or would take the machine down), and say so with nan.
     dense_bytes = 2 * R * Hq * context * D * 2
     run_base = dense_bytes <= 8e9
-    if device.type == "cuda":
-        times = {k: _cuda_cold_us(fn) for k, fn in ours.items()}
-        t_base = _cuda_cold_us(base) if run_base else float("nan")
-    else:
-        times = {k: host_time_us(fn, min_time_s=min_time_s, warmup=1, max_iters=20) for k, fn in ours.items()}
-        t_base = host_time_us(base, min_time_s=min_time_s, warmup=1, max_iters=20) if run_base else float("nan")
+    times, t_base, err = time_against_baseline(ours, base, run_base, device, min_time_s, max_iters=20)
     best = min(times, key=times.get)
     t_ours = times[best]
-    if run_base:
-        want = base().float()
-        err = max((fn().float() - want).abs().max().item() for fn in ours.values())
-    else:
-        err = float("nan")
     nbytes = 2 * R * context * Hkv * D * args["k_cache"].element_size()
     nan = float("nan")
     return dict(layer=layer, kv=kv_dtype, R=R, context=context, ours_us=t_ours, best=best,
@@ -215,7 +221,7 @@ def bench_tree(layer, R, context, q_len, device, min_time_s, kernels, rounds=Non
     return rows
 
 
-TREE_COLUMNS = [("layer", "layer"), ("kv", "KV"), ("R", "R"), ("context", "context"), ("q_len", "q_len"), ("kernel", "kernel"),
+TREE_COLUMNS = [("layer", "layer"), ("R", "R"), ("context", "context"), ("q_len", "q_len"), ("kernel", "kernel"),
                 ("none_us", "no mask us"), ("chain_us", "chain mask us"), ("tree_us", "tree mask us"),
                 ("chain_ratio", "chain mask / no mask"), ("tree_ratio", "tree / no mask"),
                 ("chain_ratio_min", "chain / no mask (min)"), ("tree_ratio_min", "tree / no mask (min)"),
@@ -285,7 +291,8 @@ def bench_write_kv(device, min_time_s) -> list[dict]:
 KV_COLUMNS = [("layer", "layer"), ("T", "tokens"), ("ours_us", "write_kv us"), ("torch_us", "torch index_put us"),
               ("speedup", "torch / ours"), ("gbps", "GB/s moved")]
 
-COLUMNS = [("layer", "layer"), ("kv", "KV"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"), ("ours_us", "ours us"),
+COLUMNS = [("layer", "layer"), ("kv", "KV"), ("R", "R"), ("context", "context"), ("mbytes", "KV MB"),
+           ("ours_us", "ours us"),
            ("baseline_us", "padded SDPA us"), ("speedup", "baseline / ours"), ("gbps", "GB/s"),
            ("pct_copy", "% of copy BW"), ("max_abs_diff", "max |diff|")]
 CUDA_KERNELS = ("rowwise", "mma", "mma_fused")  # verify_attention(cuda_kernel=...)
@@ -345,10 +352,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="CUDA implementations to time (CUDA only)")
         ap.add_argument("--kv-dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16"],
                         help="KV cache element types (fp8: float8_e4m3fn with a per-tensor scale)")
+        ap.add_argument("--mla", action="store_true",
+                        help="MLA (verify_attention_mla) over a latent cache instead (bench/attention_mla.py)")
         ap.add_argument("--tree", action="store_true",
                         help="draft-tree masks against chains of the same token count instead (see above)")
 
     def run_any(a):
+        if a.mla:
+            from . import attention_mla
+            kernels = [k for k in a.kernels if k in attention_mla.KERNELS] or list(attention_mla.KERNELS)
+            return attention_mla.run(device=a.device, min_time_s=a.min_time, kernels=kernels,
+                                     kv_dtypes=tuple(a.kv_dtypes))
         if not a.tree:
             return run(a.reqs, a.contexts, tuple(a.layers), device=a.device, min_time_s=a.min_time, kernels=a.kernels,
                        kv_dtypes=tuple(a.kv_dtypes))
@@ -359,7 +373,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     return cli_main(argv, prog="adaptive-verify bench attention", description=__doc__.split("\n\n")[0],
                     add_arguments=add_arguments, run=run_any,
-                    report=lambda result: report_tree(result) if "tree_rows" in result else report(result))
+                    report=_report_any)
+
+
+def _report_any(result: dict) -> str:
+    if "mla_rows" in result:
+        from .attention_mla import report as report_mla
+        return report_mla(result)
+    return report_tree(result) if "tree_rows" in result else report(result)
 
 
 if __name__ == "__main__":

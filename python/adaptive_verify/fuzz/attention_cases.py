@@ -102,17 +102,24 @@ def _check(p: Paged, got, lse, scale, tree_mask=None):
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table, p.seq,
                                         p.qsl, p.mql, **kw)
     ref32, lse32 = ref.verify_attention(*p.args(), dtype=torch.float32, **kw)
-    ref32 = ref32.to(p.dtype).double()
-    end = int(p.qsl[-1])
+    check_requests(got, lse, (ref64, lse64), (ref32, lse32), p.qsl, p.q_lens, p.dtype)
+
+
+def check_requests(got, lse, ref64, ref32, qsl, q_lens, dtype) -> None:
+    """Each request's output and lse against the float64 reference (out, lse), within twice the float32 reference's
+    error plus one output ulp (lse: 1e-4 plus twice its float32 error); padding exactly 0 and -inf; no NaN."""
+    (ref64, lse64), (ref32, lse32) = ref64, ref32
+    ref32 = ref32.to(dtype).double()
+    end = int(qsl[-1])
     same("padding out", got[end:], torch.zeros_like(got[end:]))
     same("padding lse", lse[end:], torch.full_like(lse[end:], float("-inf")))
-    for r in range(p.R):
-        rows = slice(int(p.qsl[r]), int(p.qsl[r + 1]))
-        if p.q_lens[r] == 0:
+    for r in range(len(q_lens)):
+        rows = slice(int(qsl[r]), int(qsl[r + 1]))
+        if q_lens[r] == 0:
             continue
         want = ref64[rows]
         ref_err = (ref32[rows] - want).abs().max().item()
-        close(f"out of request {r}", got[rows], want, 2 * ref_err + _ulp(p.dtype, want.abs().max().item()))
+        close(f"out of request {r}", got[rows], want, 2 * ref_err + _ulp(dtype, want.abs().max().item()))
         seen = torch.isfinite(lse64[rows])  # a tree token that sees no position has lse -inf (checked exactly)
         lse_ref_err = (lse32[rows][seen].double() - lse64[rows][seen].double()).abs().max().item() if seen.any() else 0
         close(f"lse of request {r}", lse[rows], lse64[rows], 1e-4 + 2 * lse_ref_err)
@@ -261,4 +268,4 @@ def write_kv_case(rng) -> Case:
                 what=f"{names[i]}: {desc}")
 
 
-__all__ = ["attention_case", "write_kv_case"]
+__all__ = ["attention_case", "check_requests", "write_kv_case"]
