@@ -274,6 +274,26 @@ def test_emulated_mma_kernel_tree_and_early_copies(emu):
     assert torch.equal(bits(late[0]), bits(fused[0]))
 
 
+def test_emulated_mma_kernel_is_batch_invariant(emu):
+    """Each request's bits equal those of the request run alone (same max_query_len): rows never share arithmetic
+    with another request's."""
+    m = Mla(17, torch.bfloat16, 24, 16, 3, R=3, max_seq=400, fp8_scale=0.2)
+    out, lse, _ = emu_call(emu, "mma", m)
+    p = m.p
+    for r in range(p.R):
+        if p.q_lens[r] == 0:
+            continue
+        alone = Mla(17, torch.bfloat16, 24, 16, 3, R=3, max_seq=400, fp8_scale=0.2)
+        a = alone.p
+        rows = p.rows(r)
+        a.q = p.q[rows].contiguous()
+        a.block_table, a.seq_lens = p.block_table[r:r + 1].contiguous(), p.seq_lens[r:r + 1].clone()
+        a.query_start_loc = torch.tensor([0, p.q_lens[r]], dtype=torch.int32)
+        a.T, a.R, a.q_lens, a.seq_lens_list = p.q_lens[r], 1, [p.q_lens[r]], [p.seq_lens_list[r]]
+        got, got_lse, _ = emu_call(emu, "mma", alone)
+        assert torch.equal(bits(got), bits(out[rows])) and torch.equal(bits(got_lse), bits(lse[rows])), r
+
+
 def test_emulated_rowwise_kernel(emu):
     m = Mla(2, torch.float16, 3, 16, 3, R=3, max_seq=80, fp8_scale=0.1)
     out, lse, counts = emu_call(emu, "rowwise", m)
