@@ -160,10 +160,11 @@ def call(p, **kw):
     return got, lse
 
 
-def check_against_reference(p, got, lse, scale=None, tree_mask=None, k_scale=None, v_scale=None):
+def check_against_reference(p, got, lse, scale=None, tree_mask=None, k_scale=None, v_scale=None, **variants):
     """`got` and `lse` against the float64 reference (module docstring's tolerance); fp8 caches (p.k_cache of
-    float8_e4m3fn) with their scales: the references dequantise, in float64 and float32."""
-    kw = dict(scale=scale, return_lse=True, tree_mask=tree_mask, k_scale=k_scale, v_scale=v_scale)
+    float8_e4m3fn) with their scales: the references dequantise, in float64 and float32. variants: sinks,
+    window_left, softcap (test_attention_variants.py)."""
+    kw = dict(scale=scale, return_lse=True, tree_mask=tree_mask, k_scale=k_scale, v_scale=v_scale, **variants)
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table,
                                         p.seq_lens, p.query_start_loc, p.max_query_len, **kw)
     ref32, lse32 = ref.verify_attention(*p.args(), dtype=torch.float32, **kw)

@@ -273,7 +273,7 @@ def test_attention_and_write_kv_fields_by_name(monkeypatch):
                 head_dim=D, block_size=bs, num_blocks=blocks, max_query_len=4, scale=0.375, out=out.data_ptr(),
                 lse=lse.data_ptr(), error_counts=av.errors.error_buffer("cpu").data_ptr(), kernel=0, workspace=None,
                 tree_mask=None, kv_dtype=2, k_scale=1.0, v_scale=1.0, k_scales=None, v_scales=None, k_scale_stride=0,
-                v_scale_stride=0, v_head_dim=D)
+                v_scale_stride=0, v_head_dim=D, sinks=None, window_left=-1, softcap=0.0)
     assert _fields(p, _binding.AttentionParams) == want
     # an fp8 cache with a per-head K scale tensor and a per-tensor V float
     kc8, vc8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)

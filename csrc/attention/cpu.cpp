@@ -34,6 +34,7 @@ struct Scratch {
   std::vector<float> qf, acc, total, kf, vf;
   std::vector<RowState> st, tot;
   std::vector<uint64_t> mask;  // [q_len] each query token's in-block mask (tree_mask.h)
+  std::vector<int32_t> low;    // [q_len] the lowest key position each sees (its window; tree_mask.h)
 };
 
 const std::array<float, 256>& fp8_table() {
@@ -80,9 +81,15 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
   kf.resize(size_t(D));
   vf.resize(size_t(Dv));
   std::vector<uint64_t>& mask = sc.mask;
+  std::vector<int32_t>& low = sc.low;
   mask.resize(size_t(q_len));
-  for (int32_t i = 0; i < q_len; ++i) mask[i] = token_tree_mask(p.tree_mask, begin + i);
+  low.resize(size_t(q_len));
   const int32_t context_len = kv_len - q_len;
+  for (int32_t i = 0; i < q_len; ++i) {
+    mask[i] = token_tree_mask(p.tree_mask, begin + i);
+    low[i] = window_low(mask[i], context_len, context_len + i, p.window_left);
+  }
+  const float softcap = p.softcap;
   {
     for (int32_t i = 0; i < q_len; ++i)
       for (int32_t g = 0; g < group; ++g) {
@@ -95,13 +102,15 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
       std::memset(total.data() + size_t(row) * Dv, 0, sizeof(float) * Dv);
     }
     const int32_t last_visible = kv_len - 1;  // the last query token sees every position
-    for (int32_t s0 = 0; s0 <= last_visible; s0 += kSplitTokens) {
+    // splits wholly below every token's window are skipped (the CUDA kernels skip the same ones)
+    const int32_t window_start = request_window_start(context_len, p.window_left);
+    for (int32_t s0 = window_start / kSplitTokens * kSplitTokens; s0 <= last_visible; s0 += kSplitTokens) {
       const int32_t s1 = s0 + kSplitTokens - 1 < last_visible ? s0 + kSplitTokens - 1 : last_visible;
       for (int32_t row = 0; row < rows; ++row) {
         st[row] = RowState{-INFINITY, 0.f};
         std::memset(acc.data() + size_t(row) * Dv, 0, sizeof(float) * Dv);
       }
-      for (int32_t pos = s0; pos <= s1; ++pos) {
+      for (int32_t pos = s0 > window_start ? s0 : window_start; pos <= s1; ++pos) {
         const int64_t slot = int64_t(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
         const KT* krow = kc + (slot * Hkv + h) * D;
         const KT* vrow = vc + (slot * Hkv + h) * D;
@@ -111,10 +120,11 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
         for (int32_t row = 0; row < rows; ++row) {
           const int32_t i = row / group;
           // causal inside the verified block, and a tree token's ancestors only
-          if (!position_visible(mask[i], pos, context_len, context_len + i)) continue;
+          if (!position_visible(mask[i], pos, context_len, context_len + i, low[i])) continue;
           const float* qr = qf.data() + size_t(row) * D;
           float s = 0.f;
           for (int32_t d = 0; d < D; ++d) s += qr[d] * kf[d];
+          if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
           float* a = acc.data() + size_t(row) * Dv;
           RowState& w = st[row];
           if (s > w.m) {  // new max: rescale what was accumulated
@@ -145,7 +155,16 @@ void attend(const AttentionParams& p, int32_t r, int32_t h, Scratch& sc) {
     for (int32_t row = 0; row < rows; ++row) {
       const int32_t i = row / group, qh = h * group + row % group;
       const int64_t token = begin + i;
-      const RowState& t = tot[row];
+      RowState& t = tot[row];
+      if (p.sinks != nullptr) {  // the sink joins the denominator with no value: rescale to the larger max
+        const float sink = p.sinks[qh];
+        const float m = t.l > 0.f && t.m > sink ? t.m : sink;
+        const float c = t.l > 0.f ? std::exp(t.m - m) : 0.f;
+        float* tv = total.data() + size_t(row) * Dv;
+        for (int32_t d = 0; d < Dv; ++d) tv[d] *= c;
+        t.l = t.l * c + std::exp(sink - m);
+        t.m = m;
+      }
       const float inv = t.l > 0.f ? 1.f / t.l : 0.f;
       T* dst = out + (token * p.num_q_heads + qh) * Dv;
       const float* tv = total.data() + size_t(row) * Dv;
@@ -203,7 +222,8 @@ int validate_attention_cpu(const AttentionParams& p) {
     const int64_t blocks = (int64_t(kv_len) + p.block_size - 1) / p.block_size;
     if (blocks > p.max_blocks) return kErrBlockTableTooShort;
     const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
-    for (int64_t b = 0; b < blocks; ++b)
+    // blocks wholly below a sliding window are never read (an engine may leave them unmapped)
+    for (int64_t b = request_window_start(kv_len - q_len, p.window_left) / p.block_size; b < blocks; ++b)
       if (table[b] < 0 || table[b] >= p.num_blocks) return kErrBlockIdOutOfRange;
   }
   return kOk;
@@ -215,6 +235,9 @@ int verify_attention_cpu(const AttentionParams& p) {
   const bool fp8 = p.kv_dtype == kFloat8E4M3;
   if (!fp8 && p.kv_dtype != p.dtype) return kErrBadArgument;
   if (fp8 && !kv_scales_ok(p, p.num_kv_heads)) return kErrKvScale;
+  if (p.sinks != nullptr)
+    for (int32_t h = 0; h < p.num_q_heads; ++h)
+      if (!(std::fabs(p.sinks[h]) <= 3.4028234663852886e38f)) return kErrSinks;
   const int64_t row_elems = int64_t(p.num_q_heads) * value_dim(p);
   // Padding first: every token not owned by a request keeps zeros and lse -inf.
   const size_t elem = p.dtype == kFloat32 ? 4 : 2;

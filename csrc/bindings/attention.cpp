@@ -53,7 +53,8 @@ void register_attention(py::module_& m) {
       AV_FIELD(A, block_size), AV_FIELD(A, num_blocks), AV_FIELD(A, max_query_len), AV_FIELD(A, scale),
       AV_FIELD(A, out), AV_FIELD(A, lse), AV_FIELD(A, error_counts), AV_FIELD(A, kernel), AV_FIELD(A, workspace),
       AV_FIELD(A, kv_dtype), AV_FIELD(A, k_scale), AV_FIELD(A, v_scale), AV_FIELD(A, k_scales), AV_FIELD(A, v_scales),
-      AV_FIELD(A, k_scale_stride), AV_FIELD(A, v_scale_stride), AV_FIELD(A, v_head_dim)});
+      AV_FIELD(A, k_scale_stride), AV_FIELD(A, v_scale_stride), AV_FIELD(A, v_head_dim), AV_FIELD(A, sinks),
+      AV_FIELD(A, window_left), AV_FIELD(A, softcap)});
   m.attr("WRITE_KV_PARAMS") = struct_layout<W>({
       AV_FIELD(W, k), AV_FIELD(W, v), AV_FIELD(W, k_stride_t), AV_FIELD(W, k_stride_h), AV_FIELD(W, v_stride_t),
       AV_FIELD(W, v_stride_h), AV_FIELD(W, k_cache), AV_FIELD(W, v_cache), AV_FIELD(W, slot_mapping),

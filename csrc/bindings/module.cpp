@@ -88,6 +88,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATUS_TOKEN_PARENT") = int(kErrTokenParent);
   m.attr("STATUS_STATS_POSITION") = int(kErrStatsPosition);
   m.attr("STATUS_KV_SCALE") = int(kErrKvScale);
+  m.attr("STATUS_SINKS") = int(kErrSinks);
   m.attr("NUM_ERROR_COUNTERS") = int(kNumErrorCounters);
   bindings::register_planner(m);
   bindings::register_confidence(m);

@@ -67,6 +67,7 @@ _MESSAGES = {
     "STATUS_BLOCK_ID_OUT_OF_RANGE": "block_table holds a block id outside [0, num_blocks) where a request reads",
     "STATUS_SLOT_OUT_OF_RANGE": "slot_mapping holds a slot outside [0, num_blocks * block_size) (only -1 skips)",
     "STATUS_KV_SCALE": "k_scale / v_scale must be finite and > 0",
+    "STATUS_SINKS": "sinks must be finite",
 }
 
 
@@ -148,6 +149,9 @@ def verify_attention(
     tree_mask: Optional[torch.Tensor] = None,
     k_scale=None,
     v_scale=None,
+    sinks: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    softcap: float = 0.0,
 ):
     """Attention of each request's verified tokens over its paged KV cache.
 
@@ -160,6 +164,19 @@ def verify_attention(
             device of shape [] / [1] (per tensor) or [Hkv] (per KV head). Kernels decode each fp8 element exactly
             to q's dtype and apply K's scale to the scores and V's to the output, so the result is the attention
             over the dequantised cache (the reference's float64 dequantisation) within the usual tolerance.
+        sinks, window_left, softcap: model variants (docs/design.md, "Sinks, windows and soft-capping"), each
+            composable with the others, trees, fp8 caches and return_lse:
+            - sinks: [Hq] float32 on q's device (gpt-oss): a learned logit per query head that joins the softmax
+              denominator and contributes no value, in the units of the scaled scores (neither multiplied by
+              ``scale`` nor soft-capped); lse includes it. A token that sees nothing gets zeros and lse = its sink.
+              Entries must be finite (ValueError on CPU; on CUDA used as given and counted in
+              ``error_counts()["sink_out_of_range"]``).
+            - window_left: -1 (off) or W >= 0: a token at position p sees keys at positions p - W .. p, a position
+              being a context key's KV index or a block token's context length plus its depth (its mask's set bits
+              at offsets <= its own, minus one; a chain's offset). Splits wholly below every token's window are
+              skipped, not only masked.
+            - softcap: 0 (off) or cap > 0 (Gemma 2): each scaled score s becomes cap * tanh(s / cap) before the
+              softmax.
         block_table: [R, max_blocks] int32. seq_lens: [R] int32, KV length including this step's tokens.
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..64.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
@@ -219,6 +236,7 @@ def verify_attention(
                                     max_seq_len, tree_mask)
     # NaN or inf (also a float64 beyond float32's range, the kernels' type) would make every row NaN or -inf
     scale = D ** -0.5 if scale is None else check_real("scale", scale, float32=True)
+    window_left, softcap = check_variants(device, Hq, sinks, window_left, softcap)
     if out is None:
         out = torch.empty(T, Hq, D, dtype=q.dtype, device=device)
     else:
@@ -230,13 +248,27 @@ def verify_attention(
             raise ValueError(f"block_table: at most {limit} requests per call on CUDA with this kernel, got {R}")
     run_op(_verify_attention_into, _launch_attention, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
            out, lse, errors.error_buffer(device), max_query_len, max_blocks, scale, kernel_id, tree_mask, k_value,
-           k_scales, v_value, v_scales)
+           k_scales, v_value, v_scales, sinks, window_left, softcap)
     return (out, lse) if return_lse else out
+
+
+def check_variants(device, Hq, sinks, window_left, softcap):
+    """Checks verify_attention's model-variant keywords; returns (window_left, softcap) as the kernels take them."""
+    if sinks is not None:
+        check_tensor("sinks", sinks, dtypes=(torch.float32,), device=device, shape=(Hq,), inner_contiguous=False)
+        if sinks.device.type == "cpu" and not bool(torch.isfinite(sinks).all()):
+            raise ValueError("sinks must be finite")
+    if isinstance(window_left, bool) or not isinstance(window_left, int):
+        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+    if not -1 <= window_left <= INT32_MAX:
+        raise ValueError(f"window_left must be -1 (no window) or in [0, {INT32_MAX}], got {window_left}")
+    softcap = check_real("softcap", softcap, lo=0.0, float32=True)
+    return window_left, softcap
 
 
 def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
                       max_blocks, scale, kernel, tree_mask=None, k_scale=1.0, k_scales=None, v_scale=1.0,
-                      v_scales=None) -> AttentionParams:
+                      v_scales=None, sinks=None, window_left=-1, softcap=0.0) -> AttentionParams:
     p = AttentionParams()
     p.num_tokens, p.num_q_heads, p.head_dim = q.shape
     p.num_blocks, p.block_size, p.num_kv_heads, _ = k_cache.shape
@@ -249,15 +281,18 @@ def _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     p.tree_mask = ptr(tree_mask)
     p.kv_dtype = DTYPE_CODES[k_cache.dtype]
     p.v_head_dim = out.shape[2]  # D, or 512 for MLA (verify_attention_mla: V is the latent part of the row)
+    # (set always: a ctypes struct starts zeroed, and window_left 0 would be a window of one position)
+    p.sinks, p.window_left, p.softcap = ptr(sinks), window_left, softcap
     set_kv_scales(p, k_scale, k_scales, v_scale, v_scales, p.num_kv_heads)
     return p
 
 
 def _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
                       max_blocks, scale, kernel, tree_mask=None, k_scale=1.0, k_scales=None, v_scale=1.0,
-                      v_scales=None):
+                      v_scales=None, sinks=None, window_left=-1, softcap=0.0):
     p = _attention_params(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, err, max_query_len,
-                          max_blocks, scale, kernel, tree_mask, k_scale, k_scales, v_scale, v_scales)
+                          max_blocks, scale, kernel, tree_mask, k_scale, k_scales, v_scale, v_scales, sinks,
+                          window_left, softcap)
     workspace = None
     if q.is_cuda:
         # (max, sum) and acc[D] per (token, head, split), splits of ATTENTION_SPLIT_TOKENS positions, the same
@@ -273,9 +308,11 @@ def _verify_attention_into(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
                            query_start_loc: Tensor, out: Tensor, lse: Optional[Tensor], error_counts: Tensor,
                            max_query_len: int, max_blocks: int, scale: float, kernel: int,
                            tree_mask: Optional[Tensor] = None, k_scale: float = 1.0, k_scales: Optional[Tensor] = None,
-                           v_scale: float = 1.0, v_scales: Optional[Tensor] = None) -> None:
+                           v_scale: float = 1.0, v_scales: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                           window_left: int = -1, softcap: float = 0.0) -> None:
     _launch_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, error_counts,
-                      max_query_len, max_blocks, scale, kernel, tree_mask, k_scale, k_scales, v_scale, v_scales)
+                      max_query_len, max_blocks, scale, kernel, tree_mask, k_scale, k_scales, v_scale, v_scales, sinks,
+                      window_left, softcap)
 
 
 @_verify_attention_into.register_fake

@@ -57,6 +57,9 @@ COUNTER_NAMES = (
     # fp8 KV caches on CUDA (verify_attention, write_kv): a per-head k_scales / v_scales tensor entry that is NaN,
     # infinite or <= 0, counted once per KV head and call; it is used as given (the CPU raises ValueError).
     "kv_scale_out_of_range",
+    # verify_attention(sinks=) on CUDA: a sinks entry that is NaN or infinite, counted once per query head and call;
+    # it is used as given (the CPU raises ValueError).
+    "sink_out_of_range",
 )
 
 _buffers: dict[torch.device, torch.Tensor] = {}

@@ -42,6 +42,7 @@ enum Status : int {
   kErrTokenParent = 17,         // tree_rejection_sample: token_parent of offset i >= 1 outside [0, i)
   kErrStatsPosition = 18,       // AcceptanceStats.update: a trial's row_position + j outside [0, num_positions)
   kErrKvScale = 19,             // fp8 KV: a scale that is NaN, infinite or <= 0
+  kErrSinks = 20,               // verify_attention: a sink that is NaN or infinite
 };
 
 // Slots of the per-device error counter buffer (int32 [kNumErrorCounters]). Values that cannot be
@@ -64,7 +65,8 @@ enum ErrorCounter : int {
   kCountTokenParent = 13,       // tree_rejection_sample: a token whose parent offset is outside [0, i): never entered
   kCountStatsPosition = 14,     // AcceptanceStats.update: a trial at a position outside [0, num_positions): not counted
   kCountKvScale = 15,           // fp8 KV: a per-head scale tensor entry that is NaN, infinite or <= 0 (used as given)
-  kNumErrorCounters = 16,
+  kCountSink = 16,              // verify_attention: a sinks entry that is NaN or infinite (used as given)
+  kNumErrorCounters = 24,
 };
 
 AV_HD uint32_t float_bits(float x) {

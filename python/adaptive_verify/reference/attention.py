@@ -28,9 +28,11 @@ def _requests(block_table, seq_lens, query_start_loc, block_size):
         yield begin, end, block_table[r].cpu().long()[pos // block_size], pos
 
 
-def _visible(q_len, kv_len, masks):
+def _visible(q_len, kv_len, masks, window_left=-1):
     """[q_len, kv_len] bool: query offset i sees the context and block offsets k <= i (with a tree's masks [q_len]
-    int64, only those whose bit k is set)."""
+    int64, only those whose bit k is set); with a window W >= 0, only keys whose position is >= its own - W.
+    Positions: a context key's is its index; a block token's is context_len + its depth, the count of set mask bits
+    at offsets up to its own (of the querying token's mask: its ancestors), minus one; without a mask, its offset."""
     context_len = kv_len - q_len
     i = torch.arange(q_len)[:, None]  # query offsets [q_len, 1]
     block_pos = torch.arange(kv_len)[None, :] - context_len  # offset in the verified block [1, kv_len]
@@ -38,11 +40,23 @@ def _visible(q_len, kv_len, masks):
     if masks is not None:
         bit_set = (masks.cpu().long()[:, None] >> block_pos.clamp(0, 63)) & 1 == 1
         visible = visible & ((block_pos < 0) | bit_set)
+    if window_left >= 0:
+        if masks is None:
+            bits = torch.ones(q_len, 64, dtype=torch.long)
+        else:
+            bits = (masks.cpu().long()[:, None] >> torch.arange(64)[None, :]) & 1  # [q_len, 64]
+        depth = bits.cumsum(dim=1) - 1  # depth[i, k]: the depth of offset k on token i's path
+        # [q_len] each token's position (depth 0 for a mask without its own bit: not a tree)
+        own = context_len + depth[torch.arange(q_len), torch.arange(q_len)].clamp(min=0)
+        key = torch.where(block_pos < 0, block_pos + context_len,
+                          context_len + depth.gather(1, block_pos.clamp(0, 63).expand(q_len, -1)))
+        visible = visible & (key >= own[:, None] - window_left)
     return visible
 
 
 def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale=None,
-                     return_lse=False, dtype=torch.float64, tree_mask=None, k_scale=None, v_scale=None):
+                     return_lse=False, dtype=torch.float64, tree_mask=None, k_scale=None, v_scale=None, sinks=None,
+                     window_left=-1, softcap=0.0):
     """Readable oracle of adaptive_verify.verify_attention, computed in `dtype` (float64 by default).
 
     q [T, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_table [R, max_blocks];
@@ -54,6 +68,10 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     lse -inf). Returns out [T, Hq, D] in q's dtype (as float `dtype` when dtype is given explicitly and
     differs) and lse [T, Hq] float32 when asked. An fp8 cache (or any cache) is dequantised first, in `dtype`:
     K = k_cache * k_scale, V = v_cache * v_scale, a scale per tensor or per KV head ([Hkv]).
+
+    Variants: softcap > 0 maps each scaled score s to softcap * tanh(s / softcap); window_left >= 0 hides keys more
+    than window_left positions left of the token (_visible); sinks [Hq] add exp(sink) to each head's softmax
+    denominator with no value (lse includes it; a token that sees nothing then has lse = sink).
     """
     T, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -63,24 +81,38 @@ def verify_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32)
     for begin, end, blocks, pos in _requests(block_table, seq_lens, query_start_loc, block_size):
         q_len, kv_len = end - begin, pos.numel()
-        k = k_cache.cpu()[blocks, pos % block_size].to(dtype) * _head_scale(k_scale, Hkv, dtype)  # [kv_len, Hkv, D]
-        v = v_cache.cpu()[blocks, pos % block_size].to(dtype) * _head_scale(v_scale, Hkv, dtype)
+        # keys below every token's window are never read (an engine may leave their pages unmapped): zeros here
+        lo = 0 if window_left < 0 else max(0, kv_len - q_len - window_left)
+        k = torch.zeros(kv_len, Hkv, D, dtype=dtype)  # [kv_len, Hkv, D]
+        v = torch.zeros(kv_len, Hkv, D, dtype=dtype)
+        k[lo:] = k_cache.cpu()[blocks[lo:], pos[lo:] % block_size].to(dtype) * _head_scale(k_scale, Hkv, dtype)
+        v[lo:] = v_cache.cpu()[blocks[lo:], pos[lo:] % block_size].to(dtype) * _head_scale(v_scale, Hkv, dtype)
         k = k.repeat_interleave(group, dim=1)  # [kv_len, Hq, D]: query head h reads KV head h // group
         v = v.repeat_interleave(group, dim=1)
         qr = q[begin:end].cpu().to(dtype)  # [q_len, Hq, D]
         scores = torch.einsum("ihd,phd->hip", qr, k) * scale  # [Hq, q_len, kv_len]
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
         context_len = kv_len - q_len
-        visible = _visible(q_len, kv_len, None if tree_mask is None else tree_mask[begin:end])
+        visible = _visible(q_len, kv_len, None if tree_mask is None else tree_mask[begin:end], window_left)
         scores = scores.masked_fill(~visible[None], float("-inf"))
-        seen = visible.any(dim=1)  # [q_len]: a token that sees nothing gets zeros and lse -inf
-        probs = torch.where(seen[None, :, None], torch.softmax(scores, dim=-1), 0.0)  # [Hq, q_len, kv_len]
-        # Every token sees the whole context; in the block each token multiplies only the V rows it sees (a
-        # hidden row's V is zeroed, so a NaN there never reaches it as 0 * NaN).
+        # a key no token of the request sees (below every window) may hold anything: its V must not reach 0 * NaN
+        v = torch.where(visible.any(dim=0)[:, None, None], v, 0.0)
+        if sinks is None:
+            seen = visible.any(dim=1)  # [q_len]: a token that sees nothing gets zeros and lse -inf
+            probs = torch.where(seen[None, :, None], torch.softmax(scores, dim=-1), 0.0)  # [Hq, q_len, kv_len]
+            req_lse = torch.logsumexp(scores, dim=-1)  # [Hq, q_len]
+        else:  # the sink is one more term of each head's denominator
+            sink = sinks.cpu().to(dtype)[:, None, None].expand(Hq, q_len, 1)
+            req_lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
+            probs = torch.exp(scores - req_lse[..., None])
+        # In the block each token multiplies only the V rows it sees (a hidden row's V is zeroed, so a NaN there
+        # never reaches it as 0 * NaN); context rows are seen by some token, or zeroed above.
         out_ctx = torch.einsum("hip,phd->ihd", probs[..., :context_len], v[:context_len])
         v_block = torch.where(visible[:, context_len:, None, None], v[None, context_len:], 0.0)  # [i, j, Hq, D]
         out_block = torch.einsum("hij,ijhd->ihd", probs[..., context_len:], v_block)
         out[begin:end] = out_ctx + out_block
-        lse[begin:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1).float()
+        lse[begin:end] = req_lse.transpose(0, 1).float()
     out = out.to(q.dtype) if dtype == torch.float64 else out
     return (out, lse) if return_lse else out
 

@@ -100,13 +100,15 @@ __global__ void __launch_bounds__(2 * MlaConfig::kMaxRowTiles * 32, 1)
   const ChunkWork w = chunk_work(p, span, r, s, chunk, block_rows, 0, blockIdx.x == 0 && tid == 0);
   if (!w.active) return;  // no barrier has been reached yet: the whole block leaves together
   const int32_t H = w.group, row0 = w.row0, nrows = w.nrows, s0 = w.s0, s_end = w.s_end;
+  const int32_t s_begin = w.s_begin;  // (a sliding window's start: tiles begin at its tile, loads at it)
+  const int32_t t_base = s0 + (s_begin - s0) / kTile * kTile;
   const int32_t last_of_token0 = w.last_of_token0;
   const int64_t begin = span.begin;
-  const int32_t num_tiles = s_end >= s0 ? (s_end - s0) / kTile + 1 : 0;
+  const int32_t num_tiles = s_end >= s_begin ? (s_end - t_base) / kTile + 1 : 0;
   const bool counts_bad = w.counts_bad;
   const int page_shift = __ffs(p.block_size) - 1;
   const int32_t page0 = s0 >> page_shift;
-  load_split_pages(page_s, p, r, s0, s_end, page_shift, tid, nthreads);
+  load_split_pages(page_s, p, r, s0, s_begin, s_end, page_shift, tid, nthreads);
   __syncthreads();  // page_s written
 
   // Tile i's latent rows into stage i % kStages, 16-byte chunks, zero-filled past s_end and for bad block ids (flag
@@ -114,11 +116,12 @@ __global__ void __launch_bounds__(2 * MlaConfig::kMaxRowTiles * 32, 1)
   auto load_tile = [&](int32_t i) {
     const int stage = i % kStages;
     T* dst_tile = kv_s + stage * Cfg::kTileElems;
-    const int32_t t0 = s0 + i * kTile;
+    const int32_t t0 = t_base + i * kTile;
     for (int idx = tid; idx < kTile * kChunks; idx += nthreads) {
       const int j = idx / kChunks, c = idx % kChunks;
       const int32_t pos = t0 + j;
-      const int64_t off = chunk_offset<D>(p, page_s, page0, page_shift, pos, s_end, 0, c, counts_bad && c == 0);
+      const int64_t off =
+          chunk_offset<D>(p, page_s, page0, page_shift, pos, s_begin, s_end, 0, c, counts_bad && c == 0);
       if (c == 0) flag_s[stage * kTile + j] = off >= 0 ? 1 : 0;
       load_chunk(dst_tile + swizzle<D>(j, c), p.k_cache, off, fp8, vec_loads);
     }
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(2 * MlaConfig::kMaxRowTiles * 32, 1)
                                                warp_last);
   const int wr = tile * Cfg::kRowsPerTile + (lane >> 2);  // this lane's first row
   // K's scale folds into the score scale, V's into the written accumulators (one latent row: the same scale)
-  const float scale_log2 = p.scale * (fp8 ? kv_scale(p, 0, false) : 1.f) * 1.4426950408889634f;
+  const ScoreMap score = score_map(p.scale * (fp8 ? kv_scale(p, 0, false) : 1.f), p.softcap);
   const float v_scale = fp8 ? kv_scale(p, 0, true) : 1.f;
 
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(2 * MlaConfig::kMaxRowTiles * 32, 1)
     if (i + kStages - 1 < num_tiles) load_tile(i + kStages - 1);
     tc::cp_async_commit();
 
-    const int32_t t0 = s0 + i * kTile;
+    const int32_t t0 = t_base + i * kTile;
     if (t0 > warp_last) continue;  // warp-uniform: no row of this tile sees the positions (no barrier below)
     const int stage = i % kStages;
     const T* kv_t = kv_s + stage * Cfg::kTileElems;
@@ -159,7 +162,7 @@ __global__ void __launch_bounds__(2 * MlaConfig::kMaxRowTiles * 32, 1)
     float sc[kNT][4];
     qk_tile<T, D, kNT, 4>(sc, q_s, tile * Cfg::kRowsPerTile, kv_t, lane);
 
-    online_softmax_tile(sc, acc, m0, m1, l0, l1, frag_rows, t0, s_end, flags, scale_log2, lane);
+    online_softmax_tile(sc, acc, m0, m1, l0, l1, frag_rows, t0, s_end, flags, score, lane);
 
     // O += P V over this warp's 256 value columns of the latent rows
     pv_tile<T, D, kTile, kNT, kDT>(acc, sc, kv_t, half * (kDT / 2), lane);

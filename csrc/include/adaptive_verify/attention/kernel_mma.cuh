@@ -97,7 +97,7 @@ __device__ void write_padding_mma(const AttentionParams& p, int32_t num_splits, 
   for (int64_t item = first; item < p.num_tokens * p.num_q_heads; item += stride) {
     const int64_t token = item / p.num_q_heads;
     if (token_splits(p, token, num_splits) != 0) continue;  // a valid request's token: its merge writes it
-    merge_token_head<T, D>(p, token, int32_t(item % p.num_q_heads), 0, num_splits, ws_ml, ws_acc,
+    merge_token_head<T, D>(p, token, int32_t(item % p.num_q_heads), 0, 0, num_splits, ws_ml, ws_acc,
                            int(threadIdx.x & 31));
   }
 }
@@ -127,20 +127,25 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     return;
   }
   const bool fp8 = p.kv_dtype == kFloat8E4M3;
-  if (fp8 && blockIdx.x == 0 && r == 0 && tid == 0) count_bad_kv_scales(p, h);
+  if (blockIdx.x == 0 && r == 0 && tid == 0) {
+    if (fp8) count_bad_kv_scales(p, h);
+    count_bad_sinks(p, h, p.num_q_heads / p.num_kv_heads);
+  }
   const RequestSpan span = request_span(p, r);
   const ChunkWork w = chunk_work(p, span, r, s, chunk, block_rows, h, blockIdx.x == 0 && tid == 0);
   if (!w.active) return;  // no barrier has been reached yet: the whole block leaves together
   const int32_t group = w.group, row0 = w.row0, nrows = w.nrows, s0 = w.s0, s_end = w.s_end;
+  const int32_t s_begin = w.s_begin;  // (a sliding window's start: tiles begin at its tile, loads at it)
+  const int32_t t_base = s0 + (s_begin - s0) / kTile * kTile;
   const int32_t last_of_token0 = w.last_of_token0;
   const int64_t begin = span.begin;
-  const int32_t num_tiles = s_end >= s0 ? (s_end - s0) / kTile + 1 : 0;  // 0: the block's rows see none
+  const int32_t num_tiles = s_end >= s_begin ? (s_end - t_base) / kTile + 1 : 0;  // 0: the block's rows see none
   const bool counts_bad = w.counts_bad;
   // The split's block ids into smem once, so the pipeline's loads never wait on a table read; block_size
   // is a power of two (can_implement), so pages and offsets are shifts and masks.
   const int page_shift = __ffs(p.block_size) - 1;
   const int32_t page0 = s0 >> page_shift;
-  load_split_pages(page_s, p, r, s0, s_end, page_shift, tid, nthreads);
+  load_split_pages(page_s, p, r, s0, s_begin, s_end, page_shift, tid, nthreads);
   __syncthreads();  // page_s written (every thread of an active block gets here)
 
   // Tile i's K and V rows into stage i % kStages: one 16-byte chunk per thread and round, zero-filled past
@@ -152,11 +157,12 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     const int stage = i % kStages;
     T* k_dst = kv_s + stage * 2 * Cfg::kTileElems;
     T* v_dst = k_dst + Cfg::kTileElems;
-    const int32_t t0 = s0 + i * kTile;
+    const int32_t t0 = t_base + i * kTile;
     for (int idx = tid; idx < kTile * kChunks; idx += nthreads) {
       const int j = idx / kChunks, c = idx % kChunks;
       const int32_t pos = t0 + j;
-      const int64_t off = chunk_offset<D>(p, page_s, page0, page_shift, pos, s_end, h, c, counts_bad && c == 0);
+      const int64_t off =
+          chunk_offset<D>(p, page_s, page0, page_shift, pos, s_begin, s_end, h, c, counts_bad && c == 0);
       if (c == 0) flag_s[stage * kTile + j] = off >= 0 ? 1 : 0;
       load_chunk(k_dst + swizzle<D>(j, c), p.k_cache, off, fp8, vec_loads);
       load_chunk(v_dst + swizzle<D>(j, c), p.v_cache, off, fp8, vec_loads);
@@ -179,7 +185,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
                                                lane, warp_last);
   const int wr = warp * Cfg::kRowsPerWarp + (lane >> 2);
   // exp(x) = exp2(x log2 e); an fp8 cache's K scale folds in here and its V scale into the written acc.
-  const float scale_log2 = p.scale * (fp8 ? kv_scale(p, h, false) : 1.f) * 1.4426950408889634f;
+  const ScoreMap score = score_map(p.scale * (fp8 ? kv_scale(p, h, false) : 1.f), p.softcap);
   const float v_scale = fp8 ? kv_scale(p, h, true) : 1.f;
 
   // Online-softmax state, in log2 units of the scaled score: m per row (quad-uniform), l per lane (this
@@ -195,7 +201,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     if (i + kStages - 1 < num_tiles) load_tile(i + kStages - 1);  // into tile i - 1's stage
     tc::cp_async_commit();
 
-    const int32_t t0 = s0 + i * kTile;
+    const int32_t t0 = t_base + i * kTile;
     if (t0 > warp_last) continue;  // warp-uniform: no row of this warp sees the tile (no barrier below)
     const int stage = i % kStages;
     const T* k_t = kv_s + stage * 2 * Cfg::kTileElems;
@@ -205,7 +211,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     // S = Q K^T over the head dim (mma_tile.cuh), masked and folded into the online softmax.
     float sc[kNT][4];
     qk_tile<T, D, kNT>(sc, q_s, warp * Cfg::kRowsPerWarp, k_t, lane);
-    online_softmax_tile(sc, acc, m0, m1, l0, l1, frag_rows, t0, s_end, flags, scale_log2, lane);
+    online_softmax_tile(sc, acc, m0, m1, l0, l1, frag_rows, t0, s_end, flags, score, lane);
 
     pv_tile<T, D, kTile, kNT, kDT>(acc, sc, v_t, 0, lane);  // O += P V
   }
@@ -221,7 +227,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
   // with the merge kernel's per-(token, head) routine (same bits). Each thread's partials are made visible
   // device-wide before the block counts itself (the classic fence-then-count pattern).
   __shared__ int32_t merges;
-  const int32_t used = request_splits(span, num_splits);
+  const int32_t used = request_splits(span, num_splits), first = request_first_split(p, span);
   if (used > kFusedMergeMaxSplits) return;  // block-uniform: a long request is the merge kernel's
   __threadfence();
   __syncthreads();
@@ -231,7 +237,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     __threadfence();
     const int32_t arrived = atomicAdd(counters + (int64_t(r) * p.num_kv_heads + h) * num_chunks + chunk, 1);
     __threadfence();
-    merges = arrived == used - 1 ? 1 : 0;
+    merges = arrived == used - first - 1 ? 1 : 0;  // splits below a window's first are never launched work
   }
   __syncthreads();
   if (merges == 0) return;
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(MmaConfig<T, D>::kMaxWarps * 32, 1)
     const int32_t row = row0 + lr;
     const int64_t token = begin + row / group;
     if (token_owner(p, token) != r) continue;  // warp-uniform
-    merge_token_head<T, D>(p, token, h * group + row % group, used, num_splits, ws_ml, ws_acc, lane);
+    merge_token_head<T, D>(p, token, h * group + row % group, first, used, num_splits, ws_ml, ws_acc, lane);
   }
 }
 

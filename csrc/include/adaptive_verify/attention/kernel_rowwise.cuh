@@ -44,7 +44,10 @@ __global__ void __launch_bounds__(128)
   const int32_t s = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const bool fp8 = p.kv_dtype == kFloat8E4M3;
-  if (fp8 && s == 0 && r == 0 && threadIdx.x == 0) count_bad_kv_scales(p, h);
+  if (s == 0 && r == 0 && threadIdx.x == 0) {
+    if (fp8) count_bad_kv_scales(p, h);
+    count_bad_sinks(p, h, p.num_q_heads / p.num_kv_heads);
+  }
   const RequestSpan span = request_span(p, r);
   if (!span.valid) {
     if (s == 0 && h == 0 && threadIdx.x == 0 && p.query_start_loc[r + 1] != p.query_start_loc[r])
@@ -58,13 +61,15 @@ __global__ void __launch_bounds__(128)
   const float k_scale = fp8 ? kv_scale(p, h, false) : 1.f, v_scale = fp8 ? kv_scale(p, h, true) : 1.f;
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
   const int32_t s0 = s * kSplitTokens;
-  if (s0 > span.kv_len - 1) return;  // past this request's context: the merge reads only its own splits
+  // past this request's context, or below every token's window: the merge reads only the splits it wrote
+  if (s0 > span.kv_len - 1 || s < request_first_split(p, span)) return;
   for (int32_t row = warp; row < rows; row += nwarps) {
     const int32_t i = row / group, qh = h * group + row % group;
     const int64_t token = span.begin + i;
     const int32_t context_len = span.kv_len - span.q_len;
     const int32_t last = context_len + i;  // causal bound of this row (a tree mask hides more, never less)
     const uint64_t mask = token_tree_mask(p.tree_mask, token);
+    const int32_t low = window_low(mask, context_len, last, p.window_left);
     const int32_t s1 = s0 + kSplitTokens - 1 < last ? s0 + kSplitTokens - 1 : last;
     const T* qrow = static_cast<const T*>(p.q) + token * p.q_stride_t + int64_t(qh) * p.q_stride_h;
     float qv[kPerLane], acc[kPerLaneV];
@@ -73,7 +78,8 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int e = 0; e < kPerLaneV; ++e) acc[e] = 0.f;
     float m = -INFINITY, l = 0.f;
-    for (int32_t pos = s0; pos <= s1; ++pos) {
+    const int32_t from = request_window_start(context_len, p.window_left);  // no block id below it is read
+    for (int32_t pos = s0 > from ? s0 : from; pos <= s1; ++pos) {
       const int32_t block = table[pos / p.block_size];
       if (block < 0 || block >= p.num_blocks) {  // cannot be checked on the host without a sync
         // Counted once per bad position, by the row that sees every position (the last token, first head).
@@ -82,13 +88,14 @@ __global__ void __launch_bounds__(128)
       }
       // A draft tree's non-ancestors (warp-uniform: one row per warp); after the block check, so bad ids
       // are still counted once per position the request may read.
-      if (!position_visible(mask, pos, context_len, last)) continue;
+      if (!position_visible(mask, pos, context_len, last, low)) continue;
       const int64_t row_base = ((int64_t(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + h) * D;
       const int64_t base = row_base + lane * kPerLane, v_base = row_base + lane * kPerLaneV;
       float sc = 0.f;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) sc += qv[e] * load_kv<T>(p.k_cache, base + e, fp8);
       for (int off = 16; off > 0; off >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+      if (p.softcap > 0.f) sc = p.softcap * tanhf(sc / p.softcap);
       if (sc > m) {
         const float c = expf(m - sc);
         l *= c;
@@ -117,21 +124,26 @@ __global__ void __launch_bounds__(128)
                                    const float* __restrict__ ws_acc) {
   const int64_t token = blockIdx.x;
   T* out = static_cast<T*>(p.out);
-  const int32_t used = token_splits(p, token, num_splits);
+  const SplitRange range = token_split_range(p, token, num_splits);
+  const int32_t first = range.first, used = range.used;
   for (int32_t qh = 0; qh < p.num_q_heads; ++qh) {
     float M = -INFINITY, L = 0.f;
     const int64_t cell0 = (token * p.num_q_heads + qh) * num_splits;
     // l != 0 (not l > 0): a NaN or inf score must reach the output as it does on the CPU, not drop a split.
-    for (int32_t s = 0; s < used; ++s)
+    for (int32_t s = first; s < used; ++s)
       if (ws_ml[2 * (cell0 + s) + 1] != 0.f) M = fmaxf(M, ws_ml[2 * (cell0 + s)]);
-    for (int32_t s = 0; s < used; ++s) {
+    // a sink (a request's token only) joins the denominator with no value
+    const float sink = p.sinks != nullptr && used > 0 ? p.sinks[qh] : -INFINITY;  // -inf: none
+    M = fmaxf(M, sink);
+    for (int32_t s = first; s < used; ++s) {
       const float l = ws_ml[2 * (cell0 + s) + 1];
       if (l != 0.f) L += l * expf(ws_ml[2 * (cell0 + s)] - M);
     }
+    if (sink != -INFINITY) L += expf(sink - M);
     const float inv = L > 0.f ? 1.f / L : 0.f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float v = 0.f;
-      for (int32_t s = 0; s < used; ++s) {
+      for (int32_t s = first; s < used; ++s) {
         const float l = ws_ml[2 * (cell0 + s) + 1];
         if (l != 0.f) v += ws_acc[(cell0 + s) * D + d] * expf(ws_ml[2 * (cell0 + s)] - M);
       }

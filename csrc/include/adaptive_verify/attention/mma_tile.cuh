@@ -58,8 +58,20 @@ __device__ __forceinline__ void p_operand(uint32_t (&pa)[4], const float (&sc)[k
 struct FragmentRows {
   int32_t lim0, lim1;      // the last position each row sees (causal bound; -1: a row past the request)
   uint64_t mask0, mask1;   // their draft-tree masks (tree_mask.h; every bit for a chain)
+  int32_t low0, low1;      // the lowest key position each sees (a sliding window; INT32_MIN without)
   int32_t last_of_token0;  // the request's context length: where its verified block starts
 };
+
+// Raw q . k -> the score in log2 units: times scale log2(e), or with soft-capping cap * tanh(scale q . k / cap) in
+// natural units first (scale includes an fp8 cache's K scale).
+struct ScoreMap {
+  float scale_log2, pre, post;  // pre = scale / cap, post = cap log2(e)
+  bool capped;
+};
+__host__ __device__ inline ScoreMap score_map(float scale, float softcap) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  return ScoreMap{scale * kLog2e, softcap > 0.f ? scale / softcap : 0.f, softcap * kLog2e, softcap > 0.f};
+}
 
 // O += P V over the tile's kTile positions, 16 (one MMA K) at a time, into kDT 8-column N tiles of O starting at
 // V column 16 col_pair0. The C fragments of S tiles 2 kk and 2 kk + 1 are exactly the A fragment of P for positions
@@ -95,6 +107,8 @@ __device__ __forceinline__ FragmentRows fragment_rows(const AttentionParams& p, 
   // a tree hides positions inside the causal bound, so the block's and warps' bounds stay the causal ones
   f.mask0 = wr < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr) / group) : 0;
   f.mask1 = wr + 8 < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr + 8) / group) : 0;
+  f.low0 = window_low(f.mask0, last_of_token0, f.lim0, p.window_left);
+  f.low1 = window_low(f.mask1, last_of_token0, f.lim1, p.window_left);
   f.last_of_token0 = last_of_token0;
   const int end = tile_row0 + 16 < nrows ? tile_row0 + 16 : nrows;
   warp_last = tile_row0 < nrows ? last_of_token0 + (row0 + end - 1) / group : -1;
@@ -127,21 +141,24 @@ __device__ __forceinline__ void load_query_rows(T* q_s, const AttentionParams& p
 // The split's block ids (positions s0 .. s_end of request r) into shared memory once, so the pipeline's loads never
 // wait on a table read; block_size is a power of two (can_implement), so pages are shifts: page_s[i] is page page0 + i.
 __device__ __forceinline__ void load_split_pages(int32_t* page_s, const AttentionParams& p, int32_t r, int32_t s0,
-                                                 int32_t s_end, int page_shift, int tid, int nthreads) {
-  if (s_end < s0) return;
+                                                 int32_t s_begin, int32_t s_end, int page_shift, int tid,
+                                                 int nthreads) {
+  if (s_end < s_begin) return;
   const int32_t* table = p.block_table + int64_t(r) * p.block_table_stride;
   const int32_t page0 = s0 >> page_shift;
-  for (int32_t i = tid; i <= (s_end >> page_shift) - page0; i += nthreads) page_s[i] = table[page0 + i];
+  // pages below s_begin (a sliding window's) stay unread: their entries may be unmapped
+  for (int32_t i = (s_begin >> page_shift) - page0 + tid; i <= (s_end >> page_shift) - page0; i += nthreads)
+    page_s[i] = table[page0 + i];
 }
 
 // Element offset of 16-byte chunk c of KV head h's row at position pos (rows of D values, Hkv per slot), or -1 when
-// the position is past s_end or its block id is out of range (then counted once, by `counter`: no host sync can
-// check ids).
+// the position is outside s_begin .. s_end (past the block's rows, or below a sliding window: never read) or its
+// block id is out of range (then counted once, by `counter`: no host sync can check ids).
 template <int D>
 __device__ __forceinline__ int64_t chunk_offset(const AttentionParams& p, const int32_t* page_s, int32_t page0,
-                                                int page_shift, int32_t pos, int32_t s_end, int32_t h, int c,
-                                                bool counter) {
-  if (pos > s_end) return -1;
+                                                int page_shift, int32_t pos, int32_t s_begin, int32_t s_end,
+                                                int32_t h, int c, bool counter) {
+  if (pos > s_end || pos < s_begin) return -1;
   const int32_t block = page_s[(pos >> page_shift) - page0];
   if (block < 0 || block >= p.num_blocks) {
     if (counter) atomicAdd(p.error_counts + kCountSlotOutOfRange, 1);
@@ -199,12 +216,13 @@ __device__ __forceinline__ void load_chunk(T* dst, const void* cache, int64_t of
   }
 }
 
-// Masks and scales S for the tile starting at position t0 (hidden: past s_end, a skipped block (flag 0), past the
-// row's limit or not in its tree mask), then folds it into (m, l, acc) and leaves P = exp2(S - m) in sc.
+// Masks and maps S for the tile starting at position t0 (hidden: past s_end, a skipped block (flag 0), past the
+// row's limit, not in its tree mask or below its window; ScoreMap: scale and soft-capping), then folds it into (m, l, acc) and leaves P = exp2(S - m) in sc.
 template <int kNT, int kDT>
 __device__ __forceinline__ void online_softmax_tile(float (&sc)[kNT][4], float (&acc)[kDT][4], float& m0, float& m1,
                                                     float& l0, float& l1, const FragmentRows& rows, int32_t t0,
-                                                    int32_t s_end, const int32_t* flags, float scale_log2, int lane) {
+                                                    int32_t s_end, const int32_t* flags, const ScoreMap& map,
+                                                    int lane) {
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
@@ -214,8 +232,9 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[kNT][4], float (
       const int32_t pos = t0 + j;
       const bool vis = pos <= s_end && flags[j] != 0 &&
                        position_visible(e < 2 ? rows.mask0 : rows.mask1, pos, rows.last_of_token0,
-                                        e < 2 ? rows.lim0 : rows.lim1);
-      sc[nt][e] = vis ? sc[nt][e] * scale_log2 : -INFINITY;
+                                        e < 2 ? rows.lim0 : rows.lim1, e < 2 ? rows.low0 : rows.low1);
+      const float x = map.capped ? map.post * tanhf(sc[nt][e] * map.pre) : sc[nt][e] * map.scale_log2;
+      sc[nt][e] = vis ? x : -INFINITY;
     }
     mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));  // fmaxf drops NaN; exp2 below carries it to l and acc
     mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));

@@ -68,6 +68,12 @@ struct AttentionParams {
   int64_t num_blocks = 0;
   int32_t max_query_len = 0;
   float scale = 1.f;
+  // Model variants (docs/design.md, "Sinks, windows and soft-capping"): a learned logit per query head in the softmax
+  // denominator ([Hq] float32 or null), a window of window_left positions to a token's left (-1: none; tree_mask.h
+  // says what a position is), and logit soft-capping s -> softcap * tanh(s / softcap) of the scaled scores (0: off).
+  const float* sinks = nullptr;
+  int32_t window_left = -1;
+  float softcap = 0.f;
   void* out = nullptr;   // [T, Hq, value_dim] of `dtype`, contiguous
   float* lse = nullptr;  // [T, Hq] or null
   int32_t* error_counts = nullptr;

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "adaptive_verify/attention/params.h"
+#include "adaptive_verify/attention/tree_mask.h"
 
 namespace adaptive_verify {
 namespace attention {
@@ -33,6 +34,13 @@ __device__ __forceinline__ RequestSpan request_span(const AttentionParams& p, in
   return RequestSpan{begin, int32_t(valid ? q_len : 0), kv_len, valid};
 }
 
+// The first split a valid request's partials write: 0, or under a sliding window the split holding the earliest
+// position any of its tokens may see (tree_mask.h request_window_start); splits below it are neither computed nor
+// merged.
+__device__ __forceinline__ int32_t request_first_split(const AttentionParams& p, const RequestSpan& span) {
+  return request_window_start(span.kv_len - span.q_len, p.window_left) / kSplitTokens;
+}
+
 // What block (split s, row chunk `chunk` of `chunk_rows` rows, KV head h) of a chunked partials kernel
 // (kernel_mma.cuh) does for request r. Rows are the request's q_len x group query rows,
 // row = i * group + g (query token i, q head h * group + g).
@@ -41,7 +49,8 @@ struct ChunkWork {
   int32_t group, rows;     // Hq / Hkv, and the request's q_len * group rows
   int32_t row0, nrows;     // the block's rows: row0 .. row0 + nrows - 1
   int32_t last_of_token0;  // row `row` sees positions <= last_of_token0 + row / group
-  int32_t s0, s_end;       // the positions the block reads, s0 .. s_end (none when s_end < s0)
+  int32_t s0, s_end;       // the split's first position and the last the block reads
+  int32_t s_begin;         // the first position it reads: s0, or a sliding window's start (request_window_start)
   bool counts_bad;         // counts bad block ids: the chunk holding the last rows reads up to kv_len - 1
 };
 
@@ -60,13 +69,16 @@ __device__ __forceinline__ ChunkWork chunk_work(const AttentionParams& p, const 
   w.rows = span.q_len * w.group;
   w.row0 = chunk * chunk_rows;
   w.s0 = s * kSplitTokens;
-  // Past the request's rows or context: nothing to write (the merge reads only the request's splits).
-  if (w.row0 >= w.rows || w.s0 > span.kv_len - 1) return w;
+  // Past the request's rows or context, or below every token's window: nothing to write (the merge reads only the
+  // request's splits from request_first_split on).
+  if (w.row0 >= w.rows || w.s0 > span.kv_len - 1 || s < request_first_split(p, span)) return w;
   w.active = true;
   w.nrows = w.rows - w.row0 < chunk_rows ? w.rows - w.row0 : chunk_rows;
   w.last_of_token0 = span.kv_len - span.q_len;
   const int32_t block_last = w.last_of_token0 + (w.row0 + w.nrows - 1) / w.group;  // its last row sees most
   w.s_end = w.s0 + kSplitTokens - 1 < block_last ? w.s0 + kSplitTokens - 1 : block_last;
+  const int32_t from = request_window_start(w.last_of_token0, p.window_left);
+  w.s_begin = w.s0 > from ? w.s0 : from;
   w.counts_bad = h == 0 && chunk == (w.rows - 1) / chunk_rows;
   return w;
 }
@@ -90,11 +102,27 @@ __device__ __forceinline__ int32_t token_owner(const AttentionParams& p, int64_t
   return span.valid && token >= span.begin && token < span.begin + span.q_len ? lo : -1;
 }
 
-// Splits the partials kernel wrote for the request owning `token`, at most num_splits: ceil(kv_len /
-// kSplitTokens) of them, 0 for a padding token or an invalid request (the merges write zeros then).
-__device__ __forceinline__ int32_t token_splits(const AttentionParams& p, int64_t token, int32_t num_splits) {
+// Splits the partials kernel wrote for the request owning `token`: [first, used) with used at most num_splits,
+// ceil(kv_len / kSplitTokens); used 0 for a padding token or an invalid request (the merges write zeros then).
+struct SplitRange {
+  int32_t first, used;
+};
+__device__ __forceinline__ SplitRange token_split_range(const AttentionParams& p, int64_t token, int32_t num_splits) {
   const int32_t owner = token_owner(p, token);
-  return owner < 0 ? 0 : request_splits(request_span(p, owner), num_splits);
+  if (owner < 0) return SplitRange{0, 0};
+  const RequestSpan span = request_span(p, owner);
+  return SplitRange{request_first_split(p, span), request_splits(span, num_splits)};
+}
+__device__ __forceinline__ int32_t token_splits(const AttentionParams& p, int64_t token, int32_t num_splits) {
+  return token_split_range(p, token, num_splits).used;
+}
+
+// Counts the sinks of query heads h * group .. h * group + group - 1 that are NaN or infinite (one thread per KV
+// head and call; the merges use them as given).
+__device__ __forceinline__ void count_bad_sinks(const AttentionParams& p, int32_t h, int32_t group) {
+  if (p.sinks == nullptr) return;
+  for (int32_t g = 0; g < group; ++g)
+    if (!(fabsf(p.sinks[h * group + g]) <= 3.4028234663852886e38f)) atomicAdd(p.error_counts + kCountSink, 1);
 }
 
 }  // namespace attention
