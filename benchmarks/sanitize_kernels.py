@@ -71,6 +71,17 @@ def kv_cache_variant_cases():
         got = av.verify_attention(*dev, cuda_kernel=kernel, k_scale=ks.cuda(), v_scale=vs.cuda()).float().cpu()
         err = (got - want).abs().max().item()
         yield f"verify_attention {kernel} fp8", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
+    # sinks, a window cutting through the longest request and soft-capping, on the bf16 copy of the same caches
+    kb, vb = (kc.float() * 0.5).to(torch.bfloat16), (vc.float() * 0.5).to(torch.bfloat16)
+    variants = dict(sinks=torch.linspace(-1.0, 2.0, 8), window_left=300, softcap=30.0)
+    args = (q, kb, vb, table, seq, qsl, 5)
+    want = av.verify_attention(*args, **variants).float()
+    dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    dev_variants = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in variants.items()}
+    for kernel in ("rowwise", "mma", "mma_fused"):
+        got = av.verify_attention(*dev, cuda_kernel=kernel, **dev_variants).float().cpu()
+        err = (got - want).abs().max().item()
+        yield f"verify_attention {kernel} sinks+window+softcap", err <= 0.05, f"max |diff| vs CPU {err:.3g}"
     q = torch.randn(10, 16, 576, generator=g).to(torch.bfloat16)
     for kv_cache, kv_scale in ((torch.randn(3 * 70, bs, 576, generator=g).to(torch.bfloat16), None),
                                (torch.randn(3 * 70, bs, 576, generator=g).to(torch.float8_e4m3fn), 0.5)):

@@ -46,10 +46,10 @@ BLOCK_SIZE = 16
 FP8_SCALE = 0.5  # per-tensor k_scale / v_scale of the fp8 rows (the timing does not depend on its value)
 
 
-def make_inputs(R, context, layer, device, seed=0, q_len=None, kv_dtype="bf16"):
+def make_inputs(R, context, layer, device, seed=0, q_len=None, kv_dtype="bf16", layers=None):
     """q_len None: the mix 1..8 (max_query_len 8); else every request verifies q_len tokens. kv_dtype "fp8": the
     caches are float8_e4m3fn holding the bf16 values / FP8_SCALE, and the dict carries k_scale / v_scale."""
-    Hq, Hkv, D = LAYERS[layer]
+    Hq, Hkv, D = (layers or LAYERS)[layer]
     g = torch.Generator().manual_seed(seed)
     fixed = q_len
     q_len = (torch.arange(R) % 8 + 1).to(torch.int32) if fixed is None else torch.full((R,), fixed, dtype=torch.int32)
@@ -352,12 +352,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="CUDA implementations to time (CUDA only)")
         ap.add_argument("--kv-dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16"],
                         help="KV cache element types (fp8: float8_e4m3fn with a per-tensor scale)")
+        ap.add_argument("--variants", action="store_true",
+                        help="sinks, sliding windows and soft-capping against plain calls (bench/attention_variants.py)")
         ap.add_argument("--mla", action="store_true",
                         help="MLA (verify_attention_mla) over a latent cache instead (bench/attention_mla.py)")
         ap.add_argument("--tree", action="store_true",
                         help="draft-tree masks against chains of the same token count instead (see above)")
 
     def run_any(a):
+        if a.variants:
+            from . import attention_variants
+            return attention_variants.run(device=a.device, min_time_s=a.min_time,
+                                          kernel=a.kernels[0] if len(a.kernels) == 1 else None)
         if a.mla:
             from . import attention_mla
             kernels = [k for k in a.kernels if k in attention_mla.KERNELS] or list(attention_mla.KERNELS)
@@ -377,6 +383,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _report_any(result: dict) -> str:
+    if "variant_rows" in result:
+        from .attention_variants import report as report_variants
+        return report_variants(result)
     if "mla_rows" in result:
         from .attention_mla import report as report_mla
         return report_mla(result)

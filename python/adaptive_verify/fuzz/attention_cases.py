@@ -97,8 +97,9 @@ class Paged:
         return masks
 
 
-def _check(p: Paged, got, lse, scale, tree_mask=None):
-    kw = dict(scale=scale, return_lse=True, tree_mask=tree_mask, k_scale=p.k_scale, v_scale=p.v_scale)
+def _check(p: Paged, got, lse, scale, tree_mask=None, variants=None):
+    kw = dict(scale=scale, return_lse=True, tree_mask=tree_mask, k_scale=p.k_scale, v_scale=p.v_scale,
+              **(variants or {}))
     ref64, lse64 = ref.verify_attention(p.q.double(), p.k_cache.double(), p.v_cache.double(), p.block_table, p.seq,
                                         p.qsl, p.mql, **kw)
     ref32, lse32 = ref.verify_attention(*p.args(), dtype=torch.float32, **kw)
@@ -145,6 +146,16 @@ def attention_case(rng) -> Case:
     mask = p.random_tree_mask(rng) if maybe(rng, 0.4) else None
     if mask is not None:
         kw["tree_mask"] = g.tensor("tree_mask", mask)
+    variants = {}  # model variants: sinks, a sliding window, soft-capping (each composable)
+    if maybe(rng, 0.3):
+        variants["sinks"] = torch.from_numpy(rng.standard_normal(p.Hq) * 3 + 2).float()
+    if maybe(rng, 0.3):
+        variants["window_left"] = int(pick(rng, [0, 1, 5, 40, 100]))
+    if maybe(rng, 0.2):
+        variants["softcap"] = float(pick(rng, [1.0, 20.0, 50.0]))
+    kw.update(variants)
+    if "sinks" in kw:
+        kw["sinks"] = g.tensor("sinks", kw["sinks"])
     args = [q, k_cache, v_cache, bt, seq, qsl, p.mql]
     r = rng.random()
     if r < 0.5:
@@ -152,12 +163,12 @@ def attention_case(rng) -> Case:
             got, lse = res
             if out is not None and got.data_ptr() != out.data_ptr():
                 raise Mismatch("out= was not the returned tensor")
-            _check(p, got, lse, scale, mask)
+            _check(p, got, lse, scale, mask, variants)
             counts({})
 
         return Case("valid", lambda: verify_attention(*args, **kw), check, guards=g,
                     what=f"R={p.R} Hq={p.Hq} Hkv={p.Hkv} D={p.D} bs={p.bs} mql={p.mql} tree={mask is not None} "
-                         f"kv={str(p.k_cache.dtype)[6:]}")
+                         f"kv={str(p.k_cache.dtype)[6:]} variants={sorted(variants)}")
     names = ()
     kind = "invalid"
     if r < 0.65 and p.R:  # lengths and block ids the CPU kernel checks (documented ValueErrors)
@@ -176,17 +187,28 @@ def attention_case(rng) -> Case:
             kind, names = "maybe", ("query_start_loc", "seq_lens")
         elif which == "block_table" and p.seq_lens[i] > 0:
             b = p.block_table.clone()
-            b[i, int(rng.integers(0, -(-p.seq_lens[i] // p.bs)))] = pick(rng, [-1, p.num_blocks, FAR, -(2**31)])
+            at = int(rng.integers(0, -(-p.seq_lens[i] // p.bs)))
+            b[i, at] = pick(rng, [-1, p.num_blocks, FAR, -(2**31)])
             args[3] = g.tensor("block_table2", b)
             kind = "invalid" if p.q_lens[i] > 0 else "maybe"
+            window = kw.get("window_left", -1)
+            if window >= 0 and (at + 1) * p.bs <= p.seq_lens[i] - p.q_lens[i] - window:
+                kind = "maybe"  # a page wholly below every token's window is never read (documented)
             names = ("block_table",)
         else:
             kw["max_seq_len"] = max(p.seq_lens) - 1 if max(p.seq_lens) > 1 else 0
             kind, names = "maybe", ("max_seq_len", "block_table", "seq_lens")
         return Case(kind, lambda: verify_attention(*args, **kw), guards=g, names=names, what=f"bad {which}")
     if r < 0.8:
-        which = pick(rng, ["scale", "max_query_len", "max_seq_len", "cuda_kernel", "return_lse", "k_scale"])
-        if which == "k_scale":  # any scale with a 16-bit cache; a bad float or tensor with an fp8 one
+        which = pick(rng, ["scale", "max_query_len", "max_seq_len", "cuda_kernel", "return_lse", "k_scale", "sinks",
+                           "window_left", "softcap"])
+        if which in ("sinks", "window_left", "softcap"):
+            kw[which] = {"sinks": [torch.zeros(p.Hq + 1), torch.full((p.Hq,), float("nan")), torch.zeros(p.Hq).double(),
+                                   [0.0] * p.Hq],
+                         "window_left": [-2, 2**31, 1.5, True, "3"],
+                         "softcap": [-1.0, float("inf"), float("nan"), "1", 1e39]}[which][int(rng.integers(0, 4))]
+            kind = "invalid"
+        elif which == "k_scale":  # any scale with a 16-bit cache; a bad float or tensor with an fp8 one
             kw["k_scale"] = pick(rng, [real_arg(rng), torch.tensor([-1.0] * p.Hkv), torch.ones(p.Hkv + 1),
                                        torch.ones(p.Hkv, dtype=torch.float64), 0.0, float("nan")])
             kind = "maybe" if kw["k_scale"] is None else "invalid"
@@ -205,7 +227,7 @@ def attention_case(rng) -> Case:
             kw["return_lse"] = pick(rng, [1, "yes", None, 0])
             kind = "maybe"
         value = kw.get(which, args[6] if which == "max_query_len" else None)
-        return Case(kind, lambda: verify_attention(*args, **kw), guards=g, names=(which, "query_start_loc"),
+        return Case(kind, lambda: verify_attention(*args, **kw), guards=g, names=(which, "query_start_loc", "sinks"),
                     what=f"{which}={value!r}"[:80])
     names_by_index = ["q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc"]
     i = int(rng.integers(0, 6))
