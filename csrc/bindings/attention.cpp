@@ -4,6 +4,7 @@
 
 #include "adaptive_verify/attention/can_implement.h"
 #include "adaptive_verify/attention/cpu.h"
+#include "adaptive_verify/attention/metadata.h"
 #include "adaptive_verify/cuda_api.h"
 #include "bindings/common.h"
 
@@ -32,6 +33,13 @@ void register_attention(py::module_& m) {
   m.def("verify_attention", &verify_attention);
   def_op<W>(m, "write_kv", attention::write_kv_cpu, AV_CUDA_FN(attention::write_kv_cuda));
   def_op<C>(m, "commit_tree_kv", attention::commit_tree_kv_cpu, AV_CUDA_FN(attention::commit_tree_kv_cuda));
+  using F = attention::FlashInferParams;
+  def_op<F>(m, "flashinfer_plan", attention::flashinfer_plan_cpu, AV_CUDA_FN(attention::flashinfer_plan_cuda));
+  m.attr("FLASHINFER_PARAMS") = struct_layout<F>({
+      AV_FIELD(F, query_start_loc), AV_FIELD(F, seq_lens), AV_FIELD(F, block_table), AV_FIELD(F, block_table_stride),
+      AV_FIELD(F, max_blocks), AV_FIELD(F, tree_mask), AV_FIELD(F, num_reqs), AV_FIELD(F, num_tokens),
+      AV_FIELD(F, page_size), AV_FIELD(F, max_query_len), AV_FIELD(F, mask_capacity), AV_FIELD(F, kv_indptr), AV_FIELD(F, kv_indices),
+      AV_FIELD(F, kv_last_page_len), AV_FIELD(F, packed_mask), AV_FIELD(F, mask_indptr), AV_FIELD(F, error_counts)});
   // Floats of CUDA workspace a call needs, from the sizes already in its parameter struct.
   m.def("attention_workspace_floats",
         [](uintptr_t params) { return attention::attention_workspace_floats(params_at<A>(params)); });

@@ -8,6 +8,7 @@ torch oracle of every op.
 from ._ext import build_info, cuda_available
 from .attention import commit_tree_kv, verify_attention, write_kv
 from .attention_mla import commit_tree_kv_mla, verify_attention_mla, write_kv_mla
+from .attention_metadata import flash_attn_plan, flashinfer_plan
 from .calibration import OnlineSTS, calibration_report, fit_sts, load_temperatures, save_temperatures
 from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
@@ -49,6 +50,8 @@ __all__ = [
     "draft_margin",
     "error_counts",
     "fit_sts",
+    "flash_attn_plan",
+    "flashinfer_plan",
     "lagged_budget",
     "load_temperatures",
     "plan_tree_verification",

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "adaptive_verify/attention/kernel.cuh"
+#include "adaptive_verify/attention/metadata.cuh"
 
 namespace attn = adaptive_verify::attention;
 
@@ -49,6 +50,14 @@ int av_emu_verify_attention(const attn::AttentionParams* params, int copy_mode, 
 int av_emu_write_kv(const attn::WriteKvParams* params, char* err, int err_len) {
   return av_emu::run_entry(av_emu::kLateCopies, {}, err, err_len, [&] {
     if (attn::launch_write_kv(*params, nullptr) != cudaSuccess) throw av_emu::Failure("launch_write_kv returned an error");
+  });
+}
+
+// flashinfer_plan's CUDA kernels through launch_flashinfer_plan, for a FlashInferParams filled for CPU tensors.
+int av_emu_flashinfer_plan(const attn::FlashInferParams* params, char* err, int err_len) {
+  return av_emu::run_entry(av_emu::kLateCopies, {}, err, err_len, [&] {
+    if (attn::launch_flashinfer_plan(*params, nullptr) != cudaSuccess)
+      throw av_emu::Failure("launch_flashinfer_plan returned an error");
   });
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "adaptive_verify/attention/metadata.h"
 #include "adaptive_verify/attention/params.h"
 #include "adaptive_verify/confidence/params.h"
 #include "adaptive_verify/planner/params.h"
@@ -31,6 +32,7 @@ namespace attention {
 int write_kv_cuda(const WriteKvParams& p, void* stream);
 int commit_tree_kv_cuda(const CommitTreeKvParams& p, void* stream);
 int verify_attention_cuda(const AttentionParams& p, void* stream);
+int flashinfer_plan_cuda(const FlashInferParams& p, void* stream);
 }  // namespace attention
 
 namespace sampling {

@@ -15,6 +15,7 @@ margins and acceptance statistics; ``sampling.py`` the sampler's bit-exact oracl
 attention and KV writes.
 """
 from .attention import quantize_fp8, verify_attention, verify_attention_mla, write_kv
+from .metadata import flashinfer_plan
 from .confidence import confidence, confidence_from_logits, draft_margin, stats_totals, stats_update
 from .planner import (FIXED_ONE, Plan, ResolvedArgs, candidate_order, choose, choose_budget, choose_draft_depth,
                       plan_verification, prefix_survival, request_weights, resolve_args, theta, tree_candidate_order)
@@ -25,7 +26,7 @@ from .trees import TreePlan, choose_tree_shape, commit_tree_kv, plan_tree_verifi
 
 __all__ = ["FIXED_ONE", "Plan", "ResolvedArgs", "TreePlan", "av_exp", "av_log", "candidate_order", "canonical_sum",
            "choose", "choose_budget", "choose_draft_depth", "choose_tree_shape", "commit_tree_kv", "confidence",
-           "confidence_from_logits", "draft_margin",
+           "confidence_from_logits", "draft_margin", "flashinfer_plan",
            "kept_tokens", "philox", "plan_tree_verification", "plan_verification", "prefix_survival",
            "quantize_fp8", "rejection_sample", "request_weights", "resolve_args", "sample", "stats_totals", "stats_update", "theta",
            "to_uniform", "token_logprob", "tree_candidate_order", "tree_rejection_sample", "tree_survival",
