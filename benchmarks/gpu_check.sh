@@ -58,10 +58,10 @@ case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 # 2. tests: the CUDA tests only (CI runs the CPU suite, the emulator tests included; leaving it out keeps
 # time for the sanitizer runs below). The tests of the kernels not yet run on a GPU (verify_attention's
 # candidate "mma" / "mma_fused", the sampler's candidate "splitv", the planner's one-algorithm kernel of
-# 2026-12-01, the tree sampler, tests/test_sampling_tree.py, fp8 KV caches, MLA and the attention variants) go in a
+# 2026-12-01, the tree sampler, tests/test_sampling_tree.py, fp8 KV caches, MLA, the attention variants and the backend metadata) go in a
 # process of their own, after the others: a
 # fault there would poison the CUDA context for every later test.
-candidates="mma or splitv or planner or sampling_tree or fp8 or mla or variants"
+candidates="mma or splitv or planner or sampling_tree or fp8 or mla or variants or metadata"
 timeout "$(cap 240)" python3 -m pytest tests -q -m cuda -k "not ($candidates)" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?
@@ -116,6 +116,11 @@ timeout "$(cap 60)" python3 benchmarks/bench_attention.py --device cuda --varian
   >"$log/bench_attention_variants.txt" 2>&1
 bench_att_var_rc=$?
 stamp bench_att_var_rc
+timeout "$(cap 30)" python3 benchmarks/bench_attention.py --device cuda --metadata \
+  --markdown "$log/bench_attention_metadata.md" --json "$log/bench_attention_metadata.json" \
+  >"$log/bench_attention_metadata.txt" 2>&1
+bench_att_meta_rc=$?
+stamp bench_att_meta_rc
 
 # 4. compute-sanitizer on the kernels not yet validated on hardware (small inputs, benchmarks/sanitize_kernels.py):
 # shared-memory races (racecheck) and out-of-bounds accesses (memcheck), which the host emulator cannot see.
@@ -150,7 +155,7 @@ stamp sanitizer_rc
   echo "| build | $(status $build_rc) |"
   echo "| CUDA kernels usable | $cuda_ok |"
   echo "| CUDA tests (validated kernels: rowwise attention, sampler v1, confidence, write_kv) | $(status $cuda_rc): $(tail -1 "$log/cuda_tests.txt") |"
-  echo "| CUDA tests (candidates: mma attention, sampler splitv, the one-algorithm planner, the tree sampler, fp8 KV, MLA, variants) | $(status $cuda_cand_rc): $(tail -1 "$log/cuda_tests_candidates.txt") |"
+  echo "| CUDA tests (candidates: mma attention, sampler splitv, the one-algorithm planner, the tree sampler, fp8 KV, MLA, variants, metadata) | $(status $cuda_cand_rc): $(tail -1 "$log/cuda_tests_candidates.txt") |"
   echo "| planner benchmark | $(status $bench_rc) |"
   echo "| draft-depth benchmark (choose_draft_depth, not yet run on a GPU) | $(status $bench_depth_rc) |"
   echo "| tree-shape benchmark (choose_tree_shape, not yet run on a GPU) | $(status $bench_shape_rc) |"
@@ -161,6 +166,7 @@ stamp sanitizer_rc
   echo "| attention benchmark, fp8 KV (every kernel, not yet run on a GPU) | $(status $bench_att_fp8_rc) |"
   echo "| MLA attention benchmark (rowwise, mma; not yet run on a GPU) | $(status $bench_att_mla_rc) |"
   echo "| attention variants benchmark (sinks, windows, soft-capping; mma) | $(status $bench_att_var_rc) |"
+  echo "| backend metadata benchmark (flashinfer_plan) | $(status $bench_att_meta_rc) |"
   echo "| compute-sanitizer racecheck (opt-in kernels) | $(status $racecheck_rc): $(tail -1 "$log/racecheck.txt") |"
   echo "| compute-sanitizer memcheck (opt-in kernels) | $(status $memcheck_rc): $(tail -1 "$log/memcheck.txt") |"
   echo
@@ -170,7 +176,7 @@ stamp sanitizer_rc
   cat "$log/ptxas.txt"
   echo '```'
   echo
-  for b in planner planner_depth planner_tree_shape confidence sampling attention attention_large attention_fp8 attention_mla attention_variants; do
+  for b in planner planner_depth planner_tree_shape confidence sampling attention attention_large attention_fp8 attention_mla attention_variants attention_metadata; do
     if [ -s "$log/bench_$b.md" ]; then cat "$log/bench_$b.md"; else echo '```'; tail -40 "$log/bench_$b.txt"; echo '```'; fi
     echo
   done

@@ -352,6 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="CUDA implementations to time (CUDA only)")
         ap.add_argument("--kv-dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16"],
                         help="KV cache element types (fp8: float8_e4m3fn with a per-tensor scale)")
+        ap.add_argument("--metadata", action="store_true",
+                        help="flashinfer_plan against a torch builder (bench/attention_metadata.py)")
         ap.add_argument("--variants", action="store_true",
                         help="sinks, sliding windows and soft-capping against plain calls (bench/attention_variants.py)")
         ap.add_argument("--mla", action="store_true",
@@ -360,6 +362,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="draft-tree masks against chains of the same token count instead (see above)")
 
     def run_any(a):
+        if a.metadata:
+            from . import attention_metadata
+            return attention_metadata.run(device=a.device, min_time_s=a.min_time)
         if a.variants:
             from . import attention_variants
             return attention_variants.run(device=a.device, min_time_s=a.min_time,
@@ -383,6 +388,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _report_any(result: dict) -> str:
+    if "metadata_rows" in result:
+        from .attention_metadata import report as report_metadata
+        return report_metadata(result)
     if "variant_rows" in result:
         from .attention_variants import report as report_variants
         return report_variants(result)

@@ -152,4 +152,7 @@ def write_mla_case(rng) -> Case:
                 what=f"{names[i]}: {desc}")
 
 
+
+
+
 __all__ = ["mla_case", "write_mla_case"]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .attention_cases import attention_case, write_kv_case
+from .metadata_cases import flashinfer_plan_case
 from .mla_cases import mla_case, write_mla_case
 from .confidence_cases import confidence_case, from_logits_case, margin_case, stats_case
 from .core import Case
@@ -54,6 +55,7 @@ OPS = {
     "VerifyPlan / error_counts / build_info": (misc_case, 1),
     "verify_attention_mla": (mla_case, 3),
     "write_kv_mla": (write_mla_case, 1),
+    "flashinfer_plan": (flashinfer_plan_case, 1),
 }
 
 
