@@ -61,7 +61,7 @@ case "$cuda_ok" in yes) cuda_usable_rc=0 ;; *) cuda_usable_rc=1 ;; esac
 # 2026-12-01, the tree sampler, tests/test_sampling_tree.py, fp8 KV caches, MLA, the attention variants and the backend metadata) go in a
 # process of their own, after the others: a
 # fault there would poison the CUDA context for every later test.
-candidates="mma or splitv or planner or sampling_tree or fp8 or mla or variants or metadata"
+candidates="mma or splitv or planner or sampling_tree or fp8 or mla or variants or metadata or fa4"
 timeout "$(cap 240)" python3 -m pytest tests -q -m cuda -k "not ($candidates)" -rf --tb=short --durations=15 -p no:cacheprovider \
   >"$log/cuda_tests.txt" 2>&1
 cuda_rc=$?

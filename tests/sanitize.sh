@@ -43,11 +43,17 @@ print("sanitize: running against", av.__file__)
 PYEOF
 # The fuzz campaign of tests/test_fuzz.py through the CLI (its workers' time limits assume an uninstrumented
 # interpreter; the CLI reports a hang or crash the same way, and exits 1 on any failure).
-"$PY" -m adaptive_verify.fuzz --calls "${AV_SANITIZE_FUZZ_CALLS:-2500}" --seed 20261201 --jobs 2
-"$PY" -m pytest -q -p no:cacheprovider tests/test_emu_selftest.py \
-  tests/test_planner.py tests/test_planner_tree.py tests/test_planner_priorities.py tests/test_planner_emu.py \
-  tests/test_sampling.py tests/test_sampling_tree.py tests/test_sampling_truncation.py \
-  tests/test_sampling_nonfinite.py tests/test_sampling_emu.py \
-  tests/test_confidence.py tests/test_attention.py tests/test_attention_tree.py tests/test_attention_emu.py \
-  tests/test_attention_tree_emu.py tests/test_commit_tree_kv.py tests/test_verifier_host.py tests/test_stats.py \
-  "$@"
+# AV_SANITIZE_FUZZ_CALLS=0 skips the campaign; AV_SANITIZE_TESTS replaces the test list (e.g. one area's files).
+if [ "${AV_SANITIZE_FUZZ_CALLS:-2500}" != 0 ]; then
+  "$PY" -m adaptive_verify.fuzz --calls "${AV_SANITIZE_FUZZ_CALLS:-2500}" --seed 20261201 --jobs 2
+fi
+default_tests="tests/test_emu_selftest.py
+  tests/test_planner.py tests/test_planner_tree.py tests/test_planner_priorities.py tests/test_planner_emu.py
+  tests/test_sampling.py tests/test_sampling_tree.py tests/test_sampling_truncation.py
+  tests/test_sampling_nonfinite.py tests/test_sampling_emu.py
+  tests/test_confidence.py tests/test_attention.py tests/test_attention_tree.py tests/test_attention_emu.py
+  tests/test_attention_tree_emu.py tests/test_attention_fp8.py tests/test_attention_mla.py
+  tests/test_attention_variants.py tests/test_attention_metadata.py tests/test_commit_tree_kv.py
+  tests/test_verifier_host.py tests/test_stats.py"
+# shellcheck disable=SC2086  (a whitespace-separated list of paths)
+"$PY" -m pytest -q -p no:cacheprovider ${AV_SANITIZE_TESTS:-$default_tests} "$@"

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from . import errors
+from .attention_fa4 import attention_backend, run_fa4
 from .attention_fp8 import DTYPE_CODES, FP8, check_cache_dtype, kv_scale_fields, set_kv_scales
 from ._binding import AttentionParams, CommitTreeKvParams, WriteKvParams, call
 from ._checks import INT32_MAX, check_real
@@ -152,6 +153,7 @@ def verify_attention(
     sinks: Optional[torch.Tensor] = None,
     window_left: int = -1,
     softcap: float = 0.0,
+    backend: str = "auto",
 ):
     """Attention of each request's verified tokens over its paged KV cache.
 
@@ -177,6 +179,11 @@ def verify_attention(
               skipped, not only masked.
             - softcap: 0 (off) or cap > 0 (Gemma 2): each scaled score s becomes cap * tanh(s / cap) before the
               softmax.
+        backend: "auto" (default), "ours" or "fa4": on SM100-class GPUs with the ``[sm100]`` extra installed, "auto"
+            runs FlashAttention-4's kernel for the cases it covers (no trees, no fp8 caches, head dim 64 / 128, pages
+            of 16 / 64 / 128); everything else runs this package's kernels. ``adaptive_verify.attention_backend(...)``
+            says which one runs; "fa4" forces it (ValueError naming the reason where it cannot run).
+            adaptive_verify/attention_fa4.py has the decision, the glue and the documented differences.
         block_table: [R, max_blocks] int32. seq_lens: [R] int32, KV length including this step's tokens.
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..64.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
@@ -242,6 +249,11 @@ def verify_attention(
     else:
         check_tensor("out", out, dtypes=(q.dtype,), device=device, shape=(T, Hq, D), inner_contiguous=False)
     lse = torch.empty(T, Hq, dtype=torch.float32, device=device) if return_lse else None
+    if attention_backend(q, k_cache, v_cache, block_table, backend=backend, tree_mask=tree_mask,
+                         max_seq_len=max_seq_len) == "fa4":
+        run_fa4(out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, scale=scale,
+                sinks=sinks, window_left=window_left, softcap=softcap)
+        return (out, lse) if return_lse else out
     if device.type == "cuda":
         limit = 65534 if kernel_id == CUDA_KERNELS["mma_fused"] else 65535  # grid z (+1: padding slice)
         if R > limit:

@@ -1,0 +1,119 @@
+"""verify_attention through FlashAttention-4 (flash-attn-4, on the CUTLASS CuTe DSL) on SM100-class GPUs: the
+dispatch decision and the glue (docs/design.md, "SM100 attention through FlashAttention-4"; issue 36's first part).
+
+Why: this package's tensor-core kernel is mma.sync, a fraction of Blackwell's tcgen05 throughput; FA4's SM100 forward
+uses tcgen05, tensor memory and TMA, and takes exactly the verification shape (varlen queries, a paged KV cache
+through a page table, GQA, causal aligned to the end of the keys, learnable sinks, soft-capping, a left window).
+
+Packaging (decided): the optional extra ``adaptive-verify[sm100]`` installs pinned ``flash-attn-4==4.0.0b36`` and
+``nvidia-cutlass-dsl==4.8.1`` from PyPI; FA4 compiles each variant on first use (the DSL's JIT) and this package ships
+none of their code or runtime libraries (the DSL runtime carries NVIDIA's proprietary license). Without the extra,
+or off SM100, every call runs this package's kernels.
+
+Dispatch (``backend=`` of verify_attention): "auto" (default) runs FA4 only when :func:`attention_backend` says
+"fa4": a CUDA device of compute capability 10.x or 11.x, the pinned FA4 importable, q and both caches bf16 or fp16 of
+one dtype (no fp8 caches: their paged descaling is not FA4's), head dim 64 or 128 (FA4's SM100 range without the
+2-CTA hd256 path), a page size of 16, 64 or 128, no draft-tree mask (FA4 accepts a ``mask_mod`` with varlen and a
+page table, but no upstream test combines them, so trees stay on this package's kernels), and no ``max_seq_len``
+below the table's width (FA4 derives its bounds itself). "ours" never uses FA4; "fa4" requires it (ValueError naming
+``backend`` with the reason otherwise), which is also how an SM90 GPU runs FA4's SM90 kernel for validation.
+:func:`attention_backend` is public and side-effect free: call it to know which ran.
+
+Semantic differences, documented: FA4 loads whole 128-row pages by TMA, so rows past a request's length in its last
+page must be finite (a NaN there reaches the output as 0 x NaN); this package's kernels never read them. Outputs are
+not bit-identical to this package's kernels (another summation order); both are within the float64 reference's
+tolerance. Nothing here has run on an SM100 GPU (none is reachable); the arguments are checked on CPU against the
+reference (tests/test_attention_fa4.py).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+FA4_VERSION = "4.0.0b36"
+PAGE_SIZES = (16, 64, 128)
+HEAD_DIMS = (64, 128)
+BACKENDS = ("auto", "ours", "fa4")
+
+
+def _fa4_interface():
+    """FA4's interface module and version, or (None, why not)."""
+    try:
+        from importlib.metadata import version
+        found = version("flash-attn-4")
+    except Exception:  # noqa: BLE001 - not installed, or no metadata
+        return None, "flash-attn-4 is not installed (pip install 'adaptive-verify[sm100]')"
+    if found != FA4_VERSION:
+        return None, f"flash-attn-4 {found} is installed; this package is pinned to {FA4_VERSION}"
+    try:
+        from flash_attn.cute import interface
+    except Exception as e:  # noqa: BLE001 - its import pulls the DSL and CUDA
+        return None, f"flash_attn.cute does not import: {type(e).__name__}: {e}"[:200]
+    return interface, None
+
+
+def fa4_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, *,
+                    tree_mask=None, max_seq_len=None, allow_sm90: bool = False) -> Optional[str]:
+    """Why FA4 cannot run this (already validated) call, or None when it can (module docstring's conditions)."""
+    if q.device.type != "cuda":
+        return "FA4 runs on CUDA devices only"
+    major = torch.cuda.get_device_capability(q.device)[0]
+    if major not in (10, 11) and not (allow_sm90 and major == 9):
+        return f"compute capability {major}.x: FA4's tcgen05 path needs SM100-class (10.x / 11.x)"
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        return "fp8 caches run on this package's kernels"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: FA4 glue covers {HEAD_DIMS}"
+    if k_cache.shape[1] not in PAGE_SIZES:
+        return f"block_size {k_cache.shape[1]}: FA4 pages of {PAGE_SIZES}"
+    if tree_mask is not None:
+        return "draft-tree masks run on this package's kernels (FA4's mask_mod with a page table is untested upstream)"
+    if max_seq_len is not None and max_seq_len < block_table.shape[1] * k_cache.shape[1]:
+        return "max_seq_len below the table's width: FA4 would not honour the bound"
+    _, why = _fa4_interface()
+    return why
+
+
+def attention_backend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, *,
+                      backend: str = "auto", tree_mask=None, max_seq_len=None) -> str:
+    """Which implementation verify_attention runs for these arguments: "fa4" or "ours" (never raises for "auto")."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "ours":
+        return "ours"
+    why = fa4_unsupported(q, k_cache, v_cache, block_table, tree_mask=tree_mask, max_seq_len=max_seq_len,
+                          allow_sm90=backend == "fa4")
+    if why is None:
+        return "fa4"
+    if backend == "fa4":
+        raise ValueError(f"backend='fa4': {why}")
+    return "ours"
+
+
+def fa4_arguments(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale, sinks=None,
+                  window_left=-1, softcap=0.0) -> dict:
+    """The keyword arguments of flash_attn_varlen_func for a verification batch: the plan in FlashAttention form
+    (flash_attn_plan), causal (aligned to the end of each request's keys: token i sees its context and block tokens
+    0..i), a left window of window_left positions and none to the right, the sinks as learnable_sink (FA4's, like
+    ours, in units of the scaled scores), soft-capping."""
+    return dict(q=q, k=k_cache, v=v_cache, cu_seqlens_q=query_start_loc, seqused_k=seq_lens, page_table=block_table,
+                max_seqlen_q=max_query_len, softmax_scale=scale, causal=True,
+                window_size=(window_left if window_left >= 0 else None, 0 if window_left >= 0 else None),
+                learnable_sink=sinks, softcap=softcap, return_lse=True)
+
+
+def run_fa4(out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, *, scale,
+            sinks=None, window_left=-1, softcap=0.0) -> None:
+    """FA4's forward into out [T, Hq, D] (and lse [T, Hq] when given): tokens no request owns get zeros and -inf, as
+    this package's kernels write them (FA4 writes only rows inside cu_seqlens_q)."""
+    interface, why = _fa4_interface()
+    if interface is None:
+        raise RuntimeError(why)
+    o, l = interface.flash_attn_varlen_func(**fa4_arguments(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, scale=scale, sinks=sinks,
+        window_left=window_left, softcap=softcap))
+    valid = torch.arange(out.shape[0], device=out.device) < query_start_loc[-1]  # [T]: owned tokens (no sync)
+    out.copy_(torch.where(valid[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device)))
+    if lse is not None:  # FA4's lse is [Hq, T]
+        lse.copy_(torch.where(valid[:, None], l.transpose(0, 1), torch.tensor(float("-inf"), device=l.device)))
