@@ -107,8 +107,9 @@ __device__ __forceinline__ FragmentRows fragment_rows(const AttentionParams& p, 
   // a tree hides positions inside the causal bound, so the block's and warps' bounds stay the causal ones
   f.mask0 = wr < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr) / group) : 0;
   f.mask1 = wr + 8 < nrows ? token_tree_mask(p.tree_mask, begin + (row0 + wr + 8) / group) : 0;
-  f.low0 = window_low(f.mask0, last_of_token0, f.lim0, p.window_left);
-  f.low1 = window_low(f.mask1, last_of_token0, f.lim1, p.window_left);
+  // (rows past the request have no position: nothing is visible to them anyway)
+  f.low0 = wr < nrows ? window_low(f.mask0, last_of_token0, f.lim0, p.window_left) : INT32_MIN;
+  f.low1 = wr + 8 < nrows ? window_low(f.mask1, last_of_token0, f.lim1, p.window_left) : INT32_MIN;
   f.last_of_token0 = last_of_token0;
   const int end = tile_row0 + 16 < nrows ? tile_row0 + 16 : nrows;
   warp_last = tile_row0 < nrows ? last_of_token0 + (row0 + end - 1) / group : -1;

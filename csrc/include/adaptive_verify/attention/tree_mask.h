@@ -40,8 +40,9 @@ AV_HD int32_t popcount64(uint64_t x) {
 #endif
 }
 
-// Depth of the block token at offset k (< 64) on the path that `mask` describes.
+// Depth of the block token at offset k (< 64) on the path that `mask` describes (-1 for k < 0: no block token).
 AV_HD int32_t depth_in_mask(uint64_t mask, int32_t k) {
+  if (k < 0) return -1;
   const uint64_t low = k >= 63 ? ~uint64_t(0) : (uint64_t(2) << k) - 1;
   return popcount64(mask & low) - 1;
 }
