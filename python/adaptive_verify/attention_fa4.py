@@ -23,7 +23,8 @@ Semantic differences, documented: FA4 loads whole 128-row pages by TMA, so rows 
 page must be finite (a NaN there reaches the output as 0 x NaN); this package's kernels never read them. Outputs are
 not bit-identical to this package's kernels (another summation order); both are within the float64 reference's
 tolerance. Nothing here has run on an SM100 GPU (none is reachable); the arguments are checked on CPU against the
-reference (tests/test_attention_fa4.py).
+reference (tests/test_attention_fa4.py), and every variant the dispatcher can choose compiles ahead of time for sm_100a
+and sm_103a with tcgen05 in its PTX (benchmarks/fa4_aot_check.py; benchmarks/results/2026-12-06-fa4-aot.md).
 """
 from __future__ import annotations
 
