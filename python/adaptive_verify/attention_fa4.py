@@ -28,6 +28,7 @@ and sm_103a with tcgen05 in its PTX (benchmarks/fa4_aot_check.py; benchmarks/res
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -38,8 +39,10 @@ HEAD_DIMS = (64, 128)
 BACKENDS = ("auto", "ours", "fa4")
 
 
+@functools.lru_cache(maxsize=1)
 def _fa4_interface():
-    """FA4's interface module and version, or (None, why not)."""
+    """FA4's interface module, or (None, why not); looked up once per process (an install does not change under a
+    running engine), so the per-call decision costs no package-metadata read."""
     try:
         from importlib.metadata import version
         found = version("flash-attn-4")
