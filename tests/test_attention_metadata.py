@@ -147,6 +147,15 @@ def emu(tmp_path_factory):
     return fn
 
 
+def emulated_call(emu):
+    """A stand-in for _binding.call that runs flashinfer_plan's CUDA kernels under the emulator."""
+    def call(fn, p, on_cuda, stream):
+        err = ctypes.create_string_buffer(512)
+        assert emu(ctypes.addressof(p), err, len(err)) == 0, err.value.decode()
+        return 0
+    return call
+
+
 @pytest.mark.parametrize("R,page,mql,tree", CASES, ids=[f"R{c[0]}-page{c[1]}-mql{c[2]}-tree{c[3]}" for c in CASES])
 def test_emulated_cuda_kernels_match_the_cpu_kernel(emu, monkeypatch, R, page, mql, tree):
     """The CUDA kernels' source, launched by its launcher under the emulator through the same parameter struct the
@@ -155,12 +164,7 @@ def test_emulated_cuda_kernels_match_the_cpu_kernel(emu, monkeypatch, R, page, m
     qsl, seq, table, masks = batch(R + page + mql, R, page, mql, tree=tree)
     want = av.flashinfer_plan(qsl, seq, table, page, tree_mask=masks, max_query_len=mql)
 
-    def emulated(fn, p, on_cuda, stream):
-        err = ctypes.create_string_buffer(512)
-        assert emu(ctypes.addressof(p), err, len(err)) == 0, err.value.decode()
-        return 0
-
-    monkeypatch.setattr(meta_module, "call", emulated)
+    monkeypatch.setattr(meta_module, "call", emulated_call(emu))
     real_empty = torch.empty  # the int32 outputs start poisoned: the kernels must write every entry
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(0x5a5a5a5a))
     got = av.flashinfer_plan(qsl, seq, table, page, tree_mask=masks, max_query_len=mql)
@@ -175,12 +179,7 @@ def test_emulated_cuda_kernels_count_and_empty_bad_requests(emu, monkeypatch):
     counts = av_errors.error_buffer("cpu")
     before = int(counts[av_errors.COUNTER_NAMES.index("query_len_out_of_range")])
 
-    def emulated(fn, p, on_cuda, stream):
-        err = ctypes.create_string_buffer(512)
-        assert emu(ctypes.addressof(p), err, len(err)) == 0, err.value.decode()
-        return 0
-
-    monkeypatch.setattr(meta_module, "call", emulated)
+    monkeypatch.setattr(meta_module, "call", emulated_call(emu))
     got = av.flashinfer_plan(qsl, seq, table, 16, tree_mask=masks, max_query_len=4)
     assert int(counts[av_errors.COUNTER_NAMES.index("query_len_out_of_range")]) == before + 1
     assert int(got["paged_kv_indptr"][1]) == 0 and int(got["paged_kv_last_page_len"][0]) == 0

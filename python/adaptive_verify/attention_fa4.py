@@ -118,6 +118,6 @@ def run_fa4(out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_lo
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, scale=scale, sinks=sinks,
         window_left=window_left, softcap=softcap))
     valid = torch.arange(out.shape[0], device=out.device) < query_start_loc[-1]  # [T]: owned tokens (no sync)
-    out.copy_(torch.where(valid[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device)))
+    out.copy_(torch.where(valid[:, None, None], o, 0.0))  # (scalars: no host-to-device copy)
     if lse is not None:  # FA4's lse is [Hq, T]
-        lse.copy_(torch.where(valid[:, None], l.transpose(0, 1), torch.tensor(float("-inf"), device=l.device)))
+        lse.copy_(torch.where(valid[:, None], l.transpose(0, 1), float("-inf")))

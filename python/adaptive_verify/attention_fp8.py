@@ -26,7 +26,6 @@ from ._checks import check_real
 from ._validate import check_tensor
 
 FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 #: Cache element type codes (dtype.h DType): q's dtype, or float8_e4m3fn.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, FP8: 3}
 

@@ -79,6 +79,15 @@ AV_HD uint32_t float_bits(float x) {
 #endif
 }
 
+// Set bits of a 64-bit word (the planner's candidate sets, a draft-tree mask's depths).
+AV_HD int popcount64(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popcll(x);
+#else
+  return __builtin_popcountll(x);
+#endif
+}
+
 AV_HD float bits_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);

@@ -92,8 +92,6 @@ AV_HD void from_float(float x, bf16_t* out) { out->bits = float_to_bf16(x); }
 // bits; 0x7f / 0xff are NaN, the largest finite value is 448, subnormals are m * 2^-9. Decoding is exact in float
 // (and in bf16 / fp16: 3 mantissa bits, exponents -9 .. 8), which is why the attention kernels can convert a cached
 // fp8 row to q's dtype and apply the scale to the score or the output instead of to every element.
-constexpr float kFp8E4M3Max = 448.f;
-
 AV_HD float fp8_e4m3_to_float(uint8_t b) {
   const uint32_t sign = uint32_t(b & 0x80u) << 24, exp = (b >> 3) & 0xfu, mant = b & 7u;
   if (exp == 0xfu && mant == 7u) return bits_float(sign | 0x7fc00000u);          // NaN

@@ -32,14 +32,6 @@ AV_HD uint64_t token_tree_mask(const int64_t* tree_mask, int64_t token) {
 // set bits at offsets <= its own, minus one (a chain: its offset). Token i sees a key only if the key's position is
 // >= its own position - W. For the ancestors of i (the only block keys it sees) the depth of ancestor k is the
 // number of i's mask bits at offsets <= k, minus one, so one mask serves both.
-AV_HD int32_t popcount64(uint64_t x) {
-#if defined(__CUDA_ARCH__)
-  return __popcll(x);
-#else
-  return __builtin_popcountll(x);
-#endif
-}
-
 // Depth of the block token at offset k (< 64) on the path that `mask` describes (-1 for k < 0: no block token).
 AV_HD int32_t depth_in_mask(uint64_t mask, int32_t k) {
   if (k < 0) return -1;

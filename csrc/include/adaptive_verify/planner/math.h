@@ -107,13 +107,6 @@ AV_HD int32_t tree_key_req(uint64_t key) {
   return int32_t((key >> kTreeNodeBits) & ((uint64_t(1) << kTreeReqBits) - 1));
 }
 
-AV_HD int popcount64(uint64_t x) {
-#if defined(__CUDA_ARCH__)
-  return __popcll(x);
-#else
-  return __builtin_popcountll(x);
-#endif
-}
 // Index of the lowest set bit (x != 0).
 AV_HD int lowest_bit64(uint64_t x) {
 #if defined(__CUDA_ARCH__)
