@@ -151,3 +151,24 @@ def test_cuda_fa4_glue_matches_reference():
     rows = ~p.padding_mask()
     assert torch.allclose(out.cpu()[rows].double(), want[rows].double(), atol=2e-2)
     assert torch.allclose(lse.cpu()[rows].double(), want_lse[rows].double(), atol=1e-3)
+
+
+@pytest.mark.parametrize("installed, says", [(None, "flash-attn-4 is not installed"),
+                                             ("4.0.0b1", "flash-attn-4 4.0.0b1 is installed; this package is "
+                                                         "pinned to 4.0.0b36")])
+def test_fa4_import_error_says_why(monkeypatch, installed, says):
+    import importlib.metadata as md
+
+    def version(name):
+        if name != "flash-attn-4":
+            return md.version(name)
+        if installed is None:
+            raise md.PackageNotFoundError(name)
+        return installed
+
+    monkeypatch.setattr(md, "version", version)
+    fa4._fa4_interface.cache_clear()  # looked up once per process: make this test's lookup the one
+    try:
+        assert av.fa4_import_error().startswith(says)
+    finally:
+        fa4._fa4_interface.cache_clear()

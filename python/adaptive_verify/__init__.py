@@ -9,7 +9,7 @@ from ._ext import build_info, cuda_available
 from .attention import commit_tree_kv, verify_attention, write_kv
 from .attention_mla import commit_tree_kv_mla, verify_attention_mla, write_kv_mla
 from .attention_metadata import flash_attn_plan, flashinfer_plan
-from .attention_fa4 import attention_backend
+from .attention_fa4 import attention_backend, fa4_import_error
 from .calibration import OnlineSTS, calibration_report, fit_sts, load_temperatures, save_temperatures
 from .confidence import confidence, confidence_from_logits, draft_margin
 from .cost import CostTable
@@ -51,6 +51,7 @@ __all__ = [
     "cuda_available",
     "draft_margin",
     "error_counts",
+    "fa4_import_error",
     "fit_sts",
     "flash_attn_plan",
     "flashinfer_plan",

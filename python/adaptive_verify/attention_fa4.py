@@ -1,14 +1,23 @@
 """verify_attention through FlashAttention-4 (flash-attn-4, on the CUTLASS CuTe DSL) on SM100-class GPUs: the
-dispatch decision and the glue (docs/design.md, "SM100 attention through FlashAttention-4"; issue 36's first part).
+dispatch decision, the glue and the packaging (docs/design.md, "SM100 attention through FlashAttention-4").
 
 Why: this package's tensor-core kernel is mma.sync, a fraction of Blackwell's tcgen05 throughput; FA4's SM100 forward
 uses tcgen05, tensor memory and TMA, and takes exactly the verification shape (varlen queries, a paged KV cache
 through a page table, GQA, causal aligned to the end of the keys, learnable sinks, soft-capping, a left window).
 
 Packaging (decided): the optional extra ``adaptive-verify[sm100]`` installs pinned ``flash-attn-4==4.0.0b36`` and
-``nvidia-cutlass-dsl==4.8.1`` from PyPI; FA4 compiles each variant on first use (the DSL's JIT) and this package ships
-none of their code or runtime libraries (the DSL runtime carries NVIDIA's proprietary license). Without the extra,
-or off SM100, every call runs this package's kernels.
+``nvidia-cutlass-dsl==4.8.1`` from PyPI (FA4's dependency quack-kernels imports triton, which a CUDA torch brings).
+FA4 compiles each variant on first use (the DSL's JIT, 2-5 s a kernel) into FA4's persistent cache, which this
+module turns on before FA4's first import unless the environment already says otherwise:
+``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and
+``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/adaptive_verify/fa4`` (default_cache_dir(); XDG_CACHE_HOME
+defaults to ``~/.cache``). FA4 keys entries by its sources, the DSL and Python versions, so a restarted engine loads its
+kernels instead of compiling them, and an upgrade never loads stale ones; engines compile during their warm-up runs,
+before serving. Not shipped: compiled objects. They link NVIDIA's DSL runtime (proprietary license, so not ours to
+copy into a wheel), depend on the exact DSL / Python versions, and FA4 sizes some of its choices by the GPU's SM
+count; a cache built on the serving machine has none of those problems. (A GPU-less machine can fill a cache for a
+known GPU: benchmarks/fa4_aot_check.py shows how, for checking, not as a supported route.) Without the extra, or off
+SM100, every call runs this package's kernels.
 
 Dispatch (``backend=`` of verify_attention): "auto" (default) runs FA4 only when :func:`attention_backend` says
 "fa4": a CUDA device of compute capability 10.x or 11.x, the pinned FA4 importable, q and both caches bf16 or fp16 of
@@ -17,23 +26,35 @@ one dtype (no fp8 caches: their paged descaling is not FA4's), head dim 64 or 12
 page table, but no upstream test combines them, so trees stay on this package's kernels), and no ``max_seq_len``
 below the table's width (FA4 derives its bounds itself). "ours" never uses FA4; "fa4" requires it (ValueError naming
 ``backend`` with the reason otherwise), which is also how an SM90 GPU runs FA4's SM90 kernel for validation.
-:func:`attention_backend` is public and side-effect free: call it to know which ran.
+:func:`attention_backend` is public: call it to know which ran (on an SM100-class device its first call imports
+FA4; :func:`fa4_import_error` says why FA4 cannot be used, on any machine).
+
+Splits: FA4 runs with ``num_splits=1`` (its default): each tile of work (a request, a KV head's packed query rows,
+128 of them) reads all of the request's keys in one pass, so a request's output never depends on the rest of the
+batch, as with this package's kernels. The cost: fewer tiles than SMs for a few requests with long contexts.
+FA4's fixed-length splits (``seqlen_k_per_split``, which it documents as bitwise reproducible) would fill the GPU;
+that waits for an SM100 GPU to measure it.
 
 Semantic differences, documented: FA4 loads whole 128-row pages by TMA, so rows past a request's length in its last
 page must be finite (a NaN there reaches the output as 0 x NaN); this package's kernels never read them. Outputs are
 not bit-identical to this package's kernels (another summation order); both are within the float64 reference's
 tolerance. Nothing here has run on an SM100 GPU (none is reachable); the arguments are checked on CPU against the
-reference (tests/test_attention_fa4.py), and every variant the dispatcher can choose compiles ahead of time for sm_100a
-and sm_103a with tcgen05 in its PTX (benchmarks/fa4_aot_check.py; benchmarks/results/2026-12-06-fa4-aot.md).
+reference (tests/test_attention_fa4.py), and in CI (tests/integration/test_peer_fa4.py) FA4 loads on a GPU-less
+machine, every variant the dispatcher can choose compiles ahead of time for sm_100a and sm_103a into SASS with tcgen05
+MMAs and tensor-memory traffic, and the persistent cache serves a second process (benchmarks/fa4_aot_check.py;
+benchmarks/results/2026-12-06-fa4-aot.md).
 """
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from typing import Optional
 
 import torch
 
 FA4_VERSION = "4.0.0b36"
+DTYPES = (torch.bfloat16, torch.float16)  # verify_attention's q dtypes (it validates them), all handed to FA4
 PAGE_SIZES = (16, 64, 128)
 HEAD_DIMS = (64, 128)
 BACKENDS = ("auto", "ours", "fa4")
@@ -50,11 +71,26 @@ def _fa4_interface():
         return None, "flash-attn-4 is not installed (pip install 'adaptive-verify[sm100]')"
     if found != FA4_VERSION:
         return None, f"flash-attn-4 {found} is installed; this package is pinned to {FA4_VERSION}"
+    if "flash_attn.cute.cache_utils" not in sys.modules:  # FA4 reads these once, at import
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", default_cache_dir())
     try:
         from flash_attn.cute import interface
     except Exception as e:  # noqa: BLE001 - its import pulls the DSL and CUDA
         return None, f"flash_attn.cute does not import: {type(e).__name__}: {e}"[:200]
     return interface, None
+
+
+def fa4_import_error() -> Optional[str]:
+    """Why the pinned FA4 cannot be used in this process (not installed, another version, its import fails), or
+    None when it imports. Needs no GPU; the first call imports FA4 (seconds) and turns its compile cache on."""
+    return _fa4_interface()[1]
+
+
+def default_cache_dir() -> str:
+    """Where FA4's compiled kernels persist unless FLASH_ATTENTION_CUTE_DSL_CACHE_DIR says otherwise."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "adaptive_verify", "fa4")
 
 
 def fa4_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, *,

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-# The vLLM and SGLang modules tests/integration imports (through peers.import_peer or importlib).
+# The vLLM, SGLang and FlashAttention-4 modules tests/integration imports (through peers.import_peer or importlib).
 MODULES = (
     "vllm.utils.torch_utils",
     "vllm.v1.attention.backend",
@@ -33,6 +33,7 @@ MODULES = (
     "sglang.srt.speculative.ragged_verify",
     "sglang.srt.utils.async_probe",
     "sglang.srt.utils.common",
+    "flash_attn.cute.interface",
 )
 
 
@@ -58,7 +59,7 @@ def _import_all() -> int:
                       "tests/integration/peers.txt (install_peers.sh installs only what is listed there)",
                       file=sys.stderr)
             return 1
-    print(f"check_imports: all {len(MODULES)} vLLM and SGLang modules the tests use import")
+    print(f"check_imports: all {len(MODULES)} vLLM, SGLang and FA4 modules the tests use import")
     return 0
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real vLLM and SGLang wheels that tests/integration runs against, and exactly the small packages
+# Installs the real vLLM and SGLang wheels that tests/integration runs against (and FlashAttention-4 with the CuTe
+# DSL, pinned as the [sm100] extra pins them), and exactly the small packages
 # their imported modules need on a CPU machine, into the active Python environment (tests/integration/peers.txt
 # lists them, pinned).
 #

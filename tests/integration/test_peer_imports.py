@@ -10,7 +10,7 @@ from pathlib import Path
 from check_imports import MODULES
 
 HERE = Path(__file__).resolve().parent
-PEERS = ("vllm", "sglang")
+PEERS = ("vllm", "sglang", "flash_attn")
 
 
 def imported_peer_modules(source: str) -> set[str]:
