@@ -118,6 +118,8 @@ def model_layout(plan, parents, R, context_lens, block_table, block_size, anchor
             mask = 1
             for a in chain:
                 mask |= 1 << offset[a]
+            if mask >= 1 << 63:  # bit 63 (a token 63 places after its anchor): the int64 tensor's sign bit
+                mask -= 1 << 64
             want["token_parent"].append(-1 if n < 0 else (0 if P[r][n] < 0 else offset[P[r][n]]))
             want["token_depth"].append(depth)
             want["tree_mask"].append(mask)

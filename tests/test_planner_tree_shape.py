@@ -4,14 +4,18 @@ from the budget").
 The C++ CPU kernel against the reference's brute force over (W, D, B), on random trees of awkward sizes and on
 EAGLE-2-shaped beam trees, with every keyword the budget takes; what the decision means (a chain given as a tree is
 choose_draft_depth's decision at width 1, cheaper wide levels widen the beam); invariance to the requests' order;
-the cost of a shape; and the errors. The CUDA kernel's run of the same cases under the emulator is in
+the cost of a shape; the errors; and, on the kernel's own struct, that a width skipped as equivalent to a narrower
+one is skipped only when it costs no less and its latency cap is no looser. The CUDA kernel's run of the same cases under the emulator is in
 test_planner_emu.py.
 """
+import ctypes
+
 import pytest
 import torch
 
 import adaptive_verify as av
 from adaptive_verify import reference as ref
+from adaptive_verify._ext import _C
 from adaptive_verify.cost import tree_draft_cost
 from test_planner_depth import block_table, chain_table
 
@@ -212,3 +216,58 @@ def test_bad_arguments_name_themselves():
     bad[0, 3] = 5
     with pytest.raises(ValueError, match="parents"):
         av.choose_tree_shape(survival, bad, torch.full((4,), 6, dtype=torch.int32), ct, max_width=2)
+
+
+def _filled_struct(call):
+    """The parameter struct a CPU call fills (its launch intercepted), to run the kernel again on edited costs."""
+    from adaptive_verify.planner import tree_shape
+
+    held = {}
+    real = tree_shape.launch
+
+    def grab(p, device, op):
+        held["p"] = p
+        return real(p, device, op)
+
+    tree_shape.launch = grab
+    try:
+        call()
+    finally:
+        tree_shape.launch = real
+    return held["p"]
+
+
+def test_a_width_that_drafts_the_same_nodes_is_weighed_by_its_own_cost_and_cap():
+    """Every level-2 node hangs under the best level-1 node, so width 2 drafts width 1's nodes at every depth (the
+    kernel skips such a shape only when it costs no less and its latency cap is no looser: a CostTable's costs grow
+    with the rows, so the public call cannot show it). On the struct: width 2 made cheaper at depth 2 wins there;
+    with equal costs, width 1's latency cap at 0 drafts and width 2's none, width 2 verifies and wins; a negative
+    cost for width 1 (its Theta negative) does not make the costlier width 2 redundant."""
+    R = 16
+    survival = torch.tensor([[0.6, 0.3, 0.55, 0.5]]).repeat(R, 1)
+    parents = torch.tensor([[-1, -1, 0, 0]], dtype=torch.int32).repeat(R, 1)
+    sizes = torch.full((R,), 4, dtype=torch.int32)
+    ct = chain_table(levels=2)
+    out = tuple(torch.zeros((), dtype=torch.int32) for _ in range(3))
+    p = _filled_struct(lambda: av.choose_tree_shape(survival, parents, sizes, ct, max_width=2, out=out))
+    assert tuple(int(x) for x in out) == check(survival, parents, sizes, ct, max_width=2)
+    s1, s2 = 2, (p.max_depth + 1) + 2  # (W, D) = (1, 2) and (2, 2)
+    assert p.depth_cost[s2] >= p.depth_cost[s1]  # the table's: a wider beam never costs less
+    address = ctypes.addressof(p)
+
+    p.depth_cost[s2] = 0.0  # (2, 2): width 1's nodes for nothing
+    assert _C.plan(address, False, 0) == 0
+    assert (int(out[0]), int(out[1])) == (2, 2), tuple(int(x) for x in out)
+
+    p.depth_cost[s2] = p.depth_cost[s1]
+    p.depth_step_cap[s1], p.depth_step_cap[s2] = 0, 2 ** 62  # (1, 2) may verify nothing, (2, 2) anything
+    for s in range(2 * (p.max_depth + 1)):
+        if s not in (s1, s2):
+            p.depth_cost[s] = 1e9  # every other shape out of the running
+    assert _C.plan(address, False, 0) == 0
+    assert (int(out[0]), int(out[1])) == (2, 2) and int(out[2]) > 0, tuple(int(x) for x in out)
+
+    p.depth_step_cap[s1] = p.depth_step_cap[s2]
+    p.depth_cost[s1], p.depth_cost[s2] = -100.0, 0.0  # (1, 2)'s Theta negative: costing less does not dominate
+    assert _C.plan(address, False, 0) == 0
+    assert (int(out[0]), int(out[1])) == (2, 2), tuple(int(x) for x in out)

@@ -356,7 +356,7 @@ struct CpuBackend {
   std::vector<uint64_t> keys, scratch, hist;
   std::vector<uint16_t> slot_bucket;
   std::vector<float> slot_fixed;
-  std::vector<int32_t> caps, group_counts, lens_tmp;
+  std::vector<int32_t> caps, group_counts, lens_tmp, kept_words;
 
   int tid() const { return 0; }
   int threads() const { return 1; }
@@ -384,6 +384,15 @@ struct CpuBackend {
     if (counters != nullptr) counters[slot] += n;
   }
 
+  // choose_tree_shape's widths: the walk's words kept once, put back for each narrower width (instead of walking
+  // again: the same words, and the histogram the walk would count is counted again by the width's first shape).
+  void keep_words(const Workspace& ws, int64_t n_slots) {
+    grow(kept_words, size_t(n_slots));
+    std::memcpy(kept_words.data(), ws.words, size_t(n_slots) * sizeof(int32_t));
+  }
+  void restore_words(const Params&, const Workspace& ws, const Buckets&, int64_t n_slots) {
+    std::memcpy(ws.words, kept_words.data(), size_t(n_slots) * sizeof(int32_t));
+  }
   WalkTotals walk_and_count(const Params& p, const Workspace& ws, const Buckets& bk) {
     const int32_t R = p.num_reqs, K = p.max_drafts;
     const int64_t n_slots = int64_t(R) * K, n_padded = (n_slots + 15) / 16 * 16;

@@ -98,6 +98,14 @@ AV_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// A non-NaN float's place in the order of floats, as an integer (a min / max reduction over integers then orders
+// floats; -0 and +0 map to the same 0), and back.
+AV_HD int64_t float_order(float x) {
+  const uint32_t b = float_bits(x);
+  return (b >> 31) ? -int64_t(b & 0x7fffffffu) : int64_t(b);
+}
+AV_HD float float_of_order(int64_t o) { return bits_float(o < 0 ? uint32_t(-o) | 0x80000000u : uint32_t(o)); }
+
 // A value in [0, 1] in 32.32 fixed point (survivals, softmax terms, confidences): x * 2^32 is exact in float (a
 // power-of-two scale) and the conversion truncates identically on host and device, so sums of these are exact in
 // any order. x <= 1 keeps x * 2^32 <= 2^32 within int64: the signed conversion is one instruction on x86-64.

@@ -156,7 +156,7 @@ def choose_tree_shape(survival, parents, tree_sizes, cost_table, *, max_width, m
             if max_step_ms is not None:
                 real, shift = cost_table.unshifted, cost_table.shifted_by
                 a = dataclasses.replace(a, step_cap=1 << 62)
-                for b in range(int(keep.sum()) + 1):
+                for b in range(min(int(keep.sum()), a.budget_cap) + 1):  # (no budget past the capacity)
                     verify = torch.tensor(real.verify_cost(R + a.extra_tokens + shift + b), dtype=torch.float64).float()
                     if float(torch.tensor(cost, dtype=torch.float32) + verify) > float(max_step_ms):
                         a = dataclasses.replace(a, step_cap=b - 1)

@@ -742,6 +742,28 @@ AV_HD void bucket_starts(Backend& be, const Workspace& ws, const Buckets& bk) {
   be.sync();
 }
 
+// bucket_starts undone: ws.count[k] and ws.sum[k] back to bucket k's candidates and their sum (index num: 0), so
+// that a shape with fewer candidates can subtract the ones that leave instead of counting every slot again.
+template <typename Backend>
+AV_HD void bucket_counts(Backend& be, const Workspace& ws, const Buckets& bk) {
+  const int32_t per = (bk.num + 1 + be.threads() - 1) / be.threads();
+  const int32_t k_lo = be.tid() * per < bk.num + 1 ? be.tid() * per : bk.num + 1;
+  const int32_t k_hi = k_lo + per < bk.num + 1 ? k_lo + per : bk.num + 1;
+  const int32_t k_next = k_hi < bk.num + 1 ? k_hi : bk.num;  // the start after this range (num: its own, so 0)
+  int32_t c_next = ws.count[k_next];
+  uint64_t s_next = ws.sum[k_next];
+  be.sync();  // every thread has read the start after its range before any is rewritten
+  for (int32_t k = k_hi - 1; k >= k_lo; --k) {
+    const int32_t c = ws.count[k];
+    const uint64_t sk = ws.sum[k];
+    ws.count[k] = c_next - c;
+    ws.sum[k] = s_next - sk;
+    c_next = c;
+    s_next = sk;
+  }
+  be.sync();
+}
+
 // [B_min, B_max] of n_cand candidates, n_forced of them forced: capacity (budget_cap) wins over min_verify, and
 // min_verify over the latency target (step_cap).
 struct BudgetRange {
@@ -769,7 +791,8 @@ AV_HD int64_t search_budget(Backend& be, Order<Backend>& order, const ThetaEval&
 // Trees: the beam width each node of a fresh walk needs to be drafted (planner/params.h): a node's rank is counted
 // among the candidates of its depth by the walk's capped survival (ties to the lower index); need(j) = 1 at depth 1,
 // else max(need(parent), rank(parent) + 1), so the nodes a width keeps stay ancestor-closed. Independent of the
-// width: computed once. A rank is needed only for nodes with children: O(parents x N) per request, N <= 63.
+// width: computed once. A rank is needed only for nodes with children, counted over the nodes of its depth (a
+// list per depth): O(parents x nodes of a depth) per request, N <= 63.
 template <typename Backend>
 AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
   const int32_t K = p.max_drafts;
@@ -779,19 +802,24 @@ AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
     uint8_t* need = ws.need + int64_t(r) * K;
     const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
     int8_t rank[kMaxTreeNodes];
-    uint64_t has_child = 0;  // bit j: node j is a candidate's parent
-    for (int32_t j = 0; j < K; ++j) {
+    int8_t next[kMaxTreeNodes];      // the next candidate of the same depth (-1: none), by index
+    int8_t head[kMaxTreeNodes + 1];  // the first candidate of each depth (depths 1..K)
+    uint64_t has_child = 0;          // bit j: node j is a candidate's parent
+    for (int32_t d = 0; d <= K; ++d) head[d] = -1;
+    for (int32_t j = K - 1; j >= 0; --j) {
       need[j] = 0;
-      if (words[j] != kNoSlot && par[j] >= 0) has_child |= uint64_t(1) << par[j];
+      if (words[j] == kNoSlot) continue;
+      if (par[j] >= 0) has_child |= uint64_t(1) << par[j];
+      next[j] = head[dep[j]];
+      head[dep[j]] = int8_t(j);
     }
-    for (uint64_t rest = has_child; rest; rest &= rest - 1) {
+    for (uint64_t rest = has_child; rest; rest &= rest - 1) {  // ranked among its depth only
       const int32_t j = lowest_bit64(rest);
       const float sj = word_survival(words[j]);
       int32_t rk = 0;
-      for (int32_t q = 0; q < K; ++q) {
-        if (q == j || words[q] == kNoSlot || dep[q] != dep[j]) continue;
+      for (int32_t q = head[dep[j]]; q >= 0; q = next[q]) {
         const float sq = word_survival(words[q]);
-        rk += sq > sj || (sq == sj && q < j);
+        rk += q != j && (sq > sj || (sq == sj && q < j));
       }
       rank[j] = int8_t(rk);
     }
@@ -808,13 +836,42 @@ AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
   }
 }
 
-// For each width W from num_widths down to 1 (trees: the words again, from a fresh walk, less the nodes needing a
-// wider beam; chains: one pass) and each depth D from max_depth down to min_depth: the candidates deeper than D
-// leave (chains: the columns >= D, a column per depth; trees: the nodes of depth > D), the buckets are counted again, and the budget search runs with
-// the shape's fixed cost. The best (W, D, B): the largest Theta, ties to the smaller W, then the smaller D (both
-// visited later, so an equal Theta replaces), and within a shape the search's first argmax (the smallest B). NaN
-// never wins; when no shape gives a number, (1, min_depth)'s budget stands. Writes budget_out, depth_out,
-// width_out and (without weights) expected_tokens.
+// The least verify cost Theta can divide by, min over n in [n_lo, n_hi] of verify_cost[n] (the same on every thread),
+// and whether any of those is NaN. Floats compared through their order as integers (common.h float_order).
+struct CostFloor {
+  float v_min;
+  bool nan;
+};
+template <typename Backend>
+AV_HD CostFloor verify_cost_floor(Backend& be, const float* v, int64_t n_lo, int64_t n_hi) {
+  int64_t lo = INT64_MAX;
+  uint64_t nan = 0;
+  for (int64_t n = n_lo + be.tid(); n <= n_hi; n += be.threads()) {
+    const float x = v[n];
+    if (x != x) {
+      nan = 1;
+    } else {
+      const int64_t o = float_order(x);
+      lo = o < lo ? o : lo;
+    }
+  }
+  lo = be.min(lo);
+  const bool any_nan = be.sum(nan) != 0;
+  return CostFloor{lo == INT64_MAX ? 0.f : float_of_order(lo), any_nan};
+}
+
+// For each width W from num_widths down to 1 (trees: the walk's words again, kept or walked again by the backend,
+// less the nodes needing a wider beam; chains: one pass) and each depth D from max_depth down to min_depth: the
+// candidates deeper than D leave (chains: the columns >= D, a column per depth; trees: the nodes of depth > D), the
+// buckets are counted (a width's first shape) or the leaving candidates subtracted from the last shape's counts,
+// and the budget search runs with the shape's fixed cost. The best (W, D, B): the largest Theta, ties to the smaller
+// W, then the smaller D (both visited later, so an equal Theta replaces), and within a shape the search's first
+// argmax (the smallest B). NaN never wins; when no shape gives a number, (1, min_depth)'s budget stands. Writes
+// budget_out, depth_out, width_out and (without weights) expected_tokens.
+// Skipped, exactly: a tree shape (W, D) none of whose nodes needs width W (no node of depth <= D does: every D <= 1
+// of a beam tree, every D when the trees are narrower than W) has (W - 1, D)'s nodes, so its budgets' P are the
+// same; when it also costs no less, its latency cap is no looser and (W - 1, D)'s every cost is positive, its
+// Theta at each B is no larger, so (W - 1, D), visited later, ties or beats it (ties go to the smaller W).
 template <typename Backend>
 AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const Buckets& bk, uint64_t base_fixed) {
   const int32_t R = p.num_reqs, K = p.max_drafts;
@@ -830,35 +887,78 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
   int32_t best_d = -1, best_w = 1;
   uint64_t best_p = 0;
   if (tree && R > 0) tree_need(p, be, ws);
+  CostFloor floor{0.f, true};  // (W - 1, D)'s costs are positive when depth_cost + v_min > 0 and no NaN
+  if (tree && widths > 1) {
+    const int64_t last = p.verify_cost_len - 1, base = int64_t(R) + p.extra_tokens;
+    const int64_t top = base + n_slots < last ? base + n_slots : last;  // the largest step the budgets reach
+    floor = verify_cost_floor(be, p.verify_cost, base < last ? base : last, top);
+  }
+  if (tree && widths > 1) be.keep_words(ws, n_slots);  // (after tree_need, which read them)
   for (int32_t W = widths; W >= 1; --W) {
+    bool counted = false;  // ws.count / ws.sum hold the last evaluated shape's buckets (as starts)
+    int64_t n_forced = 0;
+    int32_t last_d = p.max_depth;  // chains: the columns >= last_d have left
+    int64_t needs_w = kMaxDepths;  // the smallest depth of a node that needs width W (trees, W > 1)
     if (tree) {
       be.sync();  // every thread is done with the last width's words and buckets (and tree_need with the words)
-      if (W < widths) be.walk_and_count(p, ws, bk);  // the words again (the last width removed some)
+      if (W < widths) be.restore_words(p, ws, bk, n_slots);  // the walk's words again (the last width removed
+                                                              // some): kept (CPU) or walked again (CUDA)
       be.sync();
-      for (int64_t i = be.tid(); i < n_slots; i += be.threads())
-        if (ws.need[i] > W) ws.words[i] = kNoSlot;
+      int64_t first = kMaxDepths;
+      for (int64_t i = be.tid(); i < n_slots; i += be.threads()) {
+        if (ws.need[i] > W) {
+          ws.words[i] = kNoSlot;
+        } else if (ws.need[i] == W && ws.words[i] != kNoSlot && ws.depth[i] < first) {
+          first = ws.depth[i];
+        }
+      }
+      if (W > 1) needs_w = be.min(first);
     }
     for (int32_t D = p.max_depth; D >= p.min_depth; --D) {
+      const int32_t s = (W - 1) * (p.max_depth + 1) + D;
+      if (W > 1 && D < needs_w && !floor.nan) {  // (W, D) drafts (W - 1, D)'s nodes: skipped when dominated
+        const int32_t s1 = s - (p.max_depth + 1);
+        if (p.depth_cost[s] >= p.depth_cost[s1] && p.depth_step_cap[s] <= p.depth_step_cap[s1] &&
+            p.depth_cost[s1] + floor.v_min > 0.f)
+          continue;  // (uniform: every thread skips; the next shape removes the deeper nodes too)
+      }
       be.sync();  // every thread is done reading the last shape's words and buckets before they change
+      // The first shape of a width counts every slot; a later one (fewer candidates: deeper ones left) subtracts
+      // those that leave from the last shape's counts. Forced candidates (chains: the columns < min_verify) never
+      // leave then (min_depth >= min_verify, depth.py), else the shape counts again and its n_forced is exact.
+      const bool recount = !counted || (!tree && D < p.min_verify);
+      if (!recount) bucket_counts(be, ws, bk);
+      auto leave = [&](int64_t i) {
+        const int32_t u = ws.words[i];
+        if (u == kNoSlot) return;
+        ws.words[i] = kNoSlot;
+        if (recount) return;
+        const int32_t k = bk.of(u);
+        be.add(&ws.count[k], int32_t(-1));
+        be.add(&ws.sum[k], uint64_t(0) - word_fixed(u));
+      };
       if (tree) {
         for (int64_t i = be.tid(); i < n_slots; i += be.threads())
-          if (ws.depth[i] > D) ws.words[i] = kNoSlot;
+          if (ws.depth[i] > D) leave(i);
       } else {
-        const int32_t j_end = D == p.max_depth ? K : D + 1;  // the columns that leave at this depth
+        const int32_t j_end = D == p.max_depth ? K : last_d;  // the columns that leave at this depth
         for (int32_t r = be.tid(); r < R; r += be.threads())
-          for (int32_t j = D; j < j_end; ++j) ws.words[int64_t(r) * K + j] = kNoSlot;
+          for (int32_t j = D; j < j_end; ++j) leave(int64_t(r) * K + j);
       }
       for (int32_t k = be.tid(); k <= bk.num; k += be.threads()) {
-        ws.count[k] = 0;
-        ws.sum[k] = 0;
+        if (recount) {
+          ws.count[k] = 0;
+          ws.sum[k] = 0;
+        }
         if (k < bk.num) ws.ready[k] = ws.keep[k] = 0;
       }
-      be.sync();
-      const int64_t n_forced = int64_t(be.sum(histogram(be, ws, bk, n_slots)));  // (its barrier publishes counts)
+      be.sync();  // (also publishes the subtractions)
+      if (recount) n_forced = int64_t(be.sum(histogram(be, ws, bk, n_slots)));  // (its barrier publishes counts)
+      counted = true;
+      last_d = D;
       bucket_starts(be, ws, bk);
       const int64_t n_cand = ws.count[bk.num];
       Order<Backend> order{be, ws, bk, K, n_slots};
-      const int32_t s = (W - 1) * (p.max_depth + 1) + D;
       const BudgetRange range = budget_range(n_cand, n_forced, p.budget_cap, p.depth_step_cap[s]);
       const ThetaEval theta{base_fixed, R + p.extra_tokens, p.verify_cost, p.verify_cost_len, p.depth_cost[s]};
       const int64_t b = range.b_min < range.b_max ? search_budget(be, order, theta, range.b_min, range.b_max, false)

@@ -167,6 +167,11 @@ struct CudaBackend {
   __device__ WalkTotals walk_and_count(const Params& p, const Workspace& ws, const Buckets& bk) {
     return generic_walk_and_count(p, *this, ws, bk);
   }
+  // choose_tree_shape's widths: no room to keep the words (the workspace may be shared memory), so walk again.
+  __device__ void keep_words(const Workspace&, int64_t) {}
+  __device__ void restore_words(const Params& p, const Workspace& ws, const Buckets& bk, int64_t) {
+    generic_walk_and_count(p, *this, ws, bk);
+  }
   __device__ void gather(const Workspace& ws, const Buckets& bk, int64_t n_slots, int32_t lo, int32_t hi) {
     generic_gather(*this, ws, bk, n_slots, lo, hi);
   }
