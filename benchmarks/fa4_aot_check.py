@@ -18,16 +18,19 @@ SASS, that is the SM100 path and not an sm_80 fallback; register spills, the loc
 "SpillRefill", at most SPILL_ALLOWANCE per kernel. Recorded: registers, stack, other local memory (small arrays the
 compiler could not keep in registers: per-row page offsets in FA4's cp.async producer when two Q tiles are staged),
 K/V loads by TMA (UTMALDG) or cp.async (LDGSTS).
-What 4.0.0b36 gives (benchmarks/results/2026-12-06-fa4-aot.md): 22 of the 144 kernels spill, 2 to 82 instructions
-(8 to 64 B of stack), mostly fp16 and page-128 TMA kernels, which FA4 compiles with a 128-register budget per
-thread; the bf16 decode kernels with pages of 16 / 64 spill nothing. FA4's code is not ours to change (we pin it,
-never fork it), so the allowance guards against a new pin making this worse; it does not call the spills free.
+What 4.0.0b36 gives (benchmarks/results/2026-12-06-fa4-aot.md): of the 128 kernels "auto" may hand FA4, 15 spill,
+2 to 27 instructions (8 to 56 B of stack), mostly fp16 and page-128 TMA kernels, which FA4 compiles with a
+128-register budget per thread; none of the bf16 kernels with pages of 16 / 64 does. The 64 kernels with sinks and
+soft-capping together spill 387 to 539 instructions: "auto" declines that pair (attention_fa4.auto_declines), and
+the check records them instead of failing. FA4's code is not ours to change (we pin it, never fork it), so the
+allowance guards against a new pin making this worse; it does not call the spills free.
 
 Variants: every dtype, head dim and page size the dispatcher accepts (attention_fa4.DTYPES / HEAD_DIMS /
-PAGE_SIZES) x options (plain causal; sinks + a 128-position left window; soft-capping 30) x shapes that change FA4's
-kernel (GQA 8:1 with up to 8 query tokens; GQA 8:1 with 32, where the packed rows exceed one 128-row tile and FA4
-stages two Q tiles; MHA) x architectures. The GQA ratio is part of FA4's compile key, so other ratios compile
-other kernels of the same code; these three are the shapes checked.
+PAGE_SIZES) x architectures x, at GQA 8:1 with up to 8 query tokens, every combination of the dispatcher's options
+(sinks, a 128-position left window, soft-capping 30: each is its own part of FA4's compile key), and two more shapes
+that change FA4's kernel with none and with all of the options: GQA 8:1 with 32 query tokens (the packed rows exceed
+one 128-row tile, so FA4 stages two Q tiles) and MHA. The GQA ratio is part of FA4's compile key too: other ratios
+compile other kernels of the same code, not checked here.
 """
 from __future__ import annotations
 
@@ -49,10 +52,17 @@ from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = ("sm_100a", "sm_103a")
-OPTIONS = {"causal": {}, "sinks+window128": {"sinks": True, "window_left": 128}, "softcap30": {"softcap": 30.0}}
+# The dispatcher's options, each on or off (each is its own part of FA4's compile key): every combination
+OPTIONS = {"+".join(name for name, on in zip(("sinks", "window128", "softcap30"), bits) if on) or "causal":
+           {k: v for k, v, on in zip(("sinks", "window_left", "softcap"), (True, 128, 30.0), bits) if on}
+           for bits in itertools.product((False, True), repeat=3)}
 SHAPES = {"gqa8 q8": (8, 8), "gqa8 q32": (8, 32), "mha q8": (1, 8)}  # name: (Hq / Hkv, max_query_len)
+FIRST_SHAPE = "gqa8 q8"  # every option combination; the other shapes with none and with all of them
+OTHER_SHAPE_OPTIONS = ("causal", "sinks+window128+softcap30")
 NUM_SMS = 148
-SPILL_ALLOWANCE = 96  # SpillRefill instructions per kernel (4.0.0b36: at most 82, in 22 of 144 kernels)
+# SpillRefill instructions per kernel "auto" hands FA4 (4.0.0b36: at most 27); sinks with soft-capping, which "auto"
+# declines for this reason (attention_fa4.auto_declines), spill 387 to 539 and are recorded, not failed
+SPILL_ALLOWANCE = 48
 
 
 def nvidia_tool(name: str) -> str:
@@ -160,21 +170,26 @@ def inspect_cubin(path: str) -> dict:
 def verdict(row: dict) -> str:
     """'ok', or what is wrong with a compiled variant."""
     if row.get("error"):
-        return "compile failed"
+        return row["error"].split(":")[0] + " failed"
     if row.get("same_as_earlier"):
         return "ok"
     bad = [what for what, failed in (
         ("no tcgen05 MMA", row["utc_mma"] == 0), ("no tensor-memory loads", row["ldtm"] == 0),
-        (f"{row['spill_ops']} spill instructions (allowed {SPILL_ALLOWANCE})", row["spill_ops"] > SPILL_ALLOWANCE),
+        (f"{row['spill_ops']} spill instructions (allowed {SPILL_ALLOWANCE})",
+         row["auto"] and row["spill_ops"] > SPILL_ALLOWANCE),
+        # a stack frame that no local load or store touches: nvdisasm's SpillRefill marks (or the parse) went missing
+        ("stack without local accesses", row.get("stack", 0) > 0 and row["spill_ops"] + row["local_array_ops"] == 0),
     ) if failed]
     return "; ".join(bad) or "ok"
 
 
 def variants():
+    """(dtype name, head dim, page, options, shape) of every variant checked (per architecture)."""
     from adaptive_verify import attention_fa4
-    for dtype, head_dim, page, opt, shape in itertools.product(attention_fa4.DTYPES, attention_fa4.HEAD_DIMS,
-                                                              attention_fa4.PAGE_SIZES, OPTIONS, SHAPES):
-        yield str(dtype).replace("torch.", ""), head_dim, page, opt, shape
+    for dtype, head_dim, page, shape, opt in itertools.product(attention_fa4.DTYPES, attention_fa4.HEAD_DIMS,
+                                                              attention_fa4.PAGE_SIZES, SHAPES, OPTIONS):
+        if shape == FIRST_SHAPE or opt in OTHER_SHAPE_OPTIONS:
+            yield str(dtype).replace("torch.", ""), head_dim, page, opt, shape
 
 
 def worker(arch: str, dump_dir: str, rows_path: str) -> None:
@@ -185,22 +200,33 @@ def worker(arch: str, dump_dir: str, rows_path: str) -> None:
     _stand_in_triton()
     stand_in_hardware_info()
     import torch
+    from adaptive_verify import attention_fa4
     with open(rows_path, "a") as rows:
         for dtype_name, head_dim, page, opt, shape in variants():
-            row = dict(arch=arch, dtype=dtype_name, head_dim=head_dim, page=page, options=opt, shape=shape)
+            options = OPTIONS[opt]
+            row = dict(arch=arch, dtype=dtype_name, head_dim=head_dim, page=page, options=opt, shape=shape,
+                       auto=attention_fa4.auto_declines(sinks="sinks" in options, softcap="softcap" in options) is None)
             started = time.time()
             try:
-                compile_through_glue(getattr(torch, dtype_name), head_dim, page, OPTIONS[opt], *SHAPES[shape])
+                compile_through_glue(getattr(torch, dtype_name), head_dim, page, options, *SHAPES[shape])
                 row["seconds"] = round(time.time() - started, 2)
-                new = [f for f in glob.glob(os.path.join(dump_dir, "*.cubin")) if os.path.getmtime(f) >= started]
-                if new:
-                    cubin = max(new, key=os.path.getmtime)
-                    row.update(inspect_cubin(cubin))
-                    os.remove(cubin)  # the DSL names dumps after a truncated signature: variants would collide
-                else:  # FA4's in-memory cache: an earlier variant's kernel serves this one (pages 16 and 64)
-                    row["same_as_earlier"] = True
             except Exception as e:  # noqa: BLE001 - recorded as the variant's result
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                row["error"] = f"compile: {type(e).__name__}: {str(e)[:300]}"
+            # Every cubin is removed once inspected (the DSL names dumps after a truncated signature, so variants
+            # would collide): whatever is there now came from this compile.
+            cubins = glob.glob(os.path.join(dump_dir, "*.cubin"))
+            if not row.get("error"):
+                try:
+                    if len(cubins) == 1:
+                        row.update(inspect_cubin(cubins[0]))
+                    elif not cubins:  # FA4's in-memory cache: an earlier variant's kernel serves this one
+                        row["same_as_earlier"] = True
+                    else:
+                        row["error"] = f"inspect: {len(cubins)} cubins from one compile"
+                except Exception as e:  # noqa: BLE001 - recorded as the variant's result
+                    row["error"] = f"inspect: {type(e).__name__}: {str(e)[:300]}"
+            for f in cubins:
+                os.remove(f)
             row["verdict"] = verdict(row)
             rows.write(json.dumps(row) + "\n")
             rows.flush()
@@ -215,9 +241,15 @@ def run(archs) -> list[dict]:
             os.makedirs(dump)
             procs.append((rows, subprocess.Popen([sys.executable, __file__, "--worker", arch, dump, rows])))
         out = []
-        for rows, proc in procs:
-            proc.wait()
-            out += [json.loads(line) for line in open(rows)] if os.path.exists(rows) else []
+        try:
+            for rows, proc in procs:
+                if proc.wait() != 0:  # a worker that died: its missing variants fail the run (main, the test)
+                    print(f"fa4_aot_check: worker {proc.args[3]} exited with {proc.returncode}", file=sys.stderr)
+                out += [json.loads(line) for line in open(rows)] if os.path.exists(rows) else []
+        finally:
+            for _, proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
     return out
 
 
@@ -229,11 +261,12 @@ def markdown(rows: list[dict]) -> str:
              "`python benchmarks/fa4_aot_check.py` (its docstring has the setup and the checks). "
              f"{len(rows)} variants, {len(kernels)} distinct kernels, "
              f"{sum(r['verdict'] != 'ok' for r in rows)} failing.", "",
-             "| arch | dtype | D | page | options | shape | compile s | SASS: UTC*MMA / LDTM / STTM | UTMALDG / LDGSTS "
-             "| regs | stack B | spill / other local instructions | verdict |",
-             "|---|---|---:|---:|---|---|---:|---|---|---:|---:|---|---|"]
+             "| arch | dtype | D | page | options | shape | auto | compile s | SASS: UTC*MMA / LDTM / STTM "
+             "| UTMALDG / LDGSTS | regs | stack B | spill / other local instructions | verdict |",
+             "|---|---|---:|---:|---|---|---|---:|---|---|---:|---:|---|---|"]
     for r in rows:
-        head = f"| {r['arch']} | {r['dtype']} | {r['head_dim']} | {r['page']} | {r['options']} | {r['shape']} |"
+        head = (f"| {r['arch']} | {r['dtype']} | {r['head_dim']} | {r['page']} | {r['options']} | {r['shape']} | "
+                f"{'yes' if r.get('auto') else 'no'} |")
         if r.get("error"):
             lines.append(f"{head} | {r['error'][:120]} | | | | | | {r['verdict']} |")
         elif r.get("same_as_earlier"):
@@ -263,7 +296,8 @@ def main(argv=None) -> int:
         open(a.markdown, "w").write(text)
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
-    return 0 if rows and all(r["verdict"] == "ok" for r in rows) else 1
+    expected = len(list(variants())) * len(a.archs)
+    return 0 if len(rows) == expected and all(r["verdict"] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":

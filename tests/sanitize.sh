@@ -49,6 +49,7 @@ if [ "${AV_SANITIZE_FUZZ_CALLS:-2500}" != 0 ]; then
 fi
 default_tests="tests/test_emu_selftest.py
   tests/test_planner.py tests/test_planner_tree.py tests/test_planner_priorities.py tests/test_planner_emu.py
+  tests/test_planner_depth.py tests/test_planner_tree_shape.py
   tests/test_sampling.py tests/test_sampling_tree.py tests/test_sampling_truncation.py
   tests/test_sampling_nonfinite.py tests/test_sampling_emu.py
   tests/test_confidence.py tests/test_attention.py tests/test_attention_tree.py tests/test_attention_emu.py

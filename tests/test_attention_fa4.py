@@ -62,6 +62,21 @@ def test_the_decision(monkeypatch, case, want):
         assert fa4.attention_backend(q, kc, kc, bt, backend="fa4") == "fa4"
 
 
+def test_auto_declines_sinks_with_softcap_which_fa4_spills_on(monkeypatch):
+    """FA4's kernel for sinks together with soft-capping spills hundreds of SASS instructions (the CI check,
+    tests/integration/test_peer_fa4.py): "auto" runs that pair on this package's kernels, each alone on FA4;
+    backend="fa4" still runs the pair."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    monkeypatch.setattr(fa4, "_fa4_interface", lambda: (object(), None))
+    q, kc, bt = FakeCuda((10, 8, 128), torch.bfloat16), FakeCuda((40, 16, 2, 128), torch.bfloat16), \
+        FakeCuda((3, 10), torch.int32)
+    sinks = torch.zeros(8)
+    assert fa4.attention_backend(q, kc, kc, bt, sinks=sinks, softcap=30.0) == "ours"
+    assert fa4.attention_backend(q, kc, kc, bt, sinks=sinks) == "fa4"
+    assert fa4.attention_backend(q, kc, kc, bt, softcap=30.0) == "fa4"
+    assert fa4.attention_backend(q, kc, kc, bt, sinks=sinks, softcap=30.0, backend="fa4") == "fa4"
+
+
 def _fa_semantics(kw):
     """Attention computed the way FlashAttention documents flash_attn_varlen_func's arguments, float64: per batch
     entry b, seqused_k[b] keys gathered through page_table[b], queries cu_seqlens_q[b]..[b+1], causal aligned to the

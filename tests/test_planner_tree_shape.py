@@ -219,7 +219,9 @@ def test_bad_arguments_name_themselves():
 
 
 def _filled_struct(call):
-    """The parameter struct a CPU call fills (its launch intercepted), to run the kernel again on edited costs."""
+    """The parameter struct a CPU call fills (its launch intercepted), to run the kernel again on edited costs. Its
+    pointers stay valid while the call's own tensors do: inputs that needed no conversion (int32 / float32,
+    contiguous: the caller's), the out= triple, and the cost table (it holds the verify cost array)."""
     from adaptive_verify.planner import tree_shape
 
     held = {}

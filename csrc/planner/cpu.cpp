@@ -387,11 +387,12 @@ struct CpuBackend {
   // choose_tree_shape's widths: the walk's words kept once, put back for each narrower width (instead of walking
   // again: the same words, and the histogram the walk would count is counted again by the width's first shape).
   void keep_words(const Workspace& ws, int64_t n_slots) {
+    if (n_slots <= 0) return;  // (an empty batch: no copy, and no null pointer handed to memcpy)
     grow(kept_words, size_t(n_slots));
     std::memcpy(kept_words.data(), ws.words, size_t(n_slots) * sizeof(int32_t));
   }
   void restore_words(const Params&, const Workspace& ws, const Buckets&, int64_t n_slots) {
-    std::memcpy(ws.words, kept_words.data(), size_t(n_slots) * sizeof(int32_t));
+    if (n_slots > 0) std::memcpy(ws.words, kept_words.data(), size_t(n_slots) * sizeof(int32_t));
   }
   WalkTotals walk_and_count(const Params& p, const Workspace& ws, const Buckets& bk) {
     const int32_t R = p.num_reqs, K = p.max_drafts;

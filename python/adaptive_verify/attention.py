@@ -181,9 +181,10 @@ def verify_attention(
               softmax.
         backend: "auto" (default), "ours" or "fa4": on SM100-class GPUs with the ``[sm100]`` extra installed, "auto"
             runs FlashAttention-4's kernel for the cases it covers (no trees, no fp8 caches, head dim 64 / 128, pages
-            of 16 / 64 / 128); everything else runs this package's kernels. ``adaptive_verify.attention_backend(...)``
-            says which one runs; "fa4" forces it (ValueError naming the reason where it cannot run).
-            adaptive_verify/attention_fa4.py has the decision, the glue and the documented differences.
+            of 16 / 64 / 128, not sinks together with soft-capping); everything else runs this package's kernels.
+            ``adaptive_verify.attention_backend(...)`` says which one runs; "fa4" forces it (ValueError naming the
+            reason where it cannot run). adaptive_verify/attention_fa4.py has the decision, the glue and the
+            documented differences.
         block_table: [R, max_blocks] int32. seq_lens: [R] int32, KV length including this step's tokens.
         query_start_loc: [R + 1] int32 (the planner's). max_query_len: host upper bound of q_len, 1..64.
         scale: softmax scale (default D ** -0.5). out: [T, Hq, D] to write (every element is written).
@@ -250,7 +251,7 @@ def verify_attention(
         check_tensor("out", out, dtypes=(q.dtype,), device=device, shape=(T, Hq, D), inner_contiguous=False)
     lse = torch.empty(T, Hq, dtype=torch.float32, device=device) if return_lse else None
     if attention_backend(q, k_cache, v_cache, block_table, backend=backend, tree_mask=tree_mask,
-                         max_seq_len=max_seq_len) == "fa4":
+                         max_seq_len=max_seq_len, sinks=sinks, softcap=softcap) == "fa4":
         run_fa4(out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, scale=scale,
                 sinks=sinks, window_left=window_left, softcap=softcap)
         return (out, lse) if return_lse else out

@@ -11,7 +11,9 @@ FA4 compiles each variant on first use (the DSL's JIT, 2-5 s a kernel) into FA4'
 module turns on before FA4's first import unless the environment already says otherwise:
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/adaptive_verify/fa4`` (default_cache_dir(); XDG_CACHE_HOME
-defaults to ``~/.cache``). FA4 keys entries by its sources, the DSL and Python versions, so a restarted engine loads its
+defaults to ``~/.cache``), each only where unset, and only when that directory can be made and written (else the
+cache stays off). They are process environment variables: child processes and any other FA4 user in the process
+see them too. FA4 keys entries by its sources, the DSL and Python versions, so a restarted engine loads its
 kernels instead of compiling them, and an upgrade never loads stale ones; engines compile during their warm-up runs,
 before serving. Not shipped: compiled objects. They link NVIDIA's DSL runtime (proprietary license, so not ours to
 copy into a wheel), depend on the exact DSL / Python versions, and FA4 sizes some of its choices by the GPU's SM
@@ -24,8 +26,10 @@ Dispatch (``backend=`` of verify_attention): "auto" (default) runs FA4 only when
 one dtype (no fp8 caches: their paged descaling is not FA4's), head dim 64 or 128 (FA4's SM100 range without the
 2-CTA hd256 path), a page size of 16, 64 or 128, no draft-tree mask (FA4 accepts a ``mask_mod`` with varlen and a
 page table, but no upstream test combines them, so trees stay on this package's kernels), and no ``max_seq_len``
-below the table's width (FA4 derives its bounds itself). "ours" never uses FA4; "fa4" requires it (ValueError naming
-``backend`` with the reason otherwise), which is also how an SM90 GPU runs FA4's SM90 kernel for validation.
+below the table's width (FA4 derives its bounds itself); and not sinks together with soft-capping
+(:func:`auto_declines`: FA4's kernel for the pair spills registers). "ours" never uses FA4; "fa4" requires it
+(ValueError naming ``backend`` with the reason otherwise), which is also how an SM90 GPU runs FA4's SM90 kernel for
+validation.
 :func:`attention_backend` is public: call it to know which ran (on an SM100-class device its first call imports
 FA4; :func:`fa4_import_error` says why FA4 cannot be used, on any machine).
 
@@ -40,9 +44,9 @@ page must be finite (a NaN there reaches the output as 0 x NaN); this package's 
 not bit-identical to this package's kernels (another summation order); both are within the float64 reference's
 tolerance. Nothing here has run on an SM100 GPU (none is reachable); the arguments are checked on CPU against the
 reference (tests/test_attention_fa4.py), and in CI (tests/integration/test_peer_fa4.py) FA4 loads on a GPU-less
-machine, every variant the dispatcher can choose compiles ahead of time for sm_100a and sm_103a into SASS with tcgen05
-MMAs and tensor-memory traffic, and the persistent cache serves a second process (benchmarks/fa4_aot_check.py;
-benchmarks/results/2026-12-06-fa4-aot.md).
+machine, and the dispatcher's variants (every dtype, head dim, page size and option combination; three GQA shapes)
+compile ahead of time for sm_100a and sm_103a into SASS with tcgen05 MMAs and tensor-memory traffic, and the
+persistent cache serves a second process (benchmarks/fa4_aot_check.py; benchmarks/results/2026-12-06-fa4-aot.md).
 """
 from __future__ import annotations
 
@@ -72,13 +76,23 @@ def _fa4_interface():
     if found != FA4_VERSION:
         return None, f"flash-attn-4 {found} is installed; this package is pinned to {FA4_VERSION}"
     if "flash_attn.cute.cache_utils" not in sys.modules:  # FA4 reads these once, at import
-        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", default_cache_dir())
+        cache_dir = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR") or default_cache_dir()
+        if _writable_dir(cache_dir):  # (FA4 creates it at import: an unwritable home must not fail the import)
+            os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+            os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", cache_dir)
     try:
         from flash_attn.cute import interface
     except Exception as e:  # noqa: BLE001 - its import pulls the DSL and CUDA
         return None, f"flash_attn.cute does not import: {type(e).__name__}: {e}"[:200]
     return interface, None
+
+
+def _writable_dir(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
 
 
 def fa4_import_error() -> Optional[str]:
@@ -115,12 +129,25 @@ def fa4_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return why
 
 
+def auto_declines(*, sinks: bool, softcap: bool) -> Optional[str]:
+    """Why "auto" keeps an option combination FA4 can run on this package's kernels, or None. Sinks together with
+    soft-capping: FA4 4.0.0b36 compiles that kernel with 387 to 539 register spill instructions in its SASS (every
+    dtype, head dim and page size; the others spill at most 27; benchmarks/results/2026-12-06-fa4-aot.md). No
+    released model combines the two; backend="fa4" still runs it."""
+    if sinks and softcap:
+        return "sinks with soft-capping: FA4's kernel for the pair spills registers (hundreds of SASS instructions)"
+    return None
+
+
 def attention_backend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, *,
-                      backend: str = "auto", tree_mask=None, max_seq_len=None) -> str:
+                      backend: str = "auto", tree_mask=None, max_seq_len=None, sinks=None, softcap: float = 0.0
+                      ) -> str:
     """Which implementation verify_attention runs for these arguments: "fa4" or "ours" (never raises for "auto")."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "ours":
+        return "ours"
+    if backend == "auto" and auto_declines(sinks=sinks is not None, softcap=bool(softcap)):
         return "ours"
     why = fa4_unsupported(q, k_cache, v_cache, block_table, tree_mask=tree_mask, max_seq_len=max_seq_len,
                           allow_sm90=backend == "fa4")

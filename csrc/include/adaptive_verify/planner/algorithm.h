@@ -924,9 +924,10 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
       }
       be.sync();  // every thread is done reading the last shape's words and buckets before they change
       // The first shape of a width counts every slot; a later one (fewer candidates: deeper ones left) subtracts
-      // those that leave from the last shape's counts. Forced candidates (chains: the columns < min_verify) never
-      // leave then (min_depth >= min_verify, depth.py), else the shape counts again and its n_forced is exact.
-      const bool recount = !counted || (!tree && D < p.min_verify);
+      // those that leave from the last shape's counts. Forced candidates (positions / nodes j < min_verify, of
+      // depth <= min_verify) never leave while D >= min_verify (depth.py keeps min_depth there; choose_tree_shape
+      // takes no min_verify); below it the shape counts again, so its n_forced stays exact.
+      const bool recount = !counted || D < p.min_verify;
       if (!recount) bucket_counts(be, ws, bk);
       auto leave = [&](int64_t i) {
         const int32_t u = ws.words[i];
