@@ -97,7 +97,8 @@ def _writable_dir(path: str) -> bool:
 
 def fa4_import_error() -> Optional[str]:
     """Why the pinned FA4 cannot be used in this process (not installed, another version, its import fails), or
-    None when it imports. Needs no GPU; the first call imports FA4 (seconds) and turns its compile cache on."""
+    None when it imports. Needs no GPU; the first call imports FA4 (seconds) and turns its compile cache on where
+    the cache directory can be written (module docstring)."""
     return _fa4_interface()[1]
 
 
@@ -132,8 +133,8 @@ def fa4_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def auto_declines(*, sinks: bool, softcap: bool) -> Optional[str]:
     """Why "auto" keeps an option combination FA4 can run on this package's kernels, or None. Sinks together with
     soft-capping: FA4 4.0.0b36 compiles that kernel with 387 to 539 register spill instructions in its SASS (every
-    dtype, head dim and page size; the others spill at most 27; benchmarks/results/2026-12-06-fa4-aot.md). No
-    released model combines the two; backend="fa4" still runs it."""
+    dtype, head dim and page size; the others spill at most 27; benchmarks/results/2026-12-06-fa4-aot.md).
+    backend="fa4" still runs it."""
     if sinks and softcap:
         return "sinks with soft-capping: FA4's kernel for the pair spills registers (hundreds of SASS instructions)"
     return None
