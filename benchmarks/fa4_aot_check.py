@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
-import importlib.util
 import itertools
 import json
 import os
@@ -46,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import warnings
 from importlib import metadata
 
@@ -76,35 +74,6 @@ def nvidia_tool(name: str) -> str:
     except metadata.PackageNotFoundError:
         pass
     return name
-
-
-def _stand_in_triton() -> None:
-    """quack-kernels (FA4's dependency) imports triton at import time; a CUDA torch brings it, a CPU torch does not.
-    Only when triton is absent: an empty stand-in (the forward never uses it)."""
-    if importlib.util.find_spec("triton") is not None:
-        return
-
-    class Any(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            if name[:1].isupper():  # a class someone subclasses at import time
-                value = type(name, (), {"__init__": lambda self, *a, **k: None})
-            else:
-                value = Any(f"{self.__name__}.{name}")
-                value.__path__ = []
-                sys.modules[value.__name__] = value
-            setattr(self, name, value)
-            return value
-
-        def __call__(self, *a, **k):  # used as a decorator at import time
-            return a[0] if a and callable(a[0]) else (lambda f: f)
-
-    for name in ("triton", "triton.language", "triton.runtime", "triton.runtime.cache", "triton.testing",
-                 "triton.backends", "triton.backends.compiler", "triton.compiler", "triton.compiler.compiler"):
-        module = Any(name)
-        module.__path__ = []
-        sys.modules[name] = module
 
 
 def stand_in_hardware_info() -> None:
@@ -197,7 +166,6 @@ def worker(arch: str, dump_dir: str, rows_path: str) -> None:
     os.environ.update(target_environment(arch, dump_dir))
     os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"  # every kernel compiled here, none read from disk
     warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")  # FA4 reads fake pointers
-    _stand_in_triton()
     stand_in_hardware_info()
     import torch
     from adaptive_verify import attention_fa4

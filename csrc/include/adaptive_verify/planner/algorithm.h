@@ -897,7 +897,6 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
   for (int32_t W = widths; W >= 1; --W) {
     bool counted = false;  // ws.count / ws.sum hold the last evaluated shape's buckets (as starts)
     int64_t n_forced = 0;
-    int32_t last_d = p.max_depth;  // chains: the columns >= last_d have left
     int64_t needs_w = kMaxDepths;  // the smallest depth of a node that needs width W (trees, W > 1)
     if (tree) {
       be.sync();  // every thread is done with the last width's words and buckets (and tree_need with the words)
@@ -942,7 +941,8 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
         for (int64_t i = be.tid(); i < n_slots; i += be.threads())
           if (ws.depth[i] > D) leave(i);
       } else {
-        const int32_t j_end = D == p.max_depth ? K : last_d;  // the columns that leave at this depth
+        const int32_t j_end = D == p.max_depth ? K : D + 1;  // the columns that leave at this depth (chains never
+                                                              // skip a depth: only trees' wider widths do)
         for (int32_t r = be.tid(); r < R; r += be.threads())
           for (int32_t j = D; j < j_end; ++j) leave(int64_t(r) * K + j);
       }
@@ -956,7 +956,6 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
       be.sync();  // (also publishes the subtractions)
       if (recount) n_forced = int64_t(be.sum(histogram(be, ws, bk, n_slots)));  // (its barrier publishes counts)
       counted = true;
-      last_d = D;
       bucket_starts(be, ws, bk);
       const int64_t n_cand = ws.count[bk.num];
       Order<Backend> order{be, ws, bk, K, n_slots};
