@@ -91,11 +91,37 @@ def test_draft_depth_fields_by_name(monkeypatch):
     f = _fields(p, _binding.PlannerParams)
     assert (f["choose_depth"], f["min_depth"], f["max_depth"], f["write_plan"]) == (1, 2, 4, 0)
     assert f["depth_out"] == out[0].data_ptr() and f["budget_out"] == out[1].data_ptr()
+    rest = _C.PLANNER_MAX_SHAPES - 5
     assert f["depth_cost"][:5] == [pytest.approx(ct.fixed_cost(R, d)) for d in range(5)] and f["depth_cost"][5:] == \
-        [0.0] * 123
+        [0.0] * rest
     caps = f["depth_step_cap"]
-    assert caps[0] > caps[4] >= 0 and caps[5:] == [0] * 123  # a deeper draft leaves less of the target to verify
+    assert caps[0] > caps[4] >= 0 and caps[5:] == [0] * rest  # a deeper draft leaves less of the target to verify
     assert f["num_widths"] == 0 and f["width_out"] is None  # (chains: one width)
+    assert f["shape_width"] == [0] * _C.PLANNER_MAX_SHAPES and f["level_widths_out"] is None
+
+
+def test_tree_shape_width_fields_by_name(monkeypatch):
+    """choose_tree_shape(widths=) fills the struct's profiles (a uint8 array by value: profile P's width at level l
+    at (P - 1) * (max_depth + 1) + l) and the per-level widths output; max_width= writes uniform profiles and the
+    0-d width output."""
+    R, N = 3, 7
+    survival = torch.rand(R, N)
+    parents = torch.tensor([[-1, -1, 0, 0, 1, 2, 2]], dtype=torch.int32).repeat(R, 1)
+    sizes = torch.full((R,), N, dtype=torch.int32)
+    ct = av.CostTable.from_points({1: 1.0, 512: 3.0}, draft_ms=2.0, draft_levels=3, draft_level_ms=0.25)
+    profiles = [(1, 1), (2, 1), (2, 2)]
+    p, out = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                       lambda: av.choose_tree_shape(survival, parents, sizes, ct, widths=profiles))
+    f = _fields(p, _binding.PlannerParams)
+    assert (f["num_widths"], f["max_depth"]) == (3, 3)
+    assert f["shape_width"][:12] == [0, 1, 1, 0, 0, 2, 1, 0, 0, 2, 2, 0] and f["shape_width"][12:] == \
+        [0] * (_C.PLANNER_MAX_SHAPES - 12)
+    assert f["level_widths_out"] == out[1].data_ptr() and f["width_out"] is None and out[1].shape == (3,)
+    p, out = _captured(monkeypatch, "adaptive_verify.planner.launch", _binding.PlannerParams,
+                       lambda: av.choose_tree_shape(survival, parents, sizes, ct, max_width=2))
+    f = _fields(p, _binding.PlannerParams)
+    assert f["shape_width"][:8] == [0, 1, 1, 0, 0, 2, 2, 0] and f["level_widths_out"] is None
+    assert f["width_out"] == out[1].data_ptr()
 
 
 def test_planner_fields_by_name(monkeypatch):
@@ -129,8 +155,9 @@ def test_planner_fields_by_name(monkeypatch):
                 token_req=plan.token_req.data_ptr(), positions=plan.positions.data_ptr(),
                 slot_mapping=plan.slot_mapping.data_ptr(), input_ids=plan.input_ids.data_ptr(), tree_mask=None,
                 token_parent=None, token_node=None, token_depth=None, workspace=None, choose_depth=0, min_depth=0,
-                max_depth=0, num_widths=0, depth_cost=[0.0] * 128, depth_step_cap=[0] * 128, depth_out=None,
-                width_out=None)
+                max_depth=0, num_widths=0, depth_cost=[0.0] * _C.PLANNER_MAX_SHAPES,
+                depth_step_cap=[0] * _C.PLANNER_MAX_SHAPES, shape_width=[0] * _C.PLANNER_MAX_SHAPES, depth_out=None,
+                width_out=None, level_widths_out=None)
     assert f.pop("draft_cost") == pytest.approx(0.25)
     assert f.pop("error_counts") == av.errors.error_buffer("cpu").data_ptr()
     assert f == want

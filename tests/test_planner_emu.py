@@ -351,20 +351,27 @@ def test_emulated_draft_depth_replay_reads_the_new_values(monkeypatch, emu_lib):
 
 @pytest.mark.parametrize("R,N", [(1, 4), (13, 21), (300, 63)])
 def test_emulated_tree_shape_matches_cpu(R, N, emulated):
-    """choose_tree_shape (choose_depth's tree branch: per width a fresh walk and the width filter, then per depth the
-    buckets counted again) on the block, the shared-memory and the global-workspace paths: the CPU kernel's
-    (depth, width, budget)."""
+    """choose_tree_shape (choose_depth's tree branch: per width profile a fresh walk and the profile's filter, then per
+    depth the buckets counted again), uniform and per-level widths, on the block, the shared-memory and the
+    global-workspace paths: the CPU kernel's (depth, width, budget)."""
     from test_planner_depth import chain_table
     from test_planner_tree_shape import random_trees
     survival, parents, sizes, g = random_trees(R, N, R + N)
     ct = chain_table({1: 0.01, 4096: 0.05}, levels=4, max_tokens=32768)
     weights = torch.rand(R, generator=g) * 2
-    cases = [dict(max_width=3), dict(max_width=2, weights=weights, extra_tokens=100), dict(max_width=4, max_step_ms=6.0),
+    narrowing = av.tree_width_profiles(3, 3)  # per-level widths: (3, 3, 3) down to (1, 1, 1)
+    shuffled = [narrowing[i] for i in torch.randperm(len(narrowing), generator=g)[:7]]
+    cases = [dict(max_width=3), dict(widths=narrowing, weights=weights, extra_tokens=100),
+             dict(max_width=4, max_step_ms=6.0), dict(widths=shuffled, max_step_ms=6.0),
              dict(max_width=2, capacity=R + R // 2 + 1)]
     seen = set()
+
+    def ints(got):
+        return tuple(tuple(x.tolist()) if x.dim() else int(x) for x in got)
+
     for kw in cases[:2] if R > 100 else cases:  # (the global-workspace size is slow to emulate)
-        cpu = tuple(int(x) for x in av.choose_tree_shape(survival, parents, sizes, ct, **kw))
-        emu = tuple(int(x) for x in emulated(lambda: av.choose_tree_shape(survival, parents, sizes, ct, **kw)))
+        cpu = ints(av.choose_tree_shape(survival, parents, sizes, ct, **kw))
+        emu = ints(emulated(lambda: av.choose_tree_shape(survival, parents, sizes, ct, **kw)))
         assert cpu == emu, kw
         seen.add(cpu)
     assert len(seen) > 1 or R == 1

@@ -5,8 +5,10 @@ The C++ CPU kernel against the reference's brute force over (W, D, B), on random
 EAGLE-2-shaped beam trees, with every keyword the budget takes; what the decision means (a chain given as a tree is
 choose_draft_depth's decision at width 1, cheaper wide levels widen the beam); invariance to the requests' order;
 the cost of a shape; the errors; and, on the kernel's own struct, that a width skipped as equivalent to a narrower
-one is skipped only when it costs no less and its latency cap is no looser. The CUDA kernel's run of the same cases under the emulator is in
-test_planner_emu.py.
+one is skipped only when it costs no less and its latency cap is no looser. Per-level widths (widths=): the brute
+force on random and beam trees with every non-increasing and random unordered profile lists, a beam that narrows
+where only level 1's siblings pay, the profiles listed, their cost, and errors. The CUDA kernel's run of the same
+cases under the emulator is in test_planner_emu.py.
 """
 import ctypes
 
@@ -211,7 +213,7 @@ def test_bad_arguments_name_themselves():
         av.choose_tree_shape(survival, None, sizes, ct, max_width=2)
     wide = chain_table(levels=32)
     with pytest.raises(ValueError, match="max_width \\* \\(max_depth \\+ 1\\)"):
-        av.choose_tree_shape(survival, parents, sizes, wide, max_width=4)
+        av.choose_tree_shape(survival, parents, sizes, wide, max_width=8)
     bad = parents.clone()
     bad[0, 3] = 5
     with pytest.raises(ValueError, match="parents"):
@@ -273,3 +275,136 @@ def test_a_width_that_drafts_the_same_nodes_is_weighed_by_its_own_cost_and_cap()
     p.depth_cost[s1], p.depth_cost[s2] = -100.0, 0.0  # (1, 2)'s Theta negative: costing less does not dominate
     assert _C.plan(address, False, 0) == 0
     assert (int(out[0]), int(out[1])) == (2, 2), tuple(int(x) for x in out)
+
+
+# ---- per-level widths (widths=) ----
+
+
+def check_levels(survival, parents, sizes, table, **kw):
+    """choose_tree_shape(widths=...) against the brute force: (depth, per-level widths as a tuple, budget)."""
+    got = av.choose_tree_shape(survival, parents, sizes, table, **kw)
+    want = ref.choose_tree_shape(survival, parents, sizes, table, **kw)
+    d_hi = got[1].numel()
+    assert got[0].dim() == 0 and got[2].dim() == 0 and got[1].shape == (d_hi,) and got[1].dtype == torch.int32
+    mine = (int(got[0]), tuple(got[1].tolist()), int(got[2]))
+    assert mine == (int(want[0]), tuple(want[1].tolist()), int(want[2])), kw
+    assert all(w == 0 for w in mine[1][max(mine[0] - 1, 0):]), mine  # nothing expanded from level D on
+    return mine
+
+
+def random_profiles(g, n, levels, max_width):
+    """n random width profiles of `levels` widths each, in no particular order (not non-increasing either)."""
+    return [tuple(int(x) for x in torch.randint(1, max_width + 1, (levels,), generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+@pytest.mark.parametrize("R,N,L,W", [(1, 1, 1, 1), (3, 7, 4, 3), (17, 13, 5, 2), (40, 31, 4, 4), (9, 63, 6, 3)])
+def test_per_level_widths_match_brute_force(table, R, N, L, W):
+    """Random trees with every non-increasing profile, and with random profiles in random order (a profile's
+    skip against the next one must hold for any list)."""
+    ct = TABLES[table](L)
+    for seed in range(2):
+        survival, parents, sizes, g = random_trees(R, N, 50 + seed, lo=0.1 + 0.4 * seed)
+        profiles = av.tree_width_profiles(W, L - 1)
+        if len(profiles) * (L + 1) <= _C.PLANNER_MAX_SHAPES:
+            check_levels(survival, parents, sizes, ct, widths=profiles)
+        check_levels(survival, parents, sizes, ct, widths=random_profiles(g, 6, L - 1, W + 1))
+
+
+@pytest.mark.parametrize("R,k,depth", [(2, 2, 3), (11, 3, 4), (33, 4, 4)])
+def test_per_level_widths_on_beam_trees(R, k, depth):
+    """EAGLE-2-shaped trees over every non-increasing profile: the brute force's decisions, which differ across the
+    tables and seeds."""
+    seen = set()
+    for seed, table in enumerate(TABLES):
+        survival, parents, sizes, _ = beam_trees(R, k, depth, seed)
+        seen.add(check_levels(survival, parents, sizes, TABLES[table](depth),
+                              widths=av.tree_width_profiles(k, depth - 1))[:2])
+    assert len(seen) > 1, seen
+
+
+def test_per_level_widths_with_every_keyword():
+    R, N = 13, 21
+    for seed in range(2):
+        survival, parents, sizes, g = random_trees(R, N, 70 + seed)
+        ct = chain_table({1: 0.02, 512: 0.1}, levels=4, request_ms=0.002 * seed, max_tokens=2048)
+        weights = torch.rand(R, generator=g) * 3
+        ids = torch.arange(N, dtype=torch.int32).repeat(R, 1)
+        ids[torch.rand(R, N, generator=g) < 0.1] = -1
+        profiles = av.tree_width_profiles(3, 3)
+        for kw in [dict(max_verify=N // 2), dict(capacity=R + R // 3), dict(extra_tokens=300), dict(weights=weights),
+                   dict(draft_tokens=ids), dict(min_depth=2), dict(max_depth=2), dict(max_depth=0),
+                   dict(max_step_ms=4.2 + seed), dict(max_step_ms=1.0, weights=weights)]:
+            check_levels(survival, parents, sizes, ct, widths=profiles, **kw)
+        check_levels(None, parents, sizes, ct, widths=profiles, conf=torch.rand(R, N, generator=g))
+        check_levels(survival, parents, sizes, ct.shifted(500), widths=profiles, capacity=2048 - 500)
+
+
+def test_a_narrowing_beam_wins_where_only_level_one_siblings_pay():
+    """Two likely level-1 nodes, each with one likely child; of those two level-2 nodes only the first has a likely
+    child. Expanding both level-1 nodes and one level-2 node, (2, 1), drafts every node worth verifying; the uniform
+    beam must expand two level-2 nodes to reach depth 3, the same budget for more drafting."""
+    R = 16
+    #    l1a  l1b  a.0   a.1   b.0   b.1   a.0.0 a.0.1 b.0.0 b.0.1 a.1.0 b.1.0
+    s = [0.8, 0.7, 0.75, 0.03, 0.65, 0.02, 0.7, 0.02, 0.05, 0.01, 0.02, 0.01]
+    par = [-1, -1, 0, 0, 1, 1, 2, 2, 4, 4, 3, 5]
+    survival = torch.tensor([s]).repeat(R, 1)
+    parents = torch.tensor([par], dtype=torch.int32).repeat(R, 1)
+    sizes = torch.full((R,), len(s), dtype=torch.int32)
+    per_row = 0.0002
+    ct = chain_table({1: per_row, 4096: 4096 * per_row}, levels=3,
+                     draft={1: 0.5 + 2 * per_row, 4096: 0.5 + 8192 * per_row}, sizes=tuple(range(8, 257, 8)))
+    assert check_levels(survival, parents, sizes, ct, widths=av.tree_width_profiles(2, 2)) == (3, (2, 1, 0), 5 * R)
+    assert check(survival, parents, sizes, ct, max_width=2) == (3, 2, 5 * R)
+
+
+def test_tree_width_profiles():
+    from math import comb
+
+    for W, levels in [(1, 0), (1, 5), (3, 2), (4, 3), (2, 6)]:
+        ps = av.tree_width_profiles(W, levels)
+        assert len(ps) == comb(W + levels - 1, levels) and ps == sorted(set(ps))
+        assert all(len(p) == levels and all(1 <= x <= W for x in p) for p in ps)
+        assert all(all(a >= b for a, b in zip(p, p[1:])) for p in ps)
+    with pytest.raises(ValueError, match="max_width"):
+        av.tree_width_profiles(8, 5)  # 792 profiles
+    with pytest.raises(ValueError, match="max_width"):
+        av.tree_width_profiles(0, 2)
+
+
+def test_tree_draft_cost_per_level():
+    ct = chain_table({1: 0.1, 512: 0.3}, levels=4, draft={1: 1.0, 512: 4.0})
+    L = 4
+
+    def level(n):
+        return ct.draft_cost(n, L) - ct.draft_cost(n, L - 1)
+
+    for r in (1, 7, 100):
+        assert tree_draft_cost(ct, r, 4, (3, 2, 1)) == pytest.approx(ct.draft_cost(r, 1) + level(3 * r)
+                                                                     + level(2 * r) + level(r))
+        assert tree_draft_cost(ct, r, 2, (3, 2, 1)) == pytest.approx(ct.draft_cost(r, 1) + level(3 * r))
+        assert tree_draft_cost(ct, r, 1, ()) == ct.draft_cost(r, 1)
+        assert tree_draft_cost(ct, r, 3, (2, 2)) == pytest.approx(tree_draft_cost(ct, r, 3, 2))
+    with pytest.raises(ValueError, match="width"):
+        tree_draft_cost(ct, 4, 3, (2,))
+    with pytest.raises(ValueError, match="width\\[1\\]"):
+        tree_draft_cost(ct, 4, 3, (2, 0))
+
+
+def test_per_level_bad_arguments_name_themselves():
+    survival, parents, sizes, _ = random_trees(4, 6, 1)
+    ct = chain_table(levels=4)
+    prof = av.tree_width_profiles(2, 3)
+    zeros = tuple(torch.zeros((), dtype=torch.int32) for _ in range(3))
+    for kw, match in [(dict(), "max_width"), (dict(max_width=2, widths=prof), "widths"), (dict(widths=[]), "widths"),
+                      (dict(widths="22"), "widths"), (dict(widths=[2, 1]), "widths\\[0\\]"),
+                      (dict(widths=[(2, 1, 1), (2, 1)]), "widths"),
+                      (dict(widths=[(2, 0, 1)]), "widths\\[0\\]\\[1\\]"),
+                      (dict(widths=[(17, 1, 1)]), "widths\\[0\\]\\[0\\]"),
+                      (dict(widths=[(2, 1)], max_depth=4), "widths"),
+                      (dict(widths=[(2, 1, 1)] * 60), "len\\(widths\\)"), (dict(widths=prof, out=zeros), "out\\[1\\]")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            av.choose_tree_shape(survival, parents, sizes, ct, **kw)
+    out = (torch.zeros((), dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros((), dtype=torch.int32))
+    got = av.choose_tree_shape(survival, parents, sizes, ct, widths=prof, out=out)
+    assert all(a is b for a, b in zip(got, out))

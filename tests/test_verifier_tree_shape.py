@@ -19,16 +19,18 @@ def table(level_ms=0.3, first_ms=1.0):
                                     draft_level_ms=level_ms)
 
 
-def beam_tree(layout: np.ndarray, k: int, depth: int, width: int):
-    """The tree an EAGLE-2 drafter of beam ``width`` drafts when the conditional confidences at the beam-layout
-    positions are ``layout`` [R, k + (D - 1) k^2] (siblings decreasing): (conf, parents, sizes, position) with nodes
-    numbered level by level, position [R, n] each node's layout index."""
+def beam_tree(layout: np.ndarray, k: int, depth: int, width):
+    """The tree an EAGLE-2 drafter of beam ``width`` (an int, or per-level widths: entry l - 1 for level l) drafts
+    when the conditional confidences at the beam-layout positions are ``layout`` [R, k + (D - 1) k^2] (siblings
+    decreasing): (conf, parents, sizes, position) with nodes numbered level by level, position [R, n] each node's
+    layout index."""
     R = layout.shape[0]
+    widths = width if isinstance(width, tuple) else (width,) * max(depth - 1, 0)
     conf, parents, pos, surv = [layout[:, :k]], [np.full((R, k), -1)], [np.tile(np.arange(k), (R, 1))], \
         [layout[:, :k].astype(np.float32)]
     at, last_lo = k, 0
     for j in range(1, depth):
-        prev = surv[-1]
+        prev, width = surv[-1], widths[j - 1]
         beam = np.argsort(-prev, axis=1, kind="stable")[:, :width]  # [R, width]
         lo = k + (j - 1) * k * k
         slot = np.arange(width)[:, None] * k + np.arange(k)[None, :]  # [width, k]
@@ -110,8 +112,15 @@ def engine_step(v, rng, R, layout_of, *, idx=None):
     return depth, width, budget
 
 
-def test_shape_shrinks_when_acceptance_falls_and_grows_again_when_it_rises():
-    v = AdaptiveVerifier(table(), max_reqs=32, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=TOP_K)
+def mean_width(width) -> float:
+    """A step's beam: the int, or the mean of its per-level widths (1 for a tree of one level)."""
+    return float(np.mean(width)) if isinstance(width, tuple) and width else float(1 if width == () else width)
+
+
+@pytest.mark.parametrize("tree_widths", ["uniform", "per_level"])
+def test_shape_shrinks_when_acceptance_falls_and_grows_again_when_it_rises(tree_widths):
+    v = AdaptiveVerifier(table(), max_reqs=32, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=TOP_K,
+                         tree_widths=tree_widths)
     rng = np.random.default_rng(1)
     high = lambda R: random_layout(rng, R, TOP_K, K, 0.9, 0.99)  # noqa: E731
     low = lambda R: random_layout(rng, R, TOP_K, K, 0.02, 0.1)  # noqa: E731
@@ -124,8 +133,11 @@ def test_shape_shrinks_when_acceptance_falls_and_grows_again_when_it_rises():
     # drafted again its fresh confidences pull the deeper levels back.
     shapes = [engine_step(v, rng, 32, high)[:2] for _ in range(60)]
     assert np.mean([d for d, _ in shapes[-10:]]) >= max(2.0, low_depth + 1), shapes
-    assert np.mean([w for _, w in shapes[-10:]]) >= 2 and max(d for d, _ in shapes[-10:]) == K, shapes
+    assert np.mean([mean_width(w) for _, w in shapes[-10:]]) >= 2 and max(d for d, _ in shapes[-10:]) == K, shapes
     assert v.metrics()["depth_mean"] > 0
+    if tree_widths == "per_level":  # levels 1 .. depth - 1, none wider than the level above, none wider than k
+        assert all(isinstance(w, tuple) and len(w) == max(d - 1, 0) and list(w) == sorted(w, reverse=True)
+                   and all(1 <= x <= TOP_K for x in w) for d, w in shapes), shapes
 
 
 def test_cheaper_wide_levels_draft_wider_beams():
@@ -140,6 +152,24 @@ def test_cheaper_wide_levels_draft_wider_beams():
         fixed = random_layout(np.random.default_rng(9), 16, TOP_K, K, 0.7, 0.9)
         widths.append(np.mean([engine_step(v, rng, 16, lambda R: fixed)[1] for _ in range(15)][5:]))
     assert widths[0] < widths[1], widths
+
+
+@pytest.mark.parametrize("mode", ["lagged", "global", "all", "off"])
+def test_per_level_widths_modes(mode):
+    """tree_widths="per_level": the width is a tuple of levels 1 .. depth - 1's widths; "all" every level at the
+    full beam, "off" nothing; the budget never exceeds the nodes the shape drafts."""
+    rng = np.random.default_rng(13)
+    v = AdaptiveVerifier(table(), max_reqs=16, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=TOP_K, mode=mode,
+                         tree_widths="per_level")
+    for _ in range(8):
+        depth, width, budget = engine_step(v, rng, 16, lambda R: random_layout(rng, R, TOP_K, K, 0.5, 0.95))
+        assert isinstance(width, tuple) and len(width) == max(depth - 1, 0), width
+        nodes = TOP_K + TOP_K * sum(width) if depth else 0
+        assert budget <= 16 * min(nodes, N)
+    if mode == "off":
+        assert (depth, width, budget) == (0, (), 0)
+    if mode == "all":
+        assert (depth, width, budget) == (K, (TOP_K,) * (K - 1), 16 * (TOP_K + (K - 1) * TOP_K * TOP_K))
 
 
 def test_modes_requests_and_errors():
@@ -182,11 +212,18 @@ def test_modes_requests_and_errors():
     assert v2.plan_tree_draft(4)[0] <= 2
     v2.mode = "all"
     assert v2.plan_tree_draft(4)[:2] == (2, TOP_K)
-    with pytest.raises(ValueError, match="tree_top_k"):  # 8 x 17 shapes: more than one call weighs (128)
-        AdaptiveVerifier(table(), max_reqs=8, max_drafts=16, block_size=16, max_nodes=N, tree_top_k=8)
+    with pytest.raises(ValueError, match="tree_top_k"):  # 16 x 17 shapes: more than one call weighs (256)
+        AdaptiveVerifier(table(), max_reqs=8, max_drafts=16, block_size=16, max_nodes=N, tree_top_k=16)
+    with pytest.raises(ValueError, match="tree_widths"):  # C(12, 5) = 792 profiles x 7 depths
+        AdaptiveVerifier(table(), max_reqs=8, max_drafts=6, block_size=16, max_nodes=N, tree_top_k=8,
+                         tree_widths="per_level")
+    with pytest.raises(ValueError, match="tree_widths"):
+        AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=2,
+                         tree_widths="wide")
 
 
-def test_drafting_the_planned_tree_is_lossless():
+@pytest.mark.parametrize("tree_widths", ["uniform", "per_level"])
+def test_drafting_the_planned_tree_is_lossless(tree_widths):
     """The loop of an engine with an EAGLE-2 drafter on a Markov target: each step plan_tree_draft decides the depth,
     width and budget from earlier steps, the drafter expands the ``width`` best nodes of each level into their top-k
     tokens under Q (confidence: Q's probability), plan() allocates the budget on the live tree and
@@ -199,7 +236,8 @@ def test_drafting_the_planned_tree_is_lossless():
                   [0.1, 0.1, 0.1, 0.6, 0.1], [0.4, 0.1, 0.1, 0.1, 0.3]])
     rng = np.random.default_rng(4)
     torch.manual_seed(4)
-    v = AdaptiveVerifier(table(0.4), max_reqs=R, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=k)
+    v = AdaptiveVerifier(table(0.4), max_reqs=R, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=k,
+                         tree_widths=tree_widths)
     last = rng.integers(0, V, R)
     counts = np.zeros((V, V), dtype=np.int64)
     logP = torch.from_numpy(np.log(P).astype(np.float32))
@@ -210,9 +248,10 @@ def test_drafting_the_planned_tree_is_lossless():
         toks, conf, parents = [[] for _ in range(R)], [[] for _ in range(R)], [[] for _ in range(R)]
         for r in range(R):  # level by level: the `width` best nodes (path confidence) each get their top-k tokens
             frontier = [(-1, int(last[r]), 1.0)]
-            for _lvl in range(depth):
+            for lvl in range(depth):
                 nxt = []
-                for node, tok, s in sorted(frontier, key=lambda f: -f[2])[:width]:
+                beam = width if isinstance(width, int) else (width[lvl - 1] if lvl else 1)
+                for node, tok, s in sorted(frontier, key=lambda f: -f[2])[:beam]:
                     for t in np.argsort(-Q[tok], kind="stable")[:k]:
                         toks[r].append(int(t))
                         conf[r].append(Q[tok, t])

@@ -36,7 +36,8 @@ void register_planner(py::module_& m) {
       AV_FIELD(P, tree_mask), AV_FIELD(P, token_parent), AV_FIELD(P, token_node), AV_FIELD(P, token_depth),
       AV_FIELD(P, error_counts), AV_FIELD(P, workspace), AV_FIELD(P, choose_depth), AV_FIELD(P, min_depth),
       AV_FIELD(P, max_depth), AV_FIELD(P, num_widths), AV_FIELD(P, depth_cost), AV_FIELD(P, depth_step_cap),
-      AV_FIELD(P, depth_out), AV_FIELD(P, width_out)});
+      AV_FIELD(P, shape_width), AV_FIELD(P, depth_out), AV_FIELD(P, width_out),
+      AV_FIELD(P, level_widths_out)});
   m.attr("PLANNER_MAX_DRAFTS") = int(planner::kMaxDrafts);
   m.attr("PLANNER_MAX_REQS") = int64_t(planner::kMaxReqs);
   m.attr("PLANNER_MAX_TREE_NODES") = int(planner::kMaxTreeNodes);

@@ -17,7 +17,7 @@ from .errors import error_counts, reset_error_counts
 from .margin import MarginEstimator
 from .planner import (MetadataInputs, PlanStep, TreeVerifyPlan, VerifyPlan, choose_budget, choose_draft_depth,
                       choose_tree_shape, lagged_budget, plan_tree_verification, plan_verification, prefix_survival,
-                      tree_survival)
+                      tree_survival, tree_width_profiles)
 from .prepared import Prepared, PreparedMismatch, prepare
 from .sampling import SamplingParams, rejection_sample, sample, tree_rejection_sample
 from .stats import AcceptanceStats
@@ -44,6 +44,7 @@ __all__ = [
     "choose_budget",
     "choose_draft_depth",
     "choose_tree_shape",
+    "tree_width_profiles",
     "commit_tree_kv",
     "commit_tree_kv_mla",
     "confidence",

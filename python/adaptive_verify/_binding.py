@@ -21,7 +21,7 @@ _CTYPES = {
 
 
 #: Array fields (fixed size, by value): their element type per kind.
-_ARRAY_ELEMENTS = {"F": ctypes.c_float, "I": ctypes.c_int64}
+_ARRAY_ELEMENTS = {"F": ctypes.c_float, "I": ctypes.c_int64, "B": ctypes.c_uint8}
 
 
 def _ctype(kind: str, size: int):

@@ -115,13 +115,14 @@ class AdaptiveVerifier:
             statistics keep max(max_drafts, N) positions (one per depth); see verifier_tree.py.
         tree_top_k: k, the children an EAGLE-2 drafter drafts per expanded node (1..16), for plan_tree_draft
             (needs max_nodes; trees then have at most max_drafts levels); 0 (default): no tree shapes.
+        tree_widths: plan_tree_draft's beam, "uniform" (an int) or "per_level" (a tuple; docs/api.md).
     """
 
-    def __init__(self, cost_table: CostTable, *, max_reqs: int, max_drafts: int, block_size: int,
-                 mode: str = "lagged", graph_sizes: Sequence[int] = (), min_verify: int = 0,
-                 device: Union[str, torch.device] = "cpu", online_calibration: bool = False,
-                 refresh_every: int = 100, prior: float = 1.0, verification: Optional[str] = None,
-                 max_step_ms: Optional[float] = None, max_nodes: int = 0, tree_top_k: int = 0):
+    def __init__(self, cost_table: CostTable, *, max_reqs: int, max_drafts: int, block_size: int, mode: str = "lagged",
+                 graph_sizes: Sequence[int] = (), min_verify: int = 0, device: Union[str, torch.device] = "cpu",
+                 online_calibration: bool = False, refresh_every: int = 100, prior: float = 1.0,
+                 verification: Optional[str] = None, max_step_ms: Optional[float] = None, max_nodes: int = 0,
+                 tree_top_k: int = 0, tree_widths: str = "uniform"):
         if not isinstance(cost_table, CostTable):
             raise TypeError(f"cost_table must be a CostTable, got {type(cost_table).__name__}")
         if not isinstance(mode, str) or mode not in MODES:
@@ -169,7 +170,8 @@ class AdaptiveVerifier:
         # at most N, so the statistics keep max(K, N) positions.
         top_k = check_int("tree_top_k", tree_top_k, lo=0, hi=16 if max_nodes else 0)
         self._tree = verifier_tree.TreeSteps(max_nodes, max_reqs=self.max_reqs, prior=self.prior, device=self.device,
-                                             slots=self.slots, top_k=top_k, max_depth=K) if max_nodes else None
+                                             slots=self.slots, top_k=top_k, max_depth=K, widths=tree_widths) \
+            if max_nodes else None
         positions = max(K, max_nodes)
         self._stats = AcceptanceStats(positions, device=self.device)
         # Chains (verifier_chain.py): the survival buffers of their plans, observe's prepared statistics updates.
@@ -233,8 +235,7 @@ class AdaptiveVerifier:
         ``fixed_cost`` (default the full draft's, cost_table.fixed_cost(R))."""
         room = max(self.capacity - R - extra_tokens, 0)
         b_room = min(drafts_sum, room)
-        # As the planner: forced drafts (min_verify) never push the step past its capacity; they win over the
-        # latency target.
+        # As the planner: forced drafts (min_verify) never push the step past capacity; they beat the latency target.
         b_min = min(forced_sum, b_room)
         b_max = b_room
         if self._max_step_ms is not None and R:
@@ -351,12 +352,11 @@ class AdaptiveVerifier:
         return depth, budget, padded
 
     def plan_tree_draft(self, num_reqs: int, drafts_host=None, extra_tokens: int = 0, *, req_indices=None,
-                        weights=None) -> tuple[int, int, int, int]:
-        """(depth, width, budget, padded_tokens) of a tree step, on the host before drafting, no device sync: draft
-        ``depth`` levels (request r: min(depth, drafts_host[r])), each expanding the ``width`` best nodes of the last
-        (path confidence) into their top tree_top_k children. Arguments and modes as :meth:`plan_draft`'s
-        (drafts_host: the most levels per request); the decision is :func:`adaptive_verify.choose_tree_shape` on a
-        prediction from earlier steps only (verifier_tree_shape.py)."""
+                        weights=None) -> tuple[int, Union[int, tuple], int, int]:
+        """(depth, width, budget, padded_tokens) of a tree step, on the host before drafting, no sync: draft ``depth``
+        levels (request r: min(depth, drafts_host[r])), each level's ``width`` best nodes (path confidence; per_level:
+        level l's width[l - 1]) expanded into their top tree_top_k children. Arguments and modes: plan_draft's
+        (drafts_host: the most levels per request); choose_tree_shape on a prediction from earlier steps only."""
         R, extra_tokens, lim, weights, idx = host_step(num_reqs, drafts_host, extra_tokens, weights, req_indices,
                                                        self.max_reqs, self.capacity, default_drafts=self.max_drafts)
         self.slots.inputs(lim, idx, R, self.max_drafts, "max_drafts", False)  # checks

@@ -37,6 +37,7 @@ Decisions:
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -46,7 +47,7 @@ from . import planner
 from .prepared import prepare, run_prepared
 from ._checks import check_int
 from ._ext import _C
-from .planner import MAX_TREE_NODES, TreeVerifyPlan
+from .planner import MAX_TREE_NODES, TreeVerifyPlan, tree_width_profiles
 from .cost import tree_draft_cost
 from .planner.lagged import lagged_tree_budget
 from .stats import AcceptanceStats
@@ -65,13 +66,23 @@ class TreeSteps:
     table, whose generations (add_request), staging and snapshot copies it shares."""
 
     def __init__(self, max_nodes: int, *, max_reqs: int, prior: float, device: torch.device, slots: SlotTable,
-                 top_k: int = 0, max_depth: int = 0):
+                 top_k: int = 0, max_depth: int = 0, widths: str = "uniform"):
         self.N = N = check_int("max_nodes", max_nodes, lo=1, hi=MAX_TREE_NODES)
+        if widths not in ("uniform", "per_level"):
+            raise ValueError(f"tree_widths must be 'uniform' or 'per_level', got {widths!r}")
         # The lagged tree shape (plan_tree_draft; verifier_tree_shape.py), for a drafter expanding top_k per node.
-        if top_k and top_k * (max_depth + 1) > MAX_TREE_SHAPES:
+        profiles, levels = None, max(max_depth - 1, 0)
+        if top_k and widths == "per_level":
+            if math.comb(top_k + levels - 1, levels) * (max_depth + 1) > MAX_TREE_SHAPES:
+                raise ValueError(f"tree_widths='per_level': the per-level profiles of tree_top_k = {top_k} over "
+                                 f"max_drafts = {max_depth} levels exceed the {MAX_TREE_SHAPES} tree shapes "
+                                 "choose_tree_shape weighs; lower tree_top_k or max_drafts, or use 'uniform'")
+            profiles = tree_width_profiles(top_k, levels)
+        elif top_k and top_k * (max_depth + 1) > MAX_TREE_SHAPES:
             raise ValueError(f"tree_top_k * (max_drafts + 1) = {top_k * (max_depth + 1)} exceeds the "
                              f"{MAX_TREE_SHAPES} tree shapes choose_tree_shape weighs; lower tree_top_k or max_drafts")
-        self.shapes = TreeShapes(top_k, max_depth, N, max_reqs, prior, device, slots.gen) if top_k else None
+        self.shapes = TreeShapes(top_k, max_depth, N, max_reqs, prior, device, slots.gen,
+                                 profiles=profiles) if top_k else None
         self.max_reqs, self.device, self.slots = max_reqs, device, slots
         pin = device.type == "cuda"
         # [N] survivals of a slot with no history: a chain of nodes of confidence `prior` each.
@@ -167,17 +178,20 @@ class TreeSteps:
         if self.shapes is None:
             raise ValueError("plan_tree_draft needs the drafter's beam: construct the AdaptiveVerifier with "
                              "tree_top_k=k (its top-k per expanded node)")
-        k = self.shapes.k
+        k, per_level = self.shapes.k, self.shapes.profiles is not None
         if mode == "off" or idx.size == 0:
-            return 0, 1, 0
+            return 0, () if per_level else 1, 0
         if mode == "all":
-            depth, width = min(int(depth_lim.max()), cost_table.draft_levels or self.shapes.D), k
+            depth = min(int(depth_lim.max()), cost_table.draft_levels or self.shapes.D)
+            width = (k,) * max(depth - 1, 0) if per_level else k
         else:  # (the decision's own budget is not used: see the docstring)
             depth, width, _ = self.shapes.decide(idx, depth_lim, cost_table, extra_tokens=extra_tokens,
                                                       capacity=capacity, weights=weights, max_step_ms=max_step_ms,
                                                       stats=stats)
         d = np.minimum(depth_lim, depth)
-        sizes = np.minimum(np.where(d > 0, k + (d - 1) * width * k, 0), self.N)  # [R] nodes each request drafts
+        # [R] nodes each request drafts: level 1 k, level l + 1 k per expanded node of level l
+        expanded = np.cumsum((0,) + tuple(width)) if per_level else np.arange(depth + 1) * width
+        sizes = np.minimum(np.where(d > 0, k + expanded[np.maximum(d - 1, 0)] * k, 0), self.N)
         fixed = tree_draft_cost(cost_table, idx.size, depth, width) + cost_table.request_ms * idx.size
         b_max = bounds(int(sizes.sum()), fixed)
         if mode == "lagged":

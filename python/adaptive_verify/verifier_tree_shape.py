@@ -51,8 +51,9 @@ class TreeShapes:
     buffers of recorded trees."""
 
     def __init__(self, top_k: int, max_depth: int, max_nodes: int, max_reqs: int, prior: float,
-                 device: torch.device, gen: np.ndarray):
+                 device: torch.device, gen: np.ndarray, profiles: Optional[list] = None):
         self.k, self.D, self.N = k, D, N = top_k, max_depth, max_nodes
+        self.profiles = profiles  # per-level width profiles (tree_widths="per_level"), or None: uniform widths
         self.counts = [k] + [k * k] * (D - 1)  # beam-layout positions per level
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.ntot = int(self.offsets[-1])
@@ -227,16 +228,20 @@ class TreeShapes:
         return surv[rows, order], parents, np.full(R, self.M, dtype=np.int32), ids
 
     def decide(self, idx: np.ndarray, depth_lim: np.ndarray, cost_table, *, extra_tokens: int, capacity: int,
-               weights: Optional[np.ndarray], max_step_ms: Optional[float], stats=None) -> tuple[int, int, int]:
+               weights: Optional[np.ndarray], max_step_ms: Optional[float], stats=None) -> tuple[int, object, int]:
         """(depth, width, budget) of this step: the staged record folded in, then choose_tree_shape (its CPU
-        kernel: everything here is host data) on the prediction, at most the table's draft_levels deep."""
+        kernel: everything here is host data) on the prediction, at most the table's draft_levels deep. width: an
+        int, or with per-level profiles the tuple of levels 1 .. depth - 1's widths."""
         self.fold()
         survival, parents, sizes, ids = self.predict(idx, depth_lim,
                                                      None if stats is None else self.calibration(stats))
         w = None if weights is None else torch.from_numpy(np.asarray(weights, dtype=np.float32))
+        d_hi = min(self.D, cost_table.draft_levels or self.D)  # (the table's)
+        beams = dict(max_width=self.k) if self.profiles is None else dict(widths=self.profiles)
         d, width, b = choose_tree_shape(torch.from_numpy(survival), torch.from_numpy(parents),
-                                        torch.from_numpy(sizes), cost_table, max_width=self.k,
-                                        max_depth=min(self.D, cost_table.draft_levels or self.D),  # (the table's)
+                                        torch.from_numpy(sizes), cost_table, **beams, max_depth=d_hi,
                                         extra_tokens=extra_tokens, capacity=capacity, weights=w,
                                         max_step_ms=max_step_ms, draft_tokens=torch.from_numpy(ids))
+        if self.profiles is not None:
+            return int(d), tuple(width.tolist()[:max(int(d) - 1, 0)]), int(b)
         return int(d), int(width), int(b)

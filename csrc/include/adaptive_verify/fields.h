@@ -13,19 +13,19 @@ namespace adaptive_verify {
 struct FieldInfo {
   const char* name;
   size_t offset, size;
-  char kind;  // 'p' pointer, 'i' signed integer, 'u' unsigned integer, 'b' bool, 'f' floating point, 'F' / 'I' an
-             // array of float32 / int64
+  char kind;  // 'p' pointer, 'i' signed integer, 'u' unsigned integer, 'b' bool, 'f' floating point, 'F' / 'I' /
+             // 'B' an array of float32 / int64 / uint8
 };
 
 // Scalars: 'p', 'b', 'f', 'i', 'u' (kind above). Fixed-size arrays, passed by value: 'F' of float32 elements, 'I' of
-// int64 elements (the size is the whole array's; Python reads the element type from the kind).
+// int64 elements, 'B' of uint8 elements (the size is the whole array's; Python reads the element type from the kind).
 template <typename T>
 constexpr char field_kind() {
   if constexpr (std::is_array<T>::value) {
     using E = std::remove_extent_t<T>;
-    static_assert(std::is_same<E, float>::value || std::is_same<E, int64_t>::value,
-                  "array fields hold float32 or int64 elements");
-    return std::is_same<E, float>::value ? 'F' : 'I';
+    static_assert(std::is_same<E, float>::value || std::is_same<E, int64_t>::value || std::is_same<E, uint8_t>::value,
+                  "array fields hold float32, int64 or uint8 elements");
+    return std::is_same<E, float>::value ? 'F' : std::is_same<E, int64_t>::value ? 'I' : 'B';
   } else {
     return std::is_pointer<T>::value         ? 'p'
            : std::is_same<T, bool>::value     ? 'b'

@@ -7,6 +7,8 @@ as:
 - kernel: the C++ CPU kernel through the extension with its parameter struct already filled (per width a walk and
   the width filter, then per depth the buckets counted again and the budget searched);
 - op: the public ``choose_tree_shape`` including argument validation and the (W, D) costs;
+- per-level kernel / op: the same with ``widths=tree_width_profiles(k, 3)``, every non-increasing per-level profile
+  (C(k + 2, 3): 4 at k = 2, 20 at k = 4), the (width, depth) decision per level;
 - one tree budget (the baseline, in the same process): the public budget-only tree planner call over the whole
   tree (choose_budget(parents=)), the decision the shape adds to; op / one budget says what deciding the shape
   costs a caller.
@@ -20,7 +22,7 @@ import ctypes
 import torch
 
 from .._ext import _C
-from ..planner import choose_budget, choose_tree_shape, tree_survival
+from ..planner import choose_budget, choose_tree_shape, tree_survival, tree_width_profiles
 from ..planner.launch import launch
 from .planner_depth import depth_table
 from .report import cpu_cuda_report, cpu_cuda_result
@@ -32,8 +34,10 @@ LEVELS = 4
 
 CPU_COLUMNS = [("R", "R"), ("k", "k"), ("nodes", "nodes"), ("depth", "depth"), ("width", "width"),
                ("budget", "budget"), ("kernel_us", "kernel (us)"), ("op_us", "op (us)"),
+               ("level_kernel_us", "per-level kernel (us)"), ("level_op_us", "per-level op (us)"),
                ("one_budget_us", "one tree budget (us)"), ("op_over_budget", "op / one budget")]
-CUDA_COLUMNS = [("R", "R"), ("k", "k"), ("kernel_us", "kernel (us)"), ("graph_us", "in graph (us)"),
+CUDA_COLUMNS = [("R", "R"), ("k", "k"), ("kernel_us", "kernel (us)"), ("level_kernel_us", "per-level kernel (us)"),
+                ("graph_us", "in graph (us)"),
                 ("eager_op_us", "eager op (us)"), ("cpu_agrees", "== CPU kernel")]
 
 
@@ -85,12 +89,20 @@ def bench_cpu(R: int, k: int, *, min_time_s: float) -> dict:
     address, plan = ctypes.addressof(p), _C.plan
     kernel = host_time_us(lambda: plan(address, False, 0), min_time_s=min_time_s)
     op_us = host_time_us(op, min_time_s=min_time_s)
+    profiles = tree_width_profiles(k, LEVELS - 1)
+    level_out = (out[0], torch.zeros(LEVELS, dtype=torch.int32), out[2])
+    level_op = lambda: choose_tree_shape(survival, parents, sizes, ct, widths=profiles, out=level_out)  # noqa: E731
+    lp = _captured_params(level_op)
+    level_address = ctypes.addressof(lp)
+    level_kernel = host_time_us(lambda: plan(level_address, False, 0), min_time_s=min_time_s)
+    level_op_us = host_time_us(level_op, min_time_s=min_time_s)
     budget_out = torch.zeros((), dtype=torch.int32)
     one = host_time_us(lambda: choose_budget(survival, sizes, ct, parents=parents, out=budget_out),
                        min_time_s=min_time_s)
     op()
     return dict(R=R, k=k, nodes=int(sizes[0]), depth=int(out[0]), width=int(out[1]), budget=int(out[2]),
-                kernel_us=kernel, op_us=op_us, one_budget_us=one, op_over_budget=op_us / one)
+                kernel_us=kernel, op_us=op_us, level_kernel_us=level_kernel, level_op_us=level_op_us, one_budget_us=one,
+                op_over_budget=op_us / one)
 
 
 def bench_cuda(R: int, k: int) -> dict:
@@ -102,11 +114,17 @@ def bench_cuda(R: int, k: int) -> dict:
     p = _captured_params(op)
     run = lambda: launch(p, dev, "choose_tree_shape")  # noqa: E731
     launches, kernel_us = cuda_kernel_stats(run)
+    level_out = (torch.zeros((), dtype=torch.int32, device=dev), torch.zeros(LEVELS, dtype=torch.int32, device=dev),
+                 torch.zeros((), dtype=torch.int32, device=dev))
+    profiles = tree_width_profiles(k, LEVELS - 1)
+    lp = _captured_params(lambda: choose_tree_shape(survival, parents, sizes, ct, widths=profiles, out=level_out))
+    _, level_kernel_us = cuda_kernel_stats(lambda: launch(lp, dev, "choose_tree_shape"))
     graph_us = cuda_graph_time_us(run)
     run()
     cpu = choose_tree_shape(survival.cpu(), parents.cpu(), sizes.cpu(), ct, max_width=k)
     agrees = tuple(int(x) for x in out) == tuple(int(x) for x in cpu)
-    return dict(R=R, k=k, launches=launches, kernel_us=kernel_us, graph_us=graph_us, eager_op_us=cuda_time_us(op),
+    return dict(R=R, k=k, launches=launches, kernel_us=kernel_us, level_kernel_us=level_kernel_us,
+                graph_us=graph_us, eager_op_us=cuda_time_us(op),
                 cpu_agrees=agrees)
 
 

@@ -56,18 +56,30 @@ def level_cost(full: float, level_curve, r: int, L, levels: int) -> float:
     return max(0.0, full - (L - levels) * level_curve.cost(r))
 
 
-def tree_draft_cost(cost_table, r: int, depth: int, width: int) -> float:
+def tree_draft_cost(cost_table, r: int, depth: int, width) -> float:
     """Milliseconds for a level-by-level drafter (a table with ``draft_levels``) to draft r requests' trees ``depth``
     levels deep, expanding the ``width`` best nodes of each level, as EAGLE-2 drafts: level 1 is one forward over the
     r anchors (``draft_cost(r, 1)``, which carries the first level's extra work), each later level one forward over
     the r * width expanded nodes (one later level at n rows: ``draft_cost(n, L) - draft_cost(n, L - 1)``). Width 1
-    is the chain's ``draft_cost(r, depth)``; depth 0 is ``draft_cost(r, 0)``. depth in [0, draft_levels], width >= 1.
-    A block drafter drafts its chain in one forward and has no per-level cost: ValueError."""
+    is the chain's ``draft_cost(r, depth)``; depth 0 is ``draft_cost(r, 0)``. depth in [0, draft_levels], width >= 1,
+    or per-level widths: a sequence whose entry l - 1 is level l's (levels 1 .. depth - 1 are read; the later levels'
+    costs are summed in level order). A block drafter drafts its chain in one forward and has no per-level cost:
+    ValueError."""
     L = cost_table.draft_levels
     if L is None:
         raise ValueError("cost_table: pricing a tree's levels needs a level-by-level drafter's table (draft_levels); "
                          "a block drafter's cost does not depend on what it drafts")
     depth = check_int("depth", depth, lo=0, hi=L)
+    if isinstance(width, (list, tuple)):
+        if len(width) < depth - 1:
+            raise ValueError(f"width: {len(width)} per-level widths for a tree {depth} levels deep (needs depth - 1)")
+        widths = [check_int(f"width[{i}]", w, lo=1) for i, w in enumerate(width[:max(depth - 1, 0)])]
+        if depth <= 1:
+            return cost_table.draft_cost(r, depth)
+        total = cost_table.draft_cost(r, 1)
+        for w in widths:
+            total += cost_table.draft_cost(r * w, L) - cost_table.draft_cost(r * w, L - 1)
+        return total
     width = check_int("width", width, lo=1)
     if depth <= 1:
         return cost_table.draft_cost(r, depth)

@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
                    "kept per node (default %(default)s)")
     d.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="N of the tree modes: most nodes per "
                    f"request, 1..{MAX_TREE_NODES} (default %(default)s)")
+    d.add_argument("--tree-widths", default="uniform", choices=("uniform", "per_level"),
+                   help="the adaptive tree modes' beams: one width for every level, or one per level (default "
+                        "%(default)s)")
     d.add_argument("--threads", type=int, default=1, help="torch CPU threads (default %(default)s)")
 
 
@@ -67,7 +70,8 @@ def run(args) -> int:
     modes = args.mode or DEMO_MODES
     rows, texts = [], {}
     for mode in modes:
-        tree = dict(tree_topk=args.tree_topk, tree_nodes=args.tree_nodes) if mode.startswith("tree") else {}
+        tree = dict(tree_topk=args.tree_topk, tree_nodes=args.tree_nodes,
+                    tree_widths=args.tree_widths) if mode.startswith("tree") else {}
         r = generate(target, drafter, prompts, mode=mode, max_new_tokens=args.max_new_tokens,
                      concurrency=args.concurrency, temperature=args.temperature, seed=args.seed, **tree)
         f, m = r.figures, r.figures["verifier"]

@@ -243,7 +243,8 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
              max_new_tokens: int = 64, concurrency: int = 4, temperature: float = 0.0, seed: int = 0,
              cost_table: Optional[CostTable] = None, block_size: int = 16,
              verifier: Optional[AdaptiveVerifier] = None, cuda_graphs: bool = False,
-             tree_topk: Union[int, Sequence[int], None] = None, tree_nodes: int = 24) -> GenerationResult:
+             tree_topk: Union[int, Sequence[int], None] = None, tree_nodes: int = 24,
+             tree_widths: str = "uniform") -> GenerationResult:
     """Generates ``max_new_tokens`` bytes for every prompt, ``concurrency`` requests at a time.
 
     mode: "off" (plain decoding, no drafter), "all" (verify every draft: fixed k = K), "lagged" or
@@ -253,7 +254,8 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
     seed + i. The KV cache is sized for ``concurrency`` requests.
     tree_topk: draft trees with k alternatives per node (an int, or one per prompt: 1 drafts that request's chain,
     so a batch mixes chains and trees); default DEFAULT_TREE_TOPK in modes "tree"/"tree-fixed", else chains.
-    tree_nodes: N, the most nodes per tree (1..63).
+    tree_nodes: N, the most nodes per tree (1..63). tree_widths: the adaptive tree modes' beams, "uniform" or
+    "per_level" (AdaptiveVerifier's tree_widths).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -269,7 +271,8 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
         return _generate_trees(target, drafter, prompts, mode=TREE_MODES.get(mode, mode), label=mode,
                                max_new_tokens=max_new_tokens, concurrency=concurrency, temperature=temperature,
                                seed=seed, cost_table=cost_table, block_size=block_size, verifier=verifier,
-                               cuda_graphs=cuda_graphs, tree_topk=tree_topk, tree_nodes=tree_nodes)
+                               cuda_graphs=cuda_graphs, tree_topk=tree_topk, tree_nodes=tree_nodes,
+                               tree_widths=tree_widths)
     if mode not in ("off", "all", "lagged", "greedy"):
         raise ValueError(f"mode {mode!r} needs draft trees (tree_topk); chains take off, all, lagged or greedy")
     if mode != "off" and drafter is None:
@@ -355,7 +358,8 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
 
 
 def _generate_trees(target, drafter, prompts, *, mode, label, max_new_tokens, concurrency, temperature, seed,
-                    cost_table, block_size, verifier, cuda_graphs, tree_topk, tree_nodes) -> GenerationResult:
+                    cost_table, block_size, verifier, cuda_graphs, tree_topk, tree_nodes,
+                    tree_widths="uniform") -> GenerationResult:
     """generate() with draft trees (engine/tree.py): mode is the verifier's ("all", "lagged", "greedy", "global")."""
     if mode not in ("all", "lagged", "greedy", "global"):
         raise ValueError(f"draft trees take modes all, lagged, greedy, global, tree or tree-fixed, got {label!r}")
@@ -381,7 +385,8 @@ def _generate_trees(target, drafter, prompts, *, mode, label, max_new_tokens, co
     shaped = shaped and cost_table.draft_levels is not None
     if verifier is None:
         verifier = AdaptiveVerifier(cost_table, max_reqs=concurrency, max_drafts=K, block_size=block_size, mode=mode,
-                                    device=device, max_nodes=W - 1, tree_top_k=topks[0] if shaped else 0)
+                                    device=device, max_nodes=W - 1, tree_top_k=topks[0] if shaped else 0,
+                                    tree_widths=tree_widths if shaped else "uniform")
     if cuda_graphs and device.type != "cuda":
         raise ValueError("cuda_graphs=True needs the models on a CUDA device")
     graphs = _StepGraphs(target, verifier, kv, W, verify_tree_step) if cuda_graphs else None

@@ -38,13 +38,21 @@ from .drafter import DSparkDrafter
 __all__ = ["draft_tree", "tree_size", "verify_tree_step"]
 
 
-def tree_size(topk: int, depth: int, max_nodes: int, beam: Optional[int] = None) -> int:
+def level_beam(beam, level: int) -> Optional[int]:
+    """The nodes of ``level`` (1-based) expanded into the next: beam itself (None: every node's topk), or per-level
+    widths' entry level - 1 (levels past them expand one: AdaptiveVerifier.plan_tree_draft lists depth - 1)."""
+    if beam is None or isinstance(beam, int):
+        return beam
+    return int(beam[level - 1]) if level - 1 < len(beam) else 1
+
+
+def tree_size(topk: int, depth: int, max_nodes: int, beam=None) -> int:
     """Nodes ``draft_tree`` drafts for a request with ``topk`` alternatives, depth limit ``depth`` and a beam of
-    ``beam`` nodes expanded per level (None: topk)."""
+    ``beam`` nodes expanded per level (None: topk; or per-level widths, entry l - 1 for level l)."""
     if depth <= 0 or topk <= 0:
         return 0
-    b = topk if beam is None else min(beam, topk)
-    return min(max_nodes, topk + (depth - 1) * b * topk)
+    expanded = sum(topk if b is None else min(b, topk) for b in (level_beam(beam, l) for l in range(1, depth)))
+    return min(max_nodes, topk + expanded * topk)
 
 
 def width(topk_max: int, num_drafts: int, max_nodes: int) -> int:
@@ -54,12 +62,13 @@ def width(topk_max: int, num_drafts: int, max_nodes: int) -> int:
 
 @torch.no_grad()
 def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, topk: Sequence[int], max_nodes: int,
-               max_depth: Sequence[int], beam: Optional[int] = None):
+               max_depth: Sequence[int], beam=None):
     """A draft tree per request (module docstring).
 
     h: [R, d] target hidden before the anchor; anchor: [R] ids; topk: R host ints >= 1 (1: a chain); max_nodes: N
     in [1, 63]; max_depth: R host ints in [0, K]; beam: the nodes of each depth expanded into the next (None: each
-    request's topk; AdaptiveVerifier.plan_tree_draft's width), so a request drafts tree_size(topk, depth, N, beam)
+    request's topk; AdaptiveVerifier.plan_tree_draft's width: an int, or per-level widths with
+    tree_widths="per_level"), so a request drafts tree_size(topk, depth, N, beam)
     nodes (the Markov steps after depth 1 shrink with it). Returns (tokens [R, W] int32, parents [R, W] int32,
     conf [R, W] float32, tree_sizes [R] int32) with W = min(width(max(topk), K, N), the nodes drafted); entries
     past a request's tree size are tokens 0, parents -1 and conf 0.
@@ -77,8 +86,6 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
     kmax = max(topk) if R else 1
     W = width(kmax, K, max_nodes)
     k_t = torch.tensor(list(topk), dtype=torch.int64, device=dev)  # [R]
-    b_t = k_t if beam is None else k_t.clamp(max=beam)  # [R] nodes expanded per depth
-    fw = kmax if beam is None else min(kmax, beam)  # frontier width
     depth_t = torch.tensor(list(max_depth), dtype=torch.int64, device=dev)  # [R]
     conf_hidden, bb_logits = drafter.backbone(h, anchor)  # [R, K, H], [R, K, V]
     H = conf_hidden.shape[-1]
@@ -92,6 +99,7 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
     fr_surv = torch.ones(R, 1, device=dev)  # its survival, -1 for a node outside the request's tree
     fr_id = torch.full((R, 1), -1, dtype=torch.int64, device=dev)
     toks, pars, confs, survs = [], [], [], []
+    per_depth = [kmax]  # nodes drafted at each depth (frontier width x kmax after the first)
     count = 0
     levels = max([1, *max_depth])  # the Markov steps stop at the deepest level any request drafts
     for d in range(1, levels + 1):
@@ -115,6 +123,11 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
         survs.append(surv)
         # The next frontier: this depth's best nodes (valid first, then survival, then drafted first); a request
         # expands only its first min(topk[r], beam) of them.
+        bd = level_beam(beam, d)
+        b_t = k_t if bd is None else k_t.clamp(max=bd)  # [R] nodes expanded at this depth
+        fw = kmax if bd is None else min(kmax, bd)  # frontier width
+        if d < levels:
+            per_depth.append(fw * kmax)
         order = surv.sort(dim=1, descending=True, stable=True).indices[:, :fw]  # [R, fw]
         fr_tok = toks[-1].gather(1, order)
         fr_surv = torch.where(ranks[None, :fw] < b_t[:, None], surv.gather(1, order),
@@ -123,7 +136,6 @@ def draft_tree(drafter: DSparkDrafter, h: torch.Tensor, anchor: torch.Tensor, to
         count += n
     tok, par, cf, key = (torch.cat(x, dim=1) for x in (toks, pars, confs, survs))  # [R, M]; key: -1 if invalid
     ok = key >= 0
-    per_depth = [kmax] + [fw * kmax] * (levels - 1)
     dp = torch.repeat_interleave(torch.arange(1, levels + 1, device=dev), torch.tensor(per_depth, device=dev))  # [M]
     dp = dp.expand(R, -1)
     M = tok.shape[1]

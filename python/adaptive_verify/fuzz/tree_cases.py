@@ -397,9 +397,17 @@ def shape_case(rng) -> Case:
     max_width = int(pick(rng, [1, 2, 3, 4, 8]))
     max_depth = small_int(rng, levels) if maybe(rng, 0.3) else None
     min_depth = small_int(rng, levels if max_depth is None else max_depth) if maybe(rng, 0.3) else 0
-    out = tuple(torch.full((), -3, dtype=torch.int32) for _ in range(3)) if maybe(rng, 0.4) else None
-    use_conf = maybe(rng, 0.3)
     shape = dict(max_width=max_width, max_depth=max_depth, min_depth=min_depth)
+    width_shape = ()
+    if maybe(rng, 0.4):  # per-level widths: random profiles (any order, not only non-increasing)
+        d_hi = levels if max_depth is None else max_depth
+        n = min(int(rng.integers(1, 7)), 128 // (d_hi + 1))
+        shape = dict(widths=[tuple(int(x) for x in rng.integers(1, max_width + 1, max(d_hi - 1, 0)))
+                             for _ in range(n)], max_depth=max_depth, min_depth=min_depth)
+        width_shape = (d_hi,)
+    out = (torch.full((), -3, dtype=torch.int32), torch.full(width_shape, -3, dtype=torch.int32),
+           torch.full((), -3, dtype=torch.int32)) if maybe(rng, 0.4) else None
+    use_conf = maybe(rng, 0.3)
 
     def call():
         if use_conf:
@@ -412,12 +420,12 @@ def shape_case(rng) -> Case:
             same(name, got, exp)
         counts({})
 
-    return Case("valid", call, check, what=f"R={t.R} N={t.N} levels={levels} W={max_width} kw={sorted(kw)}")
+    return Case("valid", call, check, what=f"R={t.R} N={t.N} levels={levels} shape={shape} kw={sorted(kw)}")
 
 
 def _bad_shape_case(rng, t: TreeInputs, survival, table, kw) -> Case:
     """choose_tree_shape with one argument bad (the rest valid): a clear error naming it."""
-    name = str(pick(rng, ["max_width", "max_depth", "min_depth", "cost_table", "parents", "survival", "out"]))
+    name = str(pick(rng, ["max_width", "max_depth", "min_depth", "cost_table", "parents", "survival", "out", "widths"]))
     args = dict(survival=survival, parents=t.parents, tree_sizes=t.sizes, cost_table=table)
     shape = dict(max_width=int(pick(rng, [1, 2, 4])))
     if name == "max_width":
@@ -439,6 +447,10 @@ def _bad_shape_case(rng, t: TreeInputs, survival, table, kw) -> Case:
         args.update(parents=parents, tree_sizes=sizes)
     elif name == "survival":
         args["survival"] = survival.double()
+    elif name == "widths":  # empty, out of [1, 16], uneven, not a list, too short for the depth, too many
+        L = table.draft_levels
+        shape = dict(widths=pick(rng, [[], [(0,) * L], [(17,) * L], [(2,) * L, (1,) * (L + 1)], "wide",
+                                       [(1,) * (L - 2)] if L >= 2 else [(1,)] * 200]), max_depth=L)
     else:
         shape["out"] = (torch.zeros((), dtype=torch.int32),) * int(pick(rng, [1, 3]))
 

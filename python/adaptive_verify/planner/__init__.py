@@ -48,7 +48,7 @@ and the CUDA kernel instantiate it.
 from .args import MODES, PlanArgs, resolve_plan_args
 from .ops import VERIFICATIONS, choose_budget, plan_verification
 from .depth import choose_draft_depth
-from .tree_shape import choose_tree_shape
+from .tree_shape import choose_tree_shape, tree_width_profiles
 from .lagged import PROMPT_PRICING, lagged_budget
 from .step import MetadataInputs, PlanStep
 from .survival import prefix_survival, tree_survival
@@ -60,5 +60,5 @@ from .._checks import INT32_MAX
 
 __all__ = ["INT32_MAX", "MAX_CONTEXT_LEN", "MAX_DRAFTS", "MAX_REQS", "MAX_TOKENS", "MAX_TREE_NODES", "MAX_TREE_REQS",
            "MODES", "MetadataInputs", "PROMPT_PRICING", "PlanArgs", "PlanStep", "TreeVerifyPlan", "VERIFICATIONS",
-           "VerifyPlan", "choose_budget", "choose_draft_depth", "choose_tree_shape", "lagged_budget", "plan_tree_verification", "plan_verification",
+           "VerifyPlan", "choose_budget", "choose_draft_depth", "choose_tree_shape", "tree_width_profiles", "lagged_budget", "plan_tree_verification", "plan_verification",
            "prefix_survival", "resolve_plan_args", "tree_survival"]

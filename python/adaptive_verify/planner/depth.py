@@ -124,7 +124,13 @@ def fill_depths(p, a: PlanArgs, cost_table: CostTable, costs: list[float], d_lo:
     per depth 0..d_hi (chains), or per (width, depth) at (W - 1) * (d_hi + 1) + D (choose_tree_shape)."""
     p.choose_depth, p.min_depth, p.max_depth = 1, d_lo, d_hi
     anchors = a.R + a.extra_tokens
+    caps: dict = {}  # latency cap per float32 cost (tree shapes share costs: every profile at D <= 1, ...)
     for s, cost in enumerate(costs):
         p.depth_cost[s] = cost
-        p.depth_step_cap[s] = NO_STEP_CAP if max_step_ms is None else step_cap_of(
-            cost_table, a.R, anchors, a.budget_cap, float(p.depth_cost[s]), max_step_ms)
+        c32 = float(p.depth_cost[s])
+        if max_step_ms is None:
+            p.depth_step_cap[s] = NO_STEP_CAP
+            continue
+        if c32 not in caps:
+            caps[c32] = step_cap_of(cost_table, a.R, anchors, a.budget_cap, c32, max_step_ms)
+        p.depth_step_cap[s] = caps[c32]

@@ -13,6 +13,12 @@ over W in [1, max_width], D in [min_depth, max_depth] and B in the shape's [B_mi
 survival sum of the B best nodes (the planner's canonical order) among those the shape drafts: depth <= D, and
 every ancestor at depth >= 1 among the W best of its depth. Ties: the smallest W, then D, then B.
 
+Per-level widths (``widths=``): the beam may narrow with depth. The caller lists the width profiles to weigh, each
+(W_1, W_2, ...) the nodes expanded at levels 1, 2, ... (:func:`tree_width_profiles` lists every non-increasing one);
+shape (profile, D) drafts the nodes of depth <= D whose every ancestor at depth l >= 1 ranks among the W_l best of
+its depth, costs ``tree_draft_cost(R, D, profile)`` (level l + 1 over R * W_l rows), and the ties go to the earlier
+profile in the list, then D, then B. The uniform beams are the profiles (W, W, ...): one kernel serves both.
+
 Run on an earlier step's trees it is the lagged decision (lossless: nothing looks at this step's drafts). The
 trees given are the candidates' predicted survivals, typically the last step's tree with the nodes it did not
 draft estimated (:func:`predict_tree` in sim/tree_shape.py does this for the simulator). The kernel is
@@ -20,7 +26,11 @@ choose_draft_depth's (algorithm.h ``choose_depth``): one launch, no host sync.
 """
 from __future__ import annotations
 
+import ctypes
+import math
 from typing import Optional
+
+import numpy as np
 
 import torch
 
@@ -34,30 +44,87 @@ from .launch import launch, make_params, workspace_for
 from .ops import budget_step
 from .step import MetadataInputs, PlanStep
 
-__all__ = ["choose_tree_shape", "tree_shape_costs", "MAX_TREE_WIDTH"]
+__all__ = ["choose_tree_shape", "tree_shape_costs", "tree_width_profiles", "MAX_TREE_WIDTH"]
 
-#: Widest beam choose_tree_shape considers (EAGLE-2 drafts use top-k <= 10); widths * (max_depth + 1) <= 128.
+#: Widest beam choose_tree_shape considers (EAGLE-2 drafts use top-k <= 10); widths * (max_depth + 1) <= 256.
 MAX_TREE_WIDTH = 16
 
 
-def tree_shape_costs(cost_table: CostTable, R: int, max_width: int, max_depth: int) -> list[float]:
-    """[fixed cost of shape (W, D)] at index (W - 1) * (max_depth + 1) + D: tree_draft_cost(R, D, W) +
-    request_ms * R, the values the kernel's float32 fields round once."""
+def tree_width_profiles(max_width: int, levels: int) -> list[tuple[int, ...]]:
+    """Every non-increasing width profile (W_1 >= W_2 >= ... >= W_levels, each in [1, max_width]) in lexicographic
+    order, the narrowest first: choose_tree_shape's ``widths=`` when the beam may narrow with depth (a deeper level's
+    nodes survive less, so a wider beam below a narrower one rarely pays). C(max_width + levels - 1, levels)
+    profiles; levels = max_depth - 1 (0: the one empty profile)."""
+    max_width = check_int("max_width", max_width, lo=1, hi=MAX_TREE_WIDTH)
+    levels = check_int("levels", levels, lo=0, hi=_C.PLANNER_MAX_DRAFTS)
+    if math.comb(max_width + levels - 1, levels) > _C.PLANNER_MAX_SHAPES:
+        raise ValueError(f"max_width = {max_width} over levels = {levels}: {math.comb(max_width + levels - 1, levels)} "
+                         f"profiles, more than one choose_tree_shape call weighs ({_C.PLANNER_MAX_SHAPES} shapes)")
+    out: list[tuple[int, ...]] = [()]
+    for _ in range(levels):  # append a level no wider than the last
+        out = [w + (x,) for w in out for x in range(1, (w[-1] if w else max_width) + 1)]
+    return sorted(out)
+
+
+def tree_shape_costs(cost_table: CostTable, R: int, max_width, max_depth: int) -> list[float]:
+    """[fixed cost of shape (P, D)] at index (P - 1) * (max_depth + 1) + D: tree_draft_cost(R, D, W) +
+    request_ms * R, the values the kernel's float32 fields round once. max_width: an int (profiles W = 1..max_width,
+    uniform) or a list of per-level width profiles."""
     levels = cost_table.draft_levels
     if levels is not None and max_depth > levels:
         raise ValueError(f"max_depth ({max_depth}): the cost table's drafter drafts at most draft_levels = {levels} "
                          "levels")
-    return [float(tree_draft_cost(cost_table, R, d, w)) + cost_table.request_ms * R
-            for w in range(1, max_width + 1) for d in range(max_depth + 1)]
+    request = cost_table.request_ms * R
+    if isinstance(max_width, int):
+        return [float(tree_draft_cost(cost_table, R, d, w)) + request
+                for w in range(1, max_width + 1) for d in range(max_depth + 1)]
+    # Per-level profiles: tree_draft_cost's sum (level 1, then each later level in order), with each width's level
+    # cost computed once, not once per shape and level (the same floats, added in the same order).
+    L = cost_table.draft_levels
+    levels = {}
+    for w in {x for profile in max_width for x in profile}:
+        levels[w] = cost_table.draft_cost(R * w, L) - cost_table.draft_cost(R * w, L - 1)
+    head = [cost_table.draft_cost(R, d) for d in range(min(max_depth, 1) + 1)]  # depths 0 and 1
+    out = []
+    for profile in max_width:
+        total = head[-1]
+        for d in range(max_depth + 1):
+            if d <= 1:
+                out.append(float(head[d]) + request)
+                continue
+            total += levels[profile[d - 2]]
+            out.append(float(total) + request)
+    return out
 
 
-def _out_triple(out, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _profiles(widths, max_depth, d_cap) -> tuple[list[tuple[int, ...]], int]:
+    """widths= checked: the profiles as tuples and max_depth (default: the profiles' levels + 1, at most d_cap)."""
+    if isinstance(widths, (str, bytes)) or not hasattr(widths, "__len__") or len(widths) == 0:
+        raise TypeError("widths must be a non-empty list of per-level width profiles (tuples of ints), "
+                        f"got {widths!r:.80}")
+    profiles = []
+    for i, w in enumerate(widths):
+        if isinstance(w, (str, bytes)) or not hasattr(w, "__len__"):
+            raise TypeError(f"widths[{i}] must be a tuple of per-level widths, got {type(w).__name__}")
+        profiles.append(tuple(check_int(f"widths[{i}][{l}]", x, lo=1, hi=MAX_TREE_WIDTH) for l, x in enumerate(w)))
+    levels = {len(w) for w in profiles}
+    if len(levels) != 1:
+        raise ValueError(f"widths: every profile must list the same number of levels, got lengths {sorted(levels)}")
+    n = levels.pop()
+    d_hi = min(n + 1, d_cap) if max_depth is None else check_int("max_depth", max_depth, lo=0, hi=d_cap)
+    if n < d_hi - 1:
+        raise ValueError(f"widths: profiles of {n} levels cannot draft max_depth = {d_hi} levels (need max_depth - 1 "
+                         "widths each)")
+    return [w[:max(d_hi - 1, 0)] for w in profiles], d_hi
+
+
+def _out_triple(out, device, width_shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if out is None:
-        return tuple(torch.empty((), dtype=torch.int32, device=device) for _ in range(3))
+        return tuple(torch.empty(shape, dtype=torch.int32, device=device) for shape in ((), width_shape, ()))
     if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise TypeError(f"out must be a triple (depth, width, budget) of 0-d int32 tensors, got {type(out).__name__}")
-    for name, t in zip(("out[0] (depth)", "out[1] (width)", "out[2] (budget)"), out):
-        check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=())
+        raise TypeError(f"out must be a triple (depth, width, budget) of int32 tensors, got {type(out).__name__}")
+    for name, t, shape in zip(("out[0] (depth)", "out[1] (width)", "out[2] (budget)"), out, ((), width_shape, ())):
+        check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=shape)
     if len({t.data_ptr() for t in out}) != 3:
         raise ValueError("out: depth, width and budget must be three tensors")
     return out[0], out[1], out[2]
@@ -69,7 +136,8 @@ def choose_tree_shape(
     tree_sizes: torch.Tensor,
     cost_table: CostTable,
     *,
-    max_width: int,
+    max_width: Optional[int] = None,
+    widths: Optional[list] = None,
     max_depth: Optional[int] = None,
     min_depth: int = 0,
     max_verify: Optional[int] = None,
@@ -84,8 +152,9 @@ def choose_tree_shape(
     step: Optional[PlanStep] = None,
     metadata: Optional[MetadataInputs] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(depth D, width W, budget B) maximising Theta(W, D, B), three 0-d int32 tensors on survival's device (module
-    docstring).
+    """(depth D, width W, budget B) maximising Theta(W, D, B), three int32 tensors on survival's device (module
+    docstring): 0-d, except with ``widths=`` the width, [max_depth] int32 whose entry l - 1 is the nodes expanded
+    at level l (0 from level D on, where nothing is expanded).
 
     survival [R, N] float32 (or ``conf=`` [R, N] conditional confidences, survival=None), parents [R, N] int32 and
     tree_sizes [R] int32: each request's candidate tree, as :func:`plan_tree_verification` takes it (N <= 63),
@@ -93,11 +162,13 @@ def choose_tree_shape(
     (``draft_levels``), which prices each shape (:func:`adaptive_verify.cost.tree_draft_cost`).
 
     max_width: widths W in [1, max_width] (<= 16) are considered (the drafter's top-k: wider beams draft nothing
-    new). Depths: D in [min_depth, max_depth], max_depth default min(draft_levels, 32); max_width *
-    (max_depth + 1) <= 128. Every other keyword is :func:`choose_budget`'s, applied at each shape (capacity,
-    extra_tokens, extra_emitting, weights, draft_tokens' negative ids, ``max_step_ms`` priced with the shape's
-    cost). There is no ``min_verify``: a forced node would tie the shape to data the host cannot read without a
-    sync. ``out``: a triple (depth, width, budget) of 0-d int32 tensors to write.
+    new). Or ``widths``: the per-level width profiles to weigh (module docstring), each of max_depth - 1 or more
+    widths in [1, 16] (all of one length). Depths: D in [min_depth, max_depth], max_depth default
+    min(draft_levels, 32) (with widths=, also at most the profiles' levels + 1); profiles * (max_depth + 1) <= 256.
+    Every other keyword is :func:`choose_budget`'s, applied at each shape (capacity, extra_tokens, extra_emitting,
+    weights, draft_tokens' negative ids, ``max_step_ms`` priced with the shape's cost). There is no ``min_verify``:
+    a forced node would tie the shape to data the host cannot read without a sync. ``out``: a triple (depth, width,
+    budget) of int32 tensors to write (width [max_depth] with widths=, else 0-d).
 
     A node's rank within its depth is by the planner's capped (and weighted) survival, ties to the lower index, so
     a tree drafted in rank order (node index = rank, as EAGLE-2 and the simulator lay it out) ranks as drafted.
@@ -118,24 +189,40 @@ def choose_tree_shape(
                           extra_tokens=extra_tokens, extra_emitting=extra_emitting, capacity=capacity,
                           draft_tokens=draft_tokens, allowed_modes=("global",), conf=conf, weights=weights,
                           max_step_ms=max_step_ms, parents=parents)
-    max_width = check_int("max_width", max_width, lo=1, hi=MAX_TREE_WIDTH)
     levels = cost_table.draft_levels
     if levels is None:
         raise ValueError("cost_table: choose_tree_shape prices a tree's levels, which needs a level-by-level "
                          "drafter's table (draft_levels); a block drafter's cost does not depend on the shape")
     d_cap = min(levels, _C.PLANNER_MAX_DRAFTS)
-    d_hi = d_cap if max_depth is None else check_int("max_depth", max_depth, lo=0, hi=d_cap)
+    if (max_width is None) == (widths is None):
+        raise TypeError("choose_tree_shape takes exactly one of max_width (uniform beams) and widths (per-level "
+                        "width profiles)")
+    if widths is None:
+        max_width = check_int("max_width", max_width, lo=1, hi=MAX_TREE_WIDTH)
+        d_hi = d_cap if max_depth is None else check_int("max_depth", max_depth, lo=0, hi=d_cap)
+        profiles = [(w,) * max(d_hi - 1, 0) for w in range(1, max_width + 1)]
+    else:
+        profiles, d_hi = _profiles(widths, max_depth, d_cap)
     d_lo = check_int("min_depth", min_depth, lo=0, hi=d_hi)
-    if max_width * (d_hi + 1) > _C.PLANNER_MAX_SHAPES:
-        raise ValueError(f"max_width * (max_depth + 1) = {max_width * (d_hi + 1)} exceeds "
-                         f"{_C.PLANNER_MAX_SHAPES} shapes; lower max_width or max_depth")
-    costs = tree_shape_costs(cost_table, a.R, max_width, d_hi)
-    depth_out, width_out, budget_out = _out_triple(out, a.device)
+    if len(profiles) * (d_hi + 1) > _C.PLANNER_MAX_SHAPES:
+        what = "max_width" if widths is None else "len(widths)"
+        raise ValueError(f"{what} * (max_depth + 1) = {len(profiles) * (d_hi + 1)} exceeds "
+                         f"{_C.PLANNER_MAX_SHAPES} shapes; lower {what} or max_depth")
+    costs = tree_shape_costs(cost_table, a.R, max_width if widths is None else profiles, d_hi)
+    depth_out, width_out, budget_out = _out_triple(out, a.device, () if widths is None else (d_hi,))
     p = make_params(a, None, budget_out, budget_out, errors.error_buffer(a.device))
     p.expected_tokens = None
     fill_depths(p, a, cost_table, costs, d_lo, d_hi, max_step_ms)
-    p.num_widths = max_width
-    p.depth_out, p.width_out = depth_out.data_ptr(), width_out.data_ptr()
+    p.num_widths = len(profiles)
+    if d_hi > 1:  # shape_width[(P - 1) * (d_hi + 1) + l] = profile P's width at level l (1 <= l < d_hi)
+        table = np.zeros((len(profiles), d_hi + 1), dtype=np.uint8)
+        table[:, 1:d_hi] = profiles
+        ctypes.memmove(ctypes.addressof(p) + type(p).shape_width.offset, table.ctypes.data, table.size)
+    p.depth_out = depth_out.data_ptr()
+    if widths is None:
+        p.width_out = width_out.data_ptr()
+    elif d_hi:
+        p.level_widths_out = width_out.data_ptr()
     ws = workspace_for(a)
     p.workspace = 0 if ws is None else ws.data_ptr()
     launch(p, a.device, "choose_tree_shape")

@@ -120,36 +120,58 @@ def _tree_draft_cost(ct, r: int, depth: int, width: int) -> float:
     if depth <= 1:
         return float(ct.draft_cost(r, depth))
     L = ct.draft_levels
+    if isinstance(width, tuple):  # per-level widths: level l + 1 over r * width[l - 1] rows, summed in level order
+        total = float(ct.draft_cost(r, 1))
+        for w in width[:depth - 1]:
+            total += float(ct.draft_cost(r * w, L)) - float(ct.draft_cost(r * w, L - 1))
+        return total
     return float(ct.draft_cost(r, 1)) + (depth - 1) * (float(ct.draft_cost(r * width, L))
                                                       - float(ct.draft_cost(r * width, L - 1)))
 
 
-def choose_tree_shape(survival, parents, tree_sizes, cost_table, *, max_width, max_depth=None, min_depth=0,
-                      max_step_ms=None, **kwargs):
-    """Reference of adaptive_verify.choose_tree_shape by brute force: for every width W, depth D and budget B, the
-    nodes of depth <= D whose ancestors at depth >= 1 each rank among the W best of their depth (rank by the ranked
-    value of tree_candidate_order among that request's candidates of the same depth, ties to the lower node), in
-    canonical order; Theta with the shape's fixed cost tree_draft_cost(R, D, W) + request_ms * R and its latency
-    cap; the largest Theta, ties to the smallest W, D, then B (NaN never wins). Returns (depth, width, budget)."""
+def choose_tree_shape(survival, parents, tree_sizes, cost_table, *, max_width=None, widths=None, max_depth=None,
+                      min_depth=0, max_step_ms=None, **kwargs):
+    """Reference of adaptive_verify.choose_tree_shape by brute force: for every width W (or per-level profile of
+    ``widths``), depth D and budget B, the nodes of depth <= D whose ancestors at each depth l >= 1 rank among the W
+    (W_l) best of their depth (rank by the ranked value of tree_candidate_order among that request's candidates of
+    the same depth, ties to the lower node), in canonical order; Theta with the shape's fixed cost
+    tree_draft_cost(R, D, W) + request_ms * R and its latency cap; the largest Theta, ties to the smallest W (the
+    earlier profile), D, then B (NaN never wins). Returns (depth, width, budget); with widths=, width is the chosen
+    profile's widths of levels 1 .. max_depth, 0 from level D on ([max_depth] int32)."""
     if survival is None:
         survival = tree_survival(kwargs.pop("conf"), parents, tree_sizes)
     R = survival.shape[0]
     a0 = resolve_args(survival, tree_sizes, cost_table, mode="global", **kwargs)
     req, node, ranked, n_forced, depth, _ = tree_candidate_order(a0, parents)
     par = parents.long().cpu()
-    need = {}
-    for r in range(R):  # per request: rank within each depth, then the width each node needs
+    rank = {}  # (request, node) -> rank within its depth
+    for r in range(R):
         mine = [(int(node[i]), float(ranked[i]), int(depth[i])) for i in range(req.numel()) if int(req[i]) == r]
-        rank = {j: sum(1 for q, v, d in mine if d == dj and q != j and (v > vj or (v == vj and q < j)))
-                for j, vj, dj in mine}
-        for j, _, _ in sorted(mine):
-            p = int(par[r, j])
-            need[(r, j)] = 1 if p < 0 else max(need[(r, p)], rank[p] + 1)
-    d_hi = min(cost_table.draft_levels, 32) if max_depth is None else max_depth
-    found = []  # (theta, width, depth, budget)
-    for w in range(1, max_width + 1):
+        for j, vj, dj in mine:
+            rank[(r, j)] = sum(1 for q, v, d in mine if d == dj and q != j and (v > vj or (v == vj and q < j)))
+    if widths is None:
+        d_hi = min(cost_table.draft_levels, 32) if max_depth is None else max_depth
+        shapes = list(range(1, max_width + 1))
+    else:
+        shapes = [tuple(int(x) for x in w) for w in widths]
+        d_hi = min(cost_table.draft_levels, 32, len(shapes[0]) + 1) if max_depth is None else max_depth
+
+    def beam(shape, level):  # a shape's width at a level
+        return shape if widths is None else shape[level - 1]
+
+    def drafted(shape, r, j):  # every ancestor at depth l >= 1 among the beam(shape, l) best of its depth
+        p = int(par[r, j])
+        while p >= 0:
+            d_p = 1 + sum(1 for _ in _ancestors(par, r, p))
+            if rank[(r, p)] >= beam(shape, d_p):
+                return False
+            p = int(par[r, p])
+        return True
+
+    found = []  # (theta, shape index, depth, budget)
+    for si, w in enumerate(shapes):
         for d in range(min_depth, d_hi + 1):
-            keep = torch.tensor([int(depth[i]) <= d and need[(int(req[i]), int(node[i]))] <= w
+            keep = torch.tensor([int(depth[i]) <= d and drafted(w, int(req[i]), int(node[i]))
                                  for i in range(req.numel())], dtype=torch.bool)
             cost = _tree_draft_cost(cost_table, R, d, w) + cost_table.request_ms * R
             a = dataclasses.replace(a0, draft_cost=cost, step_cap=None)
@@ -165,12 +187,25 @@ def choose_tree_shape(survival, parents, tree_sizes, cost_table, *, max_width, m
             a = dataclasses.replace(a, mode="global")
             b, _, prefix = choose(a, order)
             t = float(theta(a, torch.tensor([prefix]), torch.tensor([b]))[0])
-            found.append((t, w, d, b))
+            found.append((t, si, d, b))
     real = [f for f in found if f[0] == f[0]]
     if real:
         t_best = max(f[0] for f in real)
-        _, w, d, b = min((f for f in real if f[0] == t_best), key=lambda f: (f[1], f[2], f[3]))
+        _, si, d, b = min((f for f in real if f[0] == t_best), key=lambda f: (f[1], f[2], f[3]))
     else:
-        _, w, d, b = min(found, key=lambda f: (f[1], f[2], f[3]))
+        _, si, d, b = min(found, key=lambda f: (f[1], f[2], f[3]))
     dev = survival.device
-    return tuple(torch.tensor(v, dtype=torch.int32, device=dev) for v in (d, w, b))
+    if widths is None:
+        w = torch.tensor(shapes[si], dtype=torch.int32, device=dev)
+    else:
+        w = torch.tensor([shapes[si][l - 1] if l < d else 0 for l in range(1, d_hi + 1)], dtype=torch.int32,
+                         device=dev)
+    return torch.tensor(d, dtype=torch.int32, device=dev), w, torch.tensor(b, dtype=torch.int32, device=dev)
+
+
+def _ancestors(par, r: int, j: int):
+    """The ancestors of request r's node j below the anchor, nearest first."""
+    p = int(par[r, j])
+    while p >= 0:
+        yield p
+        p = int(par[r, p])

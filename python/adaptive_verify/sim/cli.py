@@ -124,6 +124,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--tree-draft-cost", default="levels", choices=("levels", "chain"),
                    help="tree policies: levels = one drafter forward per level over the beam; chain = a tree costs "
                         "what the chain costs (an upper bound) (default %(default)s)")
+    s.add_argument("--tree-widths", default="uniform", choices=("uniform", "per_level"),
+                   help="adaptive tree policies: one beam width for every level, or a width per level (default "
+                        "%(default)s)")
     s.add_argument("--full-draft", action="store_true",
                    help="adaptive chain policies draft every level (the budget alone is adaptive), for comparison "
                         "with the default, which decides the draft depth too")
@@ -227,7 +230,7 @@ def run_sweep(args) -> int:
         priority = Priority.parse(args.priority, "--priority") if args.priority is not None else None
         try:
             tree = TreeModel(top_k=args.tree_topk, max_depth=args.tree_depth, sibling_share=args.tree_share,
-                             draft_cost=args.tree_draft_cost)
+                             draft_cost=args.tree_draft_cost, widths=args.tree_widths)
             tree.depth(profile.drafter.num_drafts)
         except ValueError as e:  # "tree.top_k must ..." -> the flag's name
             flag = {"top_k": "--tree-topk", "max_depth": "--tree-depth", "sibling_share": "--tree-share"}

@@ -304,12 +304,13 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
     # Adaptive trees of a level-by-level drafter decide their shape before drafting (plan_tree_draft).
     shapes = policy.tree and policy.kind == "adaptive" and chain and tree.draft_cost == "levels" and \
         ct.draft_levels is not None and not full_draft
-    widths: list[int] = []  # plan_tree_draft's width of every measured step
+    widths: list[float] = []  # plan_tree_draft's width of every measured step (per-level: the mean over levels)
     verifier = None
     if policy.kind == "adaptive":
         # The engine's per-step path (module docstring); graph sizes only pad, which the simulator does not price.
         verifier = AdaptiveVerifier(ct, max_reqs=concurrency, max_drafts=K, block_size=1, mode=policy.mode,
-                                    max_nodes=M if policy.tree else 0, tree_top_k=tree.top_k if shapes else 0)
+                                    max_nodes=M if policy.tree else 0, tree_top_k=tree.top_k if shapes else 0,
+                                    tree_widths=tree.widths if shapes else "uniform")
         reqs.joined.clear()  # the verifier's slots start at the prior
     noise = np.random.default_rng([seed, 0, concurrency])
     # Tree policies' draws off the main path: their own stream, so the chain's draws (which the main path uses)
@@ -383,7 +384,8 @@ def simulate(profile: Profile, policy: Policy, concurrency: int, *, steps: int =
                 draft_factor = draft_ms / ct.draft_cost(R) if draft_ms else 0.0
                 if measured is not None:
                     depths.append(depth)
-                    widths.append(width)
+                    widths.append(float(np.mean(width)) if isinstance(width, tuple) and width else
+                                  float(width) if not isinstance(width, tuple) else 1.0)
             trees = draft_trees(tree, D, mu, reqs.difficulty[dec], z, head[dec], uni[dec], eps_t[dec], head_t[dec],
                                 uni_t[dec], depth_lim, acc.head_temperature, acc.head_bias, width=width)
             chunk = prefill_tokens if verifier is not None else 0  # (fixed policies schedule prompts after decodes)

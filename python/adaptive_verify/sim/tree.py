@@ -57,13 +57,16 @@ TREE_DRAFT_COSTS = ("levels", "chain")
 class TreeModel:
     """top_k: alternatives per expanded node and the beam width (1..16); max_depth: deepest level (None: the
     profile's num_drafts, at most it); max_nodes: the planner's pool per request (1..63); sibling_share: s in
-    p_i = (1 - p1) s (1 - s)^(i - 2) (in (0, 1)); draft_cost: "levels" or "chain" (module docstring)."""
+    p_i = (1 - p1) s (1 - s)^(i - 2) (in (0, 1)); draft_cost: "levels" or "chain" (module docstring); widths: the
+    adaptive tree policies' beams, "uniform" (one width for every level) or "per_level" (AdaptiveVerifier's
+    tree_widths)."""
 
     top_k: int = 4
     max_depth: Optional[int] = None
     max_nodes: int = MAX_TREE_NODES
     sibling_share: float = 0.5
     draft_cost: str = "levels"
+    widths: str = "uniform"
 
     def __post_init__(self):
         k = self.top_k
@@ -81,6 +84,8 @@ class TreeModel:
         object.__setattr__(self, "sibling_share", float(s))
         if self.draft_cost not in TREE_DRAFT_COSTS:
             raise ValueError(f"tree.draft_cost must be one of {TREE_DRAFT_COSTS}, got {self.draft_cost!r}")
+        if self.widths not in ("uniform", "per_level"):
+            raise ValueError(f"tree.widths must be 'uniform' or 'per_level', got {self.widths!r}")
 
     def depth(self, num_drafts: int) -> int:
         """The deepest level for a profile drafting num_drafts (the chain model has no positions past it)."""
@@ -158,17 +163,21 @@ def _matched_rank(z: np.ndarray, u: np.ndarray, k: int, share: float) -> np.ndar
 def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndarray, z_main: np.ndarray,
                 head_main: np.ndarray, uni_main: np.ndarray, eps_t: np.ndarray, head_t: np.ndarray,
                 uni_t: np.ndarray, depth_lim: np.ndarray, head_temperature: float = 1.0,
-                head_bias: float = 0.0, width: Optional[int] = None) -> DraftTrees:
+                head_bias: float = 0.0, width=None) -> DraftTrees:
     """This step's trees for R requests (module docstring).
 
     mu [>= depth] median conditional logits; difficulty [R]; z_main / head_main / uni_main [R, >= depth]: the chain
     model's true logits, head noise (already scaled) and uniforms; eps_t [R, depth, k] (scaled by token_sigma),
     head_t [R, depth, k, k] (scaled by head_noise), uni_t [R, depth, k]: the tree stream's draws; depth_lim [R]:
     deepest level each request may draft (0: no tree). width: the beam, the nodes of each level expanded for the
-    next (1..k; None: k, the model's top_k); a narrower beam uses the first ``width`` beam slots' draws (common
+    next (1..k; None: k, the model's top_k), or per-level widths (entry l - 1 for level l; levels past them, which
+    depth_lim leaves undrafted, expand one); a narrower beam uses the first ``width`` beam slots' draws (common
     random numbers across widths: levels 1 and 2 are the full beam's nodes, deeper ones hang from its own beam)."""
     k, R, share = tree.top_k, z_main.shape[0], tree.sibling_share
-    W = k if width is None else width
+    if isinstance(width, (tuple, list)):
+        beams = [int(w) for w in width] + [1] * max(depth - 1 - len(width), 0)
+    else:
+        beams = [k if width is None else width] * max(depth - 1, 0)
     geo = share * (1.0 - share) ** np.arange(k - 1)  # [k - 1]
     rows = np.arange(R)[:, None]
     ranks = np.arange(k)
@@ -200,7 +209,8 @@ def draft_trees(tree: TreeModel, depth: int, mu: np.ndarray, difficulty: np.ndar
     parent_levels.append(np.full((R, k), -1, dtype=np.int64))
     matched_levels.append(ranks[None, :] == rank_m[:, 0:1])
     for j in range(1, depth):
-        # The beam: the previous level's k best nodes by path confidence (ties to the lower index).
+        # The beam: the previous level's W best nodes by path confidence (ties to the lower index).
+        W = beams[j - 1]
         beam = np.argsort(-surv, axis=1, kind="stable")[:, :W]  # [R, W]
         beam_surv = surv[rows, beam]  # [R, W]
         beam_main = main[rows, beam]  # [R, W]: at most one True (the main path's node, if in the beam)
@@ -278,19 +288,20 @@ def accepted_depths(trees: DraftTrees, verified: np.ndarray, offsets: bool = Fal
 
 
 def tree_draft_ms(tree: TreeModel, cost_table, R: int, depth: int, chain_drafter: bool, num_drafts: int,
-                  width: Optional[int] = None) -> float:
+                  width=None) -> float:
     """Milliseconds to draft this step's trees: R requests, the deepest tree ``depth`` levels, a beam of ``width``
-    nodes per level (None: top_k) (module docstring)."""
+    nodes per level (None: top_k; or per-level widths, entry l - 1 for level l) (module docstring)."""
     if R == 0 or depth == 0:
         return 0.0 if chain_drafter or R == 0 else cost_table.draft_cost(R)
-    k = tree.top_k if width is None else width
-    if tree.draft_cost == "chain" or k == 1:  # the chain's cost, as engine.simulate prices it
+    ks = list(width[:depth - 1]) if isinstance(width, (tuple, list)) else \
+        [tree.top_k if width is None else width] * (depth - 1)
+    if tree.draft_cost == "chain" or all(k == 1 for k in ks):  # the chain's cost, as engine.simulate prices it
         return cost_table.draft_cost(R) * (float(depth / num_drafts) if chain_drafter else 1.0)
     if chain_drafter and cost_table.draft_levels is not None:  # the table prices each level
-        return tree_draft_cost(cost_table, R, depth, k)
+        return tree_draft_cost(cost_table, R, depth, width if isinstance(width, (tuple, list)) else ks[0])
     if chain_drafter:
-        return (cost_table.draft_cost(R) + (depth - 1) * cost_table.draft_cost(R * k)) / num_drafts
+        return (cost_table.draft_cost(R) + sum(cost_table.draft_cost(R * k) for k in ks)) / num_drafts
     # A block forward at r requests runs r * K query tokens; a level's R * (k - 1) single-token rows are as many
     # tokens as ceil(R * (k - 1) / K) block rows.
-    return cost_table.draft_cost(R) + (depth - 1) * cost_table.draft_cost(-(-R * (k - 1) // num_drafts))
+    return cost_table.draft_cost(R) + sum(cost_table.draft_cost(-(-R * (k - 1) // num_drafts)) for k in ks)
 

@@ -120,11 +120,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--eagle", default=",".join(map(str, DEFAULT_EAGLE)), metavar="LIST", help="N of eagle2-N")
     ap.add_argument("--tree-topk", type=int, default=4)
     ap.add_argument("--tree-share", type=float, default=0.5)
+    ap.add_argument("--tree-widths", default="uniform", choices=("uniform", "per_level"),
+                    help="the adaptive tree policies' beams (default %(default)s)")
     ap.add_argument("--no-bound", action="store_true", help="skip the chain-cost drafting run")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
-        tree = TreeModel(top_k=args.tree_topk, sibling_share=args.tree_share)
+        tree = TreeModel(top_k=args.tree_topk, sibling_share=args.tree_share, widths=args.tree_widths)
         cs = [int(x) for x in args.concurrency.split(",") if x]
         eagle = [int(x) for x in args.eagle.split(",") if x]
         lines = []

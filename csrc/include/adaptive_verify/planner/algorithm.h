@@ -113,14 +113,14 @@ struct Workspace {
   int32_t* tile;     // [threads + 1] token offsets of a tile of requests
   uint8_t* depth;      // trees: [n_slots] depth of each candidate node (null for chains)
   uint64_t* verified;  // trees: [R] verified nodes of each request, bit j for node j (null for chains)
-  uint8_t* need;       // trees: [n_slots] the beam width each node needs (choose_tree_shape; null for chains)
+  uint8_t* rank;       // trees: [n_slots] a parent node's rank within its depth (choose_tree_shape; null for chains)
   float wscale = 1.f;  // weights' scale c = max(1, max w) (plan() sets it; 1 without weights)
 };
 
 // Bytes of a Workspace for n_slots slots, num buckets, R requests and `threads` threads, and its carving.
-// Trees add a depth and a needed width per slot and a verified-node set per request (-1 offsets for chains).
+// Trees add a depth and a rank per slot and a verified-node set per request (-1 offsets for chains).
 struct WorkspaceLayout {
-  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, depth, verified, need, bytes;
+  int64_t words, sorted, tmp, count, sum, fill, ready, keep, lens, tile, depth, verified, rank, bytes;
 };
 AV_HD int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
 AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, int32_t threads, bool with_tmp,
@@ -139,7 +139,7 @@ AV_HD WorkspaceLayout workspace_layout(int64_t n_slots, int32_t num, int32_t R, 
   l.ready = at;  at = align16(at + num);
   l.keep = at;   at = align16(at + num);
   l.depth = tree ? at : -1;  at = align16(at + (tree ? n_slots : 0));
-  l.need = tree ? at : -1;   at = align16(at + (tree ? n_slots : 0));
+  l.rank = tree ? at : -1;   at = align16(at + (tree ? n_slots : 0));
   l.bytes = at;
   return l;
 }
@@ -150,7 +150,7 @@ AV_HD Workspace carve_workspace(unsigned char* base, const WorkspaceLayout& l) {
                    base + l.ready, base + l.keep, reinterpret_cast<int32_t*>(base + l.lens),
                    reinterpret_cast<int32_t*>(base + l.tile), l.depth >= 0 ? base + l.depth : nullptr,
                    l.verified >= 0 ? reinterpret_cast<uint64_t*>(base + l.verified) : nullptr,
-                   l.need >= 0 ? base + l.need : nullptr};
+                   l.rank >= 0 ? base + l.rank : nullptr};
 }
 
 // Key of the candidate in slot i = r * K + j of either kind (chains: j is the position; trees: the node).
@@ -788,26 +788,24 @@ AV_HD int64_t search_budget(Backend& be, Order<Backend>& order, const ThetaEval&
 // ---- the draft depth and a tree's width (choose_draft_depth, choose_tree_shape; docs/design.md "Drafting from
 // the budget") ----
 
-// Trees: the beam width each node of a fresh walk needs to be drafted (planner/params.h): a node's rank is counted
-// among the candidates of its depth by the walk's capped survival (ties to the lower index); need(j) = 1 at depth 1,
-// else max(need(parent), rank(parent) + 1), so the nodes a width keeps stay ancestor-closed. Independent of the
-// width: computed once. A rank is needed only for nodes with children, counted over the nodes of its depth (a
-// list per depth): O(parents x nodes of a depth) per request, N <= 63.
+// Trees: each parent node's rank among the candidates of its depth, by the walk's capped survival (ties to the
+// lower index), what a width profile compares with (tree_keep). Independent of the profile: computed once. Ranked
+// over a list of the nodes of each depth: O(parents x nodes of a depth) per request, N <= 63. Nodes without children
+// are not ranked (nothing reads them).
 template <typename Backend>
-AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
+AV_HD void tree_rank(const Params& p, Backend& be, const Workspace& ws) {
   const int32_t K = p.max_drafts;
   for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
     const int32_t* words = ws.words + int64_t(r) * K;
     const uint8_t* dep = ws.depth + int64_t(r) * K;
-    uint8_t* need = ws.need + int64_t(r) * K;
+    uint8_t* rank = ws.rank + int64_t(r) * K;
     const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
-    int8_t rank[kMaxTreeNodes];
     int8_t next[kMaxTreeNodes];      // the next candidate of the same depth (-1: none), by index
     int8_t head[kMaxTreeNodes + 1];  // the first candidate of each depth (depths 1..K)
     uint64_t has_child = 0;          // bit j: node j is a candidate's parent
     for (int32_t d = 0; d <= K; ++d) head[d] = -1;
     for (int32_t j = K - 1; j >= 0; --j) {
-      need[j] = 0;
+      rank[j] = 0xff;
       if (words[j] == kNoSlot) continue;
       if (par[j] >= 0) has_child |= uint64_t(1) << par[j];
       next[j] = head[dep[j]];
@@ -821,19 +819,52 @@ AV_HD void tree_need(const Params& p, Backend& be, const Workspace& ws) {
         const float sq = word_survival(words[q]);
         rk += q != j && (sq > sj || (sq == sj && q < j));
       }
-      rank[j] = int8_t(rk);
-    }
-    for (int32_t j = 0; j < K; ++j) {  // parents precede their children (the walk checked parents[j] < j)
-      if (words[j] == kNoSlot) continue;
-      const int32_t pj = par[j];
-      int32_t nd = 1;
-      if (pj >= 0) {
-        nd = rank[pj] + 1;
-        nd = need[pj] > nd ? need[pj] : nd;
-      }
-      need[j] = uint8_t(nd);
+      rank[j] = uint8_t(rk);
     }
   }
+}
+
+// Width profile P's beam at level l (1 <= l < max_depth): how many nodes of depth l it expands (params.h).
+AV_HD int32_t profile_width(const Params& p, int32_t P, int32_t l) {
+  return int32_t(p.shape_width[(P - 1) * (p.max_depth + 1) + l]);
+}
+
+// Profile P's nodes: the walk's words less the nodes P does not draft (a node is drafted when its parent is the
+// anchor, or is drafted and ranks among the profile_width(P, its depth) best of its depth: the candidates stay
+// ancestor-closed). Returns the smallest depth of a node that P and P - 1 do not both draft (kMaxDepths: none;
+// always none for P = 1): below it (P, D) drafts (P - 1, D)'s nodes. Parents precede their children (the walk
+// checked parents[j] < j); a parent deeper than max_depth - 1 expands nothing (its children leave at every D).
+template <typename Backend>
+AV_HD int64_t tree_keep(const Params& p, Backend& be, const Workspace& ws, int32_t P) {
+  const int32_t K = p.max_drafts;
+  int64_t first = kMaxDepths;
+  uint8_t wp[kMaxDepths + 1], wq[kMaxDepths + 1];  // P's and P - 1's widths by level (0: expands nothing)
+  for (int32_t l = 0; l <= kMaxDepths; ++l) {
+    const bool in = l >= 1 && l < p.max_depth;
+    wp[l] = in ? uint8_t(profile_width(p, P, l)) : 0;
+    wq[l] = in && P > 1 ? uint8_t(profile_width(p, P - 1, l)) : 0;
+  }
+  for (int32_t r = be.tid(); r < p.num_reqs; r += be.threads()) {
+    int32_t* words = ws.words + int64_t(r) * K;
+    const uint8_t* dep = ws.depth + int64_t(r) * K;
+    const uint8_t* rank = ws.rank + int64_t(r) * K;
+    const int32_t* par = p.parents + int64_t(r) * p.parents_stride;
+    uint64_t in_p = 0, in_q = 0;  // nodes profile P / P - 1 drafts
+    for (int32_t j = 0; j < K; ++j) {  // (few branches: the kept / dropped pattern is data)
+      const bool cand = words[j] != kNoSlot;
+      const int32_t pj = par[j];
+      const bool top = pj < 0;  // a child of the anchor: every profile drafts it
+      const int32_t q = top || !cand ? 0 : pj;  // (a non-candidate's parent is not read: it may be invalid)
+      const int32_t l = dep[q], rk = rank[q];   // (a depth <= kMaxDepths - 1: the walk's)
+      const bool a = cand && (top || ((in_p >> q & 1) && rk < wp[l]));
+      const bool b = cand && P > 1 && (top || ((in_q >> q & 1) && rk < wq[l]));
+      in_p |= uint64_t(a) << j;
+      in_q |= uint64_t(b) << j;
+      if (cand && !a) words[j] = kNoSlot;
+      if (a != b && dep[j] < first) first = dep[j];
+    }
+  }
+  return first;
 }
 
 // The least verify cost Theta can divide by, min over n in [n_lo, n_hi] of verify_cost[n] (the same on every thread),
@@ -860,18 +891,19 @@ AV_HD CostFloor verify_cost_floor(Backend& be, const float* v, int64_t n_lo, int
   return CostFloor{lo == INT64_MAX ? 0.f : float_of_order(lo), any_nan};
 }
 
-// For each width W from num_widths down to 1 (trees: the walk's words again, kept or walked again by the backend,
-// less the nodes needing a wider beam; chains: one pass) and each depth D from max_depth down to min_depth: the
+// For each width profile P from num_widths down to 1 (trees: the walk's words again, kept or walked again by the
+// backend, less the nodes P does not draft; chains: one pass) and each depth D from max_depth down to min_depth: the
 // candidates deeper than D leave (chains: the columns >= D, a column per depth; trees: the nodes of depth > D), the
-// buckets are counted (a width's first shape) or the leaving candidates subtracted from the last shape's counts,
-// and the budget search runs with the shape's fixed cost. The best (W, D, B): the largest Theta, ties to the smaller
-// W, then the smaller D (both visited later, so an equal Theta replaces), and within a shape the search's first
+// buckets are counted (a profile's first shape) or the leaving candidates subtracted from the last shape's counts,
+// and the budget search runs with the shape's fixed cost. The best (P, D, B): the largest Theta, ties to the smaller
+// P, then the smaller D (both visited later, so an equal Theta replaces), and within a shape the search's first
 // argmax (the smallest B). NaN never wins; when no shape gives a number, (1, min_depth)'s budget stands. Writes
-// budget_out, depth_out, width_out and (without weights) expected_tokens.
-// Skipped, exactly: a tree shape (W, D) none of whose nodes needs width W (no node of depth <= D does: every D <= 1
-// of a beam tree, every D when the trees are narrower than W) has (W - 1, D)'s nodes, so its budgets' P are the
-// same; when it also costs no less, its latency cap is no looser and (W - 1, D)'s every cost is positive, its
-// Theta at each B is no larger, so (W - 1, D), visited later, ties or beats it (ties go to the smaller W).
+// budget_out, depth_out, width_out (P), level_widths_out and (without weights) expected_tokens.
+// Skipped, exactly: a tree shape (P, D) that drafts (P - 1, D)'s nodes (no node of depth <= D tells the two
+// profiles apart: every D <= 1, every D whose levels above the two profiles share, every D when the trees are
+// narrower than both) has the same P at each budget; when it also costs no less, its latency cap is no looser and
+// (P - 1, D)'s every cost is positive, or it costs the same with the same cap, its Theta at each B is no larger, so
+// (P - 1, D), visited later, ties or beats it (ties go to the smaller P).
 template <typename Backend>
 AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const Buckets& bk, uint64_t base_fixed) {
   const int32_t R = p.num_reqs, K = p.max_drafts;
@@ -886,39 +918,33 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
   int64_t best_b = -1;
   int32_t best_d = -1, best_w = 1;
   uint64_t best_p = 0;
-  if (tree && R > 0) tree_need(p, be, ws);
-  CostFloor floor{0.f, true};  // (W - 1, D)'s costs are positive when depth_cost + v_min > 0 and no NaN
+  if (tree && R > 0) tree_rank(p, be, ws);
+  CostFloor floor{0.f, true};  // (P - 1, D)'s costs are positive when depth_cost + v_min > 0 and no NaN
   if (tree && widths > 1) {
     const int64_t last = p.verify_cost_len - 1, base = int64_t(R) + p.extra_tokens;
     const int64_t top = base + n_slots < last ? base + n_slots : last;  // the largest step the budgets reach
     floor = verify_cost_floor(be, p.verify_cost, base < last ? base : last, top);
   }
-  if (tree && widths > 1) be.keep_words(ws, n_slots);  // (after tree_need, which read them)
-  for (int32_t W = widths; W >= 1; --W) {
+  if (tree && widths > 1) be.keep_words(ws, n_slots);  // (after tree_rank, which read them)
+  for (int32_t W = widths; W >= 1; --W) {  // (W: the profile)
     bool counted = false;  // ws.count / ws.sum hold the last evaluated shape's buckets (as starts)
     int64_t n_forced = 0;
-    int64_t needs_w = kMaxDepths;  // the smallest depth of a node that needs width W (trees, W > 1)
+    int64_t same_below = kMaxDepths;  // (W, D) drafts (W - 1, D)'s nodes for D < same_below (trees, W > 1)
     if (tree) {
-      be.sync();  // every thread is done with the last width's words and buckets (and tree_need with the words)
-      if (W < widths) be.restore_words(p, ws, bk, n_slots);  // the walk's words again (the last width removed
+      be.sync();  // every thread is done with the last profile's words and buckets (and tree_rank with the words)
+      if (W < widths) be.restore_words(p, ws, bk, n_slots);  // the walk's words again (the last profile removed
                                                               // some): kept (CPU) or walked again (CUDA)
       be.sync();
-      int64_t first = kMaxDepths;
-      for (int64_t i = be.tid(); i < n_slots; i += be.threads()) {
-        if (ws.need[i] > W) {
-          ws.words[i] = kNoSlot;
-        } else if (ws.need[i] == W && ws.words[i] != kNoSlot && ws.depth[i] < first) {
-          first = ws.depth[i];
-        }
-      }
-      if (W > 1) needs_w = be.min(first);
+      const int64_t first = tree_keep(p, be, ws, W);
+      if (W > 1) same_below = be.min(first);
     }
     for (int32_t D = p.max_depth; D >= p.min_depth; --D) {
       const int32_t s = (W - 1) * (p.max_depth + 1) + D;
-      if (W > 1 && D < needs_w && !floor.nan) {  // (W, D) drafts (W - 1, D)'s nodes: skipped when dominated
+      if (W > 1 && D < same_below) {  // (W, D) drafts (W - 1, D)'s nodes: skipped when dominated
         const int32_t s1 = s - (p.max_depth + 1);
-        if (p.depth_cost[s] >= p.depth_cost[s1] && p.depth_step_cap[s] <= p.depth_step_cap[s1] &&
-            p.depth_cost[s1] + floor.v_min > 0.f)
+        const bool no_looser = p.depth_step_cap[s] <= p.depth_step_cap[s1];
+        if ((p.depth_cost[s] == p.depth_cost[s1] && p.depth_step_cap[s] == p.depth_step_cap[s1]) ||
+            (!floor.nan && p.depth_cost[s] >= p.depth_cost[s1] && no_looser && p.depth_cost[s1] + floor.v_min > 0.f))
           continue;  // (uniform: every thread skips; the next shape removes the deeper nodes too)
       }
       be.sync();  // every thread is done reading the last shape's words and buckets before they change
@@ -978,6 +1004,9 @@ AV_HD int choose_depth(const Params& p, Backend& be, const Workspace& ws, const 
     *p.budget_out = int32_t(best_b);
     if (p.depth_out != nullptr) *p.depth_out = best_d;
     if (p.width_out != nullptr) *p.width_out = best_w;
+    if (p.level_widths_out != nullptr)
+      for (int32_t l = 1; l <= p.max_depth; ++l)
+        p.level_widths_out[l - 1] = l < best_d ? profile_width(p, best_w, l) : 0;
     if (p.expected_tokens != nullptr && p.weights == nullptr)
       *p.expected_tokens = float(double((uint64_t(R) << 32) + best_p) / kFixedOne);
   }

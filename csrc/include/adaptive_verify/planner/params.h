@@ -24,8 +24,10 @@ enum Mode : int32_t {
 
 constexpr int64_t kNoStepCap = int64_t(1) << 62;
 constexpr int kMaxDepths = 33;  // draft depths 0..K, K <= kMaxDrafts (math.h checks it)
-// Entries of the (width, depth) cost arrays: num_widths * (max_depth + 1) <= kMaxShapes (a chain has one width).
-constexpr int kMaxShapes = 128;
+// Entries of the (width profile, depth) arrays: num_widths * (max_depth + 1) <= kMaxShapes (a chain has one
+// profile). 256: every non-increasing per-level profile of a top-3 drafter 6 levels deep (147 shapes) or a top-4
+// one 5 levels deep (210) fits; Params stays within a kernel's 4 KB of parameters.
+constexpr int kMaxShapes = 256;
 
 struct Params {
   // ---- candidates ----
@@ -67,24 +69,26 @@ struct Params {
   int64_t step_cap = kNoStepCap;
 
   // ---- draft depth (choose_draft_depth, choose_tree_shape; write_plan 0). With choose_depth set the kernel chooses
-  // the shape (W, D) and budget B maximising Theta = (base + P_{W,D}(B)) / (depth_cost[s] + verify_cost[R +
-  // extra_tokens + B]), s = (W - 1) * (max_depth + 1) + D, over D in [min_depth, max_depth] and W in [1,
-  // num_widths], B in that shape's [B_min, B_max] with B_max capped by depth_step_cap[s] (mode, draft_cost and
-  // step_cap are not read). Chains (num_widths 0): one width, and the candidates of shape D are positions < D,
-  // max_depth <= min(K, max_verify). Trees: the candidates of (W, D) are the nodes of depth <= D whose every
-  // ancestor at depth >= 1 ranks among the W best of its depth (by the walk's capped survival, ties to the lower
-  // index): what an EAGLE-2 drafter drafts when it expands the W best nodes of each level, D levels deep.
-  // Ties: the smallest W, then the smallest D, then the smallest B. Arrays by value: host-known per step, nothing
+  // the shape (P, D) and budget B maximising Theta = (base + P_{P,D}(B)) / (depth_cost[s] + verify_cost[R +
+  // extra_tokens + B]), s = (P - 1) * (max_depth + 1) + D, over D in [min_depth, max_depth] and width profiles P in
+  // [1, num_widths], B in that shape's [B_min, B_max] with B_max capped by depth_step_cap[s] (mode, draft_cost and
+  // step_cap are not read). Chains (num_widths 0): one profile, and the candidates of shape D are positions < D,
+  // max_depth <= min(K, max_verify). Trees: profile P expands shape_width[(P - 1) * (max_depth + 1) + l] nodes of
+  // each level l in [1, max_depth); the candidates of (P, D) are the nodes of depth <= D whose every ancestor at
+  // depth l >= 1 ranks among the shape_width(P, l) best of its depth (by the walk's capped survival, ties to the
+  // lower index): what an EAGLE-2 drafter drafts when it expands the best nodes of each level, D levels deep.
+  // Ties: the smallest P, then the smallest D, then the smallest B. Arrays by value: host-known per step, nothing
   // to copy to a device, and a captured CUDA graph keeps them as it keeps draft_cost. ----
   int32_t choose_depth = 0;
   int32_t min_depth = 0;
   int32_t max_depth = 0;
-  int32_t num_widths = 0;  // choose_tree_shape: widths 1..num_widths (>= 1, the tree decision); 0: chains
-  float depth_cost[kMaxShapes] = {};        // the step's fixed cost of shape s: drafter(R, W, D) + request_ms * R
+  int32_t num_widths = 0;  // choose_tree_shape: width profiles 1..num_widths (>= 1, the tree decision); 0: chains
+  float depth_cost[kMaxShapes] = {};        // the step's fixed cost of shape s: drafter(R, P, D) + request_ms * R
   int64_t depth_step_cap[kMaxShapes] = {};  // most drafts the latency target allows at shape s (kNoStepCap: none)
+  uint8_t shape_width[kMaxShapes] = {};     // trees: profile P's width at level l, at s = (P - 1) * (max_depth + 1) + l
   int32_t* depth_out = nullptr;             // 0-d int32: the chosen D
-  int32_t* width_out = nullptr;             // 0-d int32 or null: the chosen W (trees)
-
+  int32_t* width_out = nullptr;             // 0-d int32 or null: the chosen profile P (trees)
+  int32_t* level_widths_out = nullptr;      // [max_depth] int32 or null: P's width at levels 1..max_depth, 0 from D on
   // ---- cost: step_cost(R, n) = draft_cost + verify_cost[n] ----
   const float* verify_cost = nullptr;  // [verify_cost_len] float32 ms, indexed by total tokens n
   int64_t verify_cost_len = 0;
@@ -130,6 +134,9 @@ struct Params {
   // (null otherwise); the CPU kernel uses thread-local scratch.
   void* workspace = nullptr;
 };
+
+// The kernels take Params by value: 4 KB is the parameter space every CUDA driver and architecture allows.
+static_assert(sizeof(Params) <= 4096, "Params travels by value as a kernel parameter");
 
 // prefix_survival: a[r, j] = prod_{i<=j} clamp(conf[r, i], 0, 1) for j < drafts[r], else 0.
 // tree_survival (parents set): a[r, j] = a[r, parents[r, j]] * clamp(conf[r, j], 0, 1), a[r, -1] = 1, for
