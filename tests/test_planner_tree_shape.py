@@ -373,7 +373,7 @@ def test_tree_width_profiles():
 
 
 def test_tree_draft_cost_per_level():
-    ct = chain_table({1: 0.1, 512: 0.3}, levels=4, draft={1: 1.0, 512: 4.0})
+    ct = chain_table({1: 0.1, 512: 0.3}, levels=4, draft={1: 1.0, 512: 4.0}, request_ms=0.003)
     L = 4
 
     def level(n):
@@ -385,6 +385,14 @@ def test_tree_draft_cost_per_level():
         assert tree_draft_cost(ct, r, 2, (3, 2, 1)) == pytest.approx(ct.draft_cost(r, 1) + level(3 * r))
         assert tree_draft_cost(ct, r, 1, ()) == ct.draft_cost(r, 1)
         assert tree_draft_cost(ct, r, 3, (2, 2)) == pytest.approx(tree_draft_cost(ct, r, 3, 2))
+    # choose_tree_shape's per-shape costs (each width's later level priced once) are tree_draft_cost's floats exactly
+    from adaptive_verify.planner.tree_shape import tree_shape_costs
+    for r in (1, 7, 100):
+        profiles = av.tree_width_profiles(3, 3)
+        assert tree_shape_costs(ct, r, profiles, 4) == [tree_draft_cost(ct, r, d, w) + ct.request_ms * r
+                                                        for w in profiles for d in range(5)]
+        assert tree_shape_costs(ct, r, 3, 4) == [tree_draft_cost(ct, r, d, w) + ct.request_ms * r
+                                                 for w in range(1, 4) for d in range(5)]
     with pytest.raises(ValueError, match="width"):
         tree_draft_cost(ct, 4, 3, (2,))
     with pytest.raises(ValueError, match="width\\[1\\]"):

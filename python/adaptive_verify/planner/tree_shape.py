@@ -37,7 +37,7 @@ import torch
 from .. import _C, errors
 from .._checks import check_int
 from .._validate import check_tensor
-from ..cost import CostTable, tree_draft_cost
+from ..cost import CostTable
 from .args import resolve_plan_args
 from .depth import fill_depths
 from .launch import launch, make_params, workspace_for
@@ -74,26 +74,30 @@ def tree_shape_costs(cost_table: CostTable, R: int, max_width, max_depth: int) -
     if levels is not None and max_depth > levels:
         raise ValueError(f"max_depth ({max_depth}): the cost table's drafter drafts at most draft_levels = {levels} "
                          "levels")
+    # tree_draft_cost's arithmetic (the same floats, in the same order), each width's later level priced once rather
+    # than once per shape and level: depth <= 1 is draft_cost(R, D); deeper, level 1 plus the later levels (uniform:
+    # (D - 1) times one; per-level: added in level order).
     request = cost_table.request_ms * R
-    if isinstance(max_width, int):
-        return [float(tree_draft_cost(cost_table, R, d, w)) + request
-                for w in range(1, max_width + 1) for d in range(max_depth + 1)]
-    # Per-level profiles: tree_draft_cost's sum (level 1, then each later level in order), with each width's level
-    # cost computed once, not once per shape and level (the same floats, added in the same order).
+    uniform = isinstance(max_width, int)
+    profiles = [(w,) for w in range(1, max_width + 1)] if uniform else max_width
     L = cost_table.draft_levels
-    levels = {}
-    for w in {x for profile in max_width for x in profile}:
-        levels[w] = cost_table.draft_cost(R * w, L) - cost_table.draft_cost(R * w, L - 1)
+    later = {}
+    if max_depth >= 2:
+        for w in {x for profile in profiles for x in profile}:
+            later[w] = cost_table.draft_cost(R * w, L) - cost_table.draft_cost(R * w, L - 1)
     head = [cost_table.draft_cost(R, d) for d in range(min(max_depth, 1) + 1)]  # depths 0 and 1
     out = []
-    for profile in max_width:
+    for profile in profiles:
         total = head[-1]
         for d in range(max_depth + 1):
             if d <= 1:
-                out.append(float(head[d]) + request)
-                continue
-            total += levels[profile[d - 2]]
-            out.append(float(total) + request)
+                cost = head[d]
+            elif uniform:
+                cost = head[1] + (d - 1) * later[profile[0]]
+            else:
+                total += later[profile[d - 2]]
+                cost = total
+            out.append(float(cost) + request)
     return out
 
 
