@@ -104,7 +104,7 @@ def test_parse_bad_tree_policies_name_the_policy(name, message):
     (dict(max_depth=0), "tree.max_depth"), (dict(max_nodes=64), "tree.max_nodes"),
     (dict(max_nodes=0), "tree.max_nodes"),
     (dict(sibling_share=0.0), "tree.sibling_share"), (dict(sibling_share=1.0), "tree.sibling_share"),
-    (dict(draft_cost="free"), "tree.draft_cost"),
+    (dict(draft_cost="free"), "tree.draft_cost"), (dict(widths="wide"), "tree.widths"),
 ])
 def test_tree_model_errors_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
@@ -329,6 +329,36 @@ def _plan_sum(t, plan) -> float:
     node, req = plan.token_node.numpy(), plan.token_req.numpy()
     real = node >= 0
     return float(t.survival[req[real], node[real]].sum())
+
+
+def test_per_level_beams_draft_and_pay_per_level():
+    """draft_trees(width=(W_1, ...)): level l + 1 expands the W_l best nodes of level l (k + k * sum W_l nodes;
+    levels past the widths expand one); tree_draft_ms prices each level at its own rows; the simulator's adaptive
+    tree policies with TreeModel(widths="per_level") decide per-level widths (width_per_step: their mean), and on a
+    profile whose levels share acceptance alike decide what the uniform widths decide on most steps."""
+    R, k, D = 40, 3, 4
+    rng = np.random.default_rng(8)
+    tree = TreeModel(top_k=k)
+    args = (tree, D, np.log(np.array([0.8, 0.7, 0.6, 0.5, 0.4]) / (1 - np.array([0.8, 0.7, 0.6, 0.5, 0.4]))),
+            rng.normal(0, 0.5, R), rng.normal(1.0, 1.0, (R, D)), rng.normal(0, 0.6, (R, D)), rng.random((R, D)),
+            rng.normal(0, 1.0, (R, D, k)), rng.normal(0, 0.6, (R, D, k, k)), rng.random((R, D, k)), np.full(R, D))
+    for widths in ((3, 2, 1), (2, 1), (1, 1, 1)):
+        t = draft_trees(*args, width=widths)
+        beams = list(widths) + [1] * (D - 1 - len(widths))
+        assert t.sizes.tolist() == [k + k * sum(beams)] * R
+        assert [p.shape[1] for p in t.level_parent] == [k] + [b * k for b in beams]
+    assert np.array_equal(draft_trees(*args, width=(2, 2, 2)).survival, draft_trees(*args, width=2).survival)
+    ct = get_profile("llama3-70b-8xh200").cost_table
+    four = TreeModel(top_k=4)
+    levels = sum(ct.draft_cost(64 * w, 4) - ct.draft_cost(64 * w, 3) for w in (3, 2, 1))
+    assert tree_draft_ms(four, ct, 64, 4, True, 4, width=(3, 2, 1)) == pytest.approx(ct.draft_cost(64, 1) + levels)
+    assert tree_draft_ms(four, ct, 64, 4, True, 4, width=(2, 2, 2)) == pytest.approx(
+        tree_draft_ms(four, ct, 64, 4, True, 4, width=2))
+    prof = get_profile("llama3-70b-8xh200")
+    runs = {w: simulate(prof, parse_policy("tree", 4), 16, steps=40, warmup=20, seed=3, tree=TreeModel(widths=w))
+            for w in ("uniform", "per_level")}
+    assert 1 <= runs["per_level"]["width_per_step"] <= 4 and runs["per_level"]["depth_per_step"] > 0
+    assert runs["per_level"]["tokens_per_s"] == pytest.approx(runs["uniform"]["tokens_per_s"], rel=0.03)
 
 
 def test_tree_draft_cost_rules():
