@@ -200,6 +200,7 @@ def test_adaptive_tree_modes_draft_the_decided_shape(models, plain_greedy):
     _, parents, _, sizes = draft_tree(drafter, h, torch.tensor([65, 66], dtype=torch.int32), [3, 3], 24, [3, 2],
                                       beam=(2, 1))
     assert sizes.tolist() == [tree_size(3, 3, 24, (2, 1)), tree_size(3, 2, 24, (2, 1))] == [12, 9]
+    assert tree_size(4, 3, 63, np.int64(2)) == tree_size(4, 3, 63, 2) == 20  # an integer beam of any kind
     level2, level3 = parents[0, 3:9].tolist(), parents[0, 9:12].tolist()
     assert len(set(level2)) == 2 and all(0 <= p < 3 for p in level2) and len(set(level3)) == 1 and 3 <= level3[0] < 9
     per_level = generate(target, drafter, PROMPTS, mode="tree", max_new_tokens=40, concurrency=3, tree_topk=3,

@@ -416,3 +416,9 @@ def test_per_level_bad_arguments_name_themselves():
     out = (torch.zeros((), dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros((), dtype=torch.int32))
     got = av.choose_tree_shape(survival, parents, sizes, ct, widths=prof, out=out)
     assert all(a is b for a, b in zip(got, out))
+    buf = torch.zeros(8, dtype=torch.int32)
+    for overlapping in ((buf[1], buf[0:4], buf[6]), (buf[4], buf[0:4], buf[4]), (buf[0], buf[0:4], buf[5])):
+        with pytest.raises(ValueError, match="overlap"):  # the widths' [max_depth] would write over depth or budget
+            av.choose_tree_shape(survival, parents, sizes, ct, widths=prof, out=overlapping)
+    got = av.choose_tree_shape(survival, parents, sizes, ct, widths=prof, out=(buf[0], buf[1:5], buf[5]))
+    assert (int(got[0]), got[1].tolist(), int(got[2])) == (int(out[0]), out[1].tolist(), int(out[2]))

@@ -354,6 +354,8 @@ def test_per_level_beams_draft_and_pay_per_level():
     assert tree_draft_ms(four, ct, 64, 4, True, 4, width=(3, 2, 1)) == pytest.approx(ct.draft_cost(64, 1) + levels)
     assert tree_draft_ms(four, ct, 64, 4, True, 4, width=(2, 2, 2)) == pytest.approx(
         tree_draft_ms(four, ct, 64, 4, True, 4, width=2))
+    for width in (None, 4, 2, ()):  # one level: the anchors' forward, as the planner prices D = 1
+        assert tree_draft_ms(four, ct, 64, 1, True, 4, width=width) == ct.draft_cost(64, 1)
     prof = get_profile("llama3-70b-8xh200")
     runs = {w: simulate(prof, parse_policy("tree", 4), 16, steps=40, warmup=20, seed=3, tree=TreeModel(widths=w))
             for w in ("uniform", "per_level")}

@@ -217,9 +217,10 @@ def test_modes_requests_and_errors():
     with pytest.raises(ValueError, match="tree_widths"):  # C(12, 5) = 792 profiles x 7 depths
         AdaptiveVerifier(table(), max_reqs=8, max_drafts=6, block_size=16, max_nodes=N, tree_top_k=8,
                          tree_widths="per_level")
-    with pytest.raises(ValueError, match="tree_widths"):
-        AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16, max_nodes=N, tree_top_k=2,
-                         tree_widths="wide")
+    for bad in (dict(max_nodes=N, tree_top_k=2, tree_widths="wide"), dict(tree_widths="wide"),
+                dict(tree_widths=np.array(["uniform"])), dict(max_nodes=N, tree_widths="per_level")):
+        with pytest.raises(ValueError, match="tree_widths"):  # (checked without trees too; per_level needs k)
+            AdaptiveVerifier(table(), max_reqs=8, max_drafts=K, block_size=16, **bad)
 
 
 @pytest.mark.parametrize("tree_widths", ["uniform", "per_level"])

@@ -168,7 +168,7 @@ class AdaptiveVerifier:
         max_nodes = check_int("max_nodes", max_nodes, lo=0)
         # Draft trees (verifier_tree.py): their own slot table of node survivals; statistics per depth, and a depth is
         # at most N, so the statistics keep max(K, N) positions.
-        top_k = check_int("tree_top_k", tree_top_k, lo=0, hi=16 if max_nodes else 0)
+        top_k, tree_widths = verifier_tree.check_shape_args(tree_top_k, tree_widths, max_nodes)
         self._tree = verifier_tree.TreeSteps(max_nodes, max_reqs=self.max_reqs, prior=self.prior, device=self.device,
                                              slots=self.slots, top_k=top_k, max_depth=K, widths=tree_widths) \
             if max_nodes else None

@@ -254,9 +254,12 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
     seed + i. The KV cache is sized for ``concurrency`` requests.
     tree_topk: draft trees with k alternatives per node (an int, or one per prompt: 1 drafts that request's chain,
     so a batch mixes chains and trees); default DEFAULT_TREE_TOPK in modes "tree"/"tree-fixed", else chains.
-    tree_nodes: N, the most nodes per tree (1..63). tree_widths: the adaptive tree modes' beams, "uniform" or
-    "per_level" (AdaptiveVerifier's tree_widths).
+    tree_nodes: N, the most nodes per tree (1..63). tree_widths: the beams of the modes that shape their trees (the
+    adaptive tree modes with one k for the batch), "uniform" or "per_level" (AdaptiveVerifier's tree_widths); other
+    modes draft whole trees or chains and ignore it.
     """
+    if not isinstance(tree_widths, str) or tree_widths not in ("uniform", "per_level"):
+        raise ValueError(f"tree_widths must be 'uniform' or 'per_level', got {tree_widths!r:.60}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:

@@ -41,8 +41,10 @@ __all__ = ["draft_tree", "tree_size", "verify_tree_step"]
 def level_beam(beam, level: int) -> Optional[int]:
     """The nodes of ``level`` (1-based) expanded into the next: beam itself (None: every node's topk), or per-level
     widths' entry level - 1 (levels past them expand one: AdaptiveVerifier.plan_tree_draft lists depth - 1)."""
-    if beam is None or isinstance(beam, int):
-        return beam
+    if beam is None:
+        return None
+    if not isinstance(beam, (tuple, list)):
+        return int(beam)  # (an int, numpy's or a 0-d tensor's)
     return int(beam[level - 1]) if level - 1 < len(beam) else 1
 
 

@@ -129,8 +129,9 @@ def _out_triple(out, device, width_shape) -> tuple[torch.Tensor, torch.Tensor, t
         raise TypeError(f"out must be a triple (depth, width, budget) of int32 tensors, got {type(out).__name__}")
     for name, t, shape in zip(("out[0] (depth)", "out[1] (width)", "out[2] (budget)"), out, ((), width_shape, ())):
         check_tensor(name, t, dtypes=(torch.int32,), device=device, shape=shape)
-    if len({t.data_ptr() for t in out}) != 3:
-        raise ValueError("out: depth, width and budget must be three tensors")
+    spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in out if t.numel())  # (bytes: int32)
+    if any(end > start for (_, end), (start, _) in zip(spans, spans[1:])):
+        raise ValueError("out: depth, width and budget must be three tensors that do not overlap")
     return out[0], out[1], out[2]
 
 

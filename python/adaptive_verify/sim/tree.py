@@ -293,15 +293,25 @@ def tree_draft_ms(tree: TreeModel, cost_table, R: int, depth: int, chain_drafter
     nodes per level (None: top_k; or per-level widths, entry l - 1 for level l) (module docstring)."""
     if R == 0 or depth == 0:
         return 0.0 if chain_drafter or R == 0 else cost_table.draft_cost(R)
-    ks = list(width[:depth - 1]) if isinstance(width, (tuple, list)) else \
-        [tree.top_k if width is None else width] * (depth - 1)
-    if tree.draft_cost == "chain" or all(k == 1 for k in ks):  # the chain's cost, as engine.simulate prices it
-        return cost_table.draft_cost(R) * (float(depth / num_drafts) if chain_drafter else 1.0)
-    if chain_drafter and cost_table.draft_levels is not None:  # the table prices each level
-        return tree_draft_cost(cost_table, R, depth, width if isinstance(width, (tuple, list)) else ks[0])
+    chain = cost_table.draft_cost(R) * (float(depth / num_drafts) if chain_drafter else 1.0)  # as simulate prices it
+    levels = chain_drafter and cost_table.draft_levels is not None  # the table prices each level
+    if not isinstance(width, (tuple, list)):  # one width for every level
+        k = tree.top_k if width is None else int(width)
+        if tree.draft_cost == "chain" or k == 1:
+            return chain
+        if levels:
+            return tree_draft_cost(cost_table, R, depth, k)
+        if chain_drafter:
+            return (cost_table.draft_cost(R) + (depth - 1) * cost_table.draft_cost(R * k)) / num_drafts
+        # A block forward at r requests runs r * K query tokens; a level's R * (k - 1) single-token rows are as many
+        # tokens as ceil(R * (k - 1) / K) block rows.
+        return cost_table.draft_cost(R) + (depth - 1) * cost_table.draft_cost(-(-R * (k - 1) // num_drafts))
+    ks = [int(w) for w in width[:depth - 1]]  # per-level widths: each later level at its own rows
+    if tree.draft_cost == "chain" or (ks and all(k == 1 for k in ks)):
+        return chain
+    if levels:
+        return tree_draft_cost(cost_table, R, depth, tuple(ks))
     if chain_drafter:
         return (cost_table.draft_cost(R) + sum(cost_table.draft_cost(R * k) for k in ks)) / num_drafts
-    # A block forward at r requests runs r * K query tokens; a level's R * (k - 1) single-token rows are as many
-    # tokens as ceil(R * (k - 1) / K) block rows.
     return cost_table.draft_cost(R) + sum(cost_table.draft_cost(-(-R * (k - 1) // num_drafts)) for k in ks)
 

@@ -855,7 +855,7 @@ AV_HD int64_t tree_keep(const Params& p, Backend& be, const Workspace& ws, int32
       const int32_t pj = par[j];
       const bool top = pj < 0;  // a child of the anchor: every profile drafts it
       const int32_t q = top || !cand ? 0 : pj;  // (a non-candidate's parent is not read: it may be invalid)
-      const int32_t l = dep[q], rk = rank[q];   // (a depth <= kMaxDepths - 1: the walk's)
+      const int32_t l = dep[q] < kMaxDepths ? dep[q] : kMaxDepths, rk = rank[q];  // (deeper: expands nothing)
       const bool a = cand && (top || ((in_p >> q & 1) && rk < wp[l]));
       const bool b = cand && P > 1 && (top || ((in_q >> q & 1) && rk < wq[l]));
       in_p |= uint64_t(a) << j;
