@@ -31,7 +31,6 @@ import math
 from typing import Optional
 
 import numpy as np
-
 import torch
 
 from .. import _C, errors
