@@ -54,17 +54,21 @@ from .stats import AcceptanceStats
 from .verifier_slots import SlotTable, check_conf, int32_inputs
 from .verifier_tree_shape import TreeShapes
 
-__all__ = ["TreeSteps", "check_shape_args"]
+__all__ = ["TreeSteps", "TREE_WIDTHS", "check_shape_args"]
 
 #: Most (width, depth) shapes one choose_tree_shape call weighs: tree_top_k * (max_drafts + 1) must fit.
 MAX_TREE_SHAPES = _C.PLANNER_MAX_SHAPES
+
+
+#: AdaptiveVerifier's tree_widths: one beam width for every level, or one per level.
+TREE_WIDTHS = ("uniform", "per_level")
 
 
 def check_shape_args(top_k, widths, max_nodes: int) -> tuple[int, str]:
     """AdaptiveVerifier's tree_top_k (1..16 with max_nodes, else 0) and tree_widths ("uniform", or "per_level" with
     a tree_top_k), checked."""
     top_k = check_int("tree_top_k", top_k, lo=0, hi=16 if max_nodes else 0)
-    if not isinstance(widths, str) or widths not in ("uniform", "per_level"):
+    if not isinstance(widths, str) or widths not in TREE_WIDTHS:
         raise ValueError(f"tree_widths must be 'uniform' or 'per_level', got {widths!r:.60}")
     if widths == "per_level" and not top_k:
         raise ValueError("tree_widths='per_level' shapes plan_tree_draft's trees: it needs tree_top_k (and max_nodes)")

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from ..planner import MAX_TREE_NODES
+from ..verifier_tree import TREE_WIDTHS
 
 DEMO_HELP = """\
 Generate text with the shipped byte-level target and DSpark-style drafter (trained on the Python standard
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
                    "kept per node (default %(default)s)")
     d.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="N of the tree modes: most nodes per "
                    f"request, 1..{MAX_TREE_NODES} (default %(default)s)")
-    d.add_argument("--tree-widths", default="uniform", choices=("uniform", "per_level"),
+    d.add_argument("--tree-widths", default="uniform", choices=TREE_WIDTHS,
                    help="the adaptive tree modes' beams: one width for every level, or one per level (default "
                         "%(default)s)")
     d.add_argument("--threads", type=int, default=1, help="torch CPU threads (default %(default)s)")

@@ -42,6 +42,7 @@ import adaptive_verify as av
 from ..cost import CostTable
 from ..planner import MAX_TREE_NODES
 from ..verifier import AdaptiveVerifier
+from ..verifier_tree import TREE_WIDTHS
 from .drafter import DSparkDrafter
 from .model import PagedKV, TinyTarget
 from .tree import draft_tree, tree_size, verify_tree_step, width
@@ -258,7 +259,7 @@ def generate(target: TinyTarget, drafter: Optional[DSparkDrafter], prompts: Sequ
     adaptive tree modes with one k for the batch), "uniform" or "per_level" (AdaptiveVerifier's tree_widths); other
     modes draft whole trees or chains and ignore it.
     """
-    if not isinstance(tree_widths, str) or tree_widths not in ("uniform", "per_level"):
+    if not isinstance(tree_widths, str) or tree_widths not in TREE_WIDTHS:
         raise ValueError(f"tree_widths must be 'uniform' or 'per_level', got {tree_widths!r:.60}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")

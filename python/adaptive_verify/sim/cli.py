@@ -8,6 +8,7 @@ import sys
 import time
 
 from ..planner import MAX_DRAFTS, MAX_TREE_NODES
+from ..verifier_tree import TREE_WIDTHS
 
 SWEEP_HELP = """\
 Simulate a serving loop at each concurrency for no speculation, every fixed k and the adaptive planner
@@ -124,7 +125,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--tree-draft-cost", default="levels", choices=("levels", "chain"),
                    help="tree policies: levels = one drafter forward per level over the beam; chain = a tree costs "
                         "what the chain costs (an upper bound) (default %(default)s)")
-    s.add_argument("--tree-widths", default="uniform", choices=("uniform", "per_level"),
+    s.add_argument("--tree-widths", default="uniform", choices=TREE_WIDTHS,
                    help="adaptive tree policies: one beam width for every level, or a width per level (default "
                         "%(default)s)")
     s.add_argument("--full-draft", action="store_true",

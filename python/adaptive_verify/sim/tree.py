@@ -47,6 +47,7 @@ import numpy as np
 
 from ..cost import tree_draft_cost
 from ..planner import MAX_TREE_NODES
+from ..verifier_tree import TREE_WIDTHS
 
 __all__ = ["TreeModel", "DraftTrees", "TREE_DRAFT_COSTS", "draft_trees", "tree_draft_ms", "accepted_depths"]
 
@@ -84,7 +85,7 @@ class TreeModel:
         object.__setattr__(self, "sibling_share", float(s))
         if self.draft_cost not in TREE_DRAFT_COSTS:
             raise ValueError(f"tree.draft_cost must be one of {TREE_DRAFT_COSTS}, got {self.draft_cost!r}")
-        if self.widths not in ("uniform", "per_level"):
+        if self.widths not in TREE_WIDTHS:
             raise ValueError(f"tree.widths must be 'uniform' or 'per_level', got {self.widths!r}")
 
     def depth(self, num_drafts: int) -> int:

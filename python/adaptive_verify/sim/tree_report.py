@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from ..verifier_tree import TREE_WIDTHS
 from .profiles import get_profile
 from .sweep import DEFAULT_CONCURRENCY, SweepResult, sweep
 from .tree import TreeModel
@@ -120,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--eagle", default=",".join(map(str, DEFAULT_EAGLE)), metavar="LIST", help="N of eagle2-N")
     ap.add_argument("--tree-topk", type=int, default=4)
     ap.add_argument("--tree-share", type=float, default=0.5)
-    ap.add_argument("--tree-widths", default="uniform", choices=("uniform", "per_level"),
+    ap.add_argument("--tree-widths", default="uniform", choices=TREE_WIDTHS,
                     help="the adaptive tree policies' beams (default %(default)s)")
     ap.add_argument("--no-bound", action="store_true", help="skip the chain-cost drafting run")
     ap.add_argument("--quiet", action="store_true")
